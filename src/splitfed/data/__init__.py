@@ -1,0 +1,87 @@
+"""Data sets and client partitioners.
+
+``load_dataset(name, data_dir, rng=..., limit_train=..., limit_test=..., **options)`` returns a
+:class:`DataBundle`; ``partition(labels, num_clients, scheme, rng, **params)`` splits train
+indices among clients. Every loader in ``DATASETS`` is called as
+``loader(data_dir, rng, **options)``; its keyword parameters after ``rng`` are its options.
+Names are matched case-insensitively, with ``-`` read as ``_`` (``fashion-mnist`` works).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import numpy as np
+
+from splitfed.data.cifar import load_cifar10, load_cifar100
+from splitfed.data.datasets import ArrayDataset, DataBundle, limit_bundle
+from splitfed.data.digits import load_digits
+from splitfed.data.idx import load_fashion_mnist, load_mnist, read_idx
+from splitfed.data.partition import PARTITIONERS, partition, partition_stats, partition_summary
+from splitfed.data.synthetic import load_synthetic
+from splitfed.errors import ConfigError
+
+DEFAULT_DATASET = "fashion_mnist"
+DATASETS = {
+    "fashion_mnist": load_fashion_mnist,
+    "mnist": load_mnist,
+    "cifar10": load_cifar10,
+    "cifar100": load_cifar100,
+    "digits": load_digits,
+    "synthetic": load_synthetic,
+}
+
+__all__ = [
+    "DATASETS",
+    "DEFAULT_DATASET",
+    "PARTITIONERS",
+    "ArrayDataset",
+    "DataBundle",
+    "dataset_names",
+    "dataset_options",
+    "load_dataset",
+    "partition",
+    "partition_stats",
+    "partition_summary",
+    "read_idx",
+]
+
+
+def dataset_names() -> list[str]:
+    """The registered data set names, sorted."""
+    return sorted(DATASETS)
+
+
+def dataset_options(name: str) -> dict[str, object]:
+    """The options a loader accepts, with their defaults."""
+    params = list(inspect.signature(_loader(name)).parameters.values())[2:]
+    return {p.name: p.default for p in params}
+
+
+def _loader(name: str):
+    key = str(name).lower().replace("-", "_")
+    if key not in DATASETS:
+        raise ConfigError(f"unknown dataset {name!r}; known: {', '.join(dataset_names())}")
+    return DATASETS[key]
+
+
+def load_dataset(name: str, data_dir: str | None = None, *,
+                 rng: np.random.Generator | None = None, limit_train: int | None = None,
+                 limit_test: int | None = None, **options) -> DataBundle:
+    """Load data set ``name``, optionally keeping random subsets of ``limit_*`` samples.
+
+    ``rng`` drives the synthetic generator and the ``limit_*`` subsets; when None a fixed
+    ``np.random.default_rng(0)`` is used, so results stay reproducible. Unknown options or
+    out-of-range limits raise ConfigError; missing or corrupt files raise DataError.
+    """
+    loader = _loader(name)
+    allowed = dataset_options(name)
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        raise ConfigError(
+            f"unknown option(s) {', '.join(unknown)} for dataset {name!r}; "
+            f"allowed: {', '.join(allowed) or 'none'}"
+        )
+    rng = np.random.default_rng(0) if rng is None else rng
+    bundle = loader(data_dir, rng, **options)
+    return limit_bundle(bundle, rng, limit_train, limit_test)

@@ -1,0 +1,138 @@
+"""CIFAR-10 and CIFAR-100 from the standard "python version" pickles.
+
+Each batch is a pickled dict with bytes keys: ``b'data'`` (uint8 [n, 3072]; per row the
+1024 red, then 1024 green, then 1024 blue pixels of a 32x32 image, each plane row-major) and
+the labels (``b'labels'`` for CIFAR-10, ``b'fine_labels'`` / ``b'coarse_labels'`` for
+CIFAR-100). A row therefore reshapes directly to [3, 32, 32].
+
+Pickles are read with a restricted unpickler that only resolves the numpy names an array needs,
+so a tampered file cannot run code. The ``meta`` / ``batches.meta`` file (class names) is
+optional: without it CIFAR-10 uses its built-in names and CIFAR-100 has ``classes=None``.
+"""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import numpy as np
+
+from splitfed.data.datasets import (
+    ArrayDataset,
+    DataBundle,
+    find_file,
+    labels_tensor,
+    standardise,
+    to_unit_float,
+)
+from splitfed.errors import ConfigError, DataError
+
+CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer",
+                   "dog", "frog", "horse", "ship", "truck"]
+_ALLOWED = {
+    "numpy": {"ndarray", "dtype"},
+    "numpy.core.multiarray": {"_reconstruct", "scalar"},
+    "numpy._core.multiarray": {"_reconstruct", "scalar"},
+    "numpy.core.numeric": {"_frombuffer"},
+    "numpy._core.numeric": {"_frombuffer"},
+    "_codecs": {"encode"},
+}
+
+
+class _SafeUnpickler(pickle.Unpickler):
+    def find_class(self, module, name):
+        if name in _ALLOWED.get(module, ()):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"refusing to load {module}.{name}")
+
+
+def read_pickle(path: Path) -> dict:
+    """The dict in a CIFAR pickle (bytes keys); DataError naming the file if it is corrupt."""
+    try:
+        with open(path, "rb") as f:
+            obj = _SafeUnpickler(f, encoding="bytes").load()
+    except Exception as e:  # corrupt pickles raise many types (EOFError, UnpicklingError, ...)
+        raise DataError(f"{path}: corrupt pickle ({type(e).__name__}: {e})") from e
+    if not isinstance(obj, dict):
+        raise DataError(f"{path}: expected a pickled dict, got {type(obj).__name__}")
+    return obj
+
+
+def _read_batch(path: Path, label_keys: list[bytes]) -> tuple[np.ndarray, list[np.ndarray]]:
+    batch = read_pickle(path)
+    missing = [k for k in [b"data", *label_keys] if k not in batch]
+    if missing:
+        raise DataError(f"{path}: missing keys {missing}; has {sorted(batch)}")
+    data = np.asarray(batch[b"data"])
+    if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3072:
+        raise DataError(f"{path}: b'data' must be uint8 [n, 3072], got {data.dtype} {data.shape}")
+    labels = [np.asarray(batch[k]) for k in label_keys]
+    for k, y in zip(label_keys, labels):
+        if y.shape != (len(data),):
+            raise DataError(f"{path}: {k!r} has shape {y.shape}, expected ({len(data)},)")
+    return data.reshape(-1, 3, 32, 32), labels
+
+
+def _read_split(paths, label_keys, num_classes):
+    parts = [_read_batch(p, label_keys) for p in paths]
+    x = np.concatenate([d for d, _ in parts])
+    ys = [np.concatenate([ls[i] for _, ls in parts]) for i in range(len(label_keys))]
+    for i, n in enumerate(num_classes):
+        labels_tensor(ys[i], n, ", ".join(str(p) for p in paths))
+    return x, ys
+
+
+def _meta_names(dirs, name: str, key: bytes) -> list[str] | None:
+    for d in dirs:
+        if (Path(d) / name).is_file():
+            names = read_pickle(Path(d) / name).get(key)
+            return None if names is None else [n.decode() if isinstance(n, bytes) else str(n)
+                                               for n in names]
+    return None
+
+
+def _bundle(name, xtr, ytr, xte, yte, num_classes, classes) -> DataBundle:
+    train_x, test_x = to_unit_float(xtr, 255.0), to_unit_float(xte, 255.0)
+    standardise(train_x, test_x)
+    train = ArrayDataset(train_x, labels_tensor(ytr, num_classes, name))
+    test = ArrayDataset(test_x, labels_tensor(yte, num_classes, name))
+    return DataBundle(name, train, test, num_classes, (3, 32, 32), classes)
+
+
+def _dirs(data_dir, sub: str, how_to: str) -> list[Path]:
+    if data_dir is None:
+        raise DataError(f"this data set needs data_dir. {how_to}")
+    return [Path(data_dir) / sub, Path(data_dir)]
+
+
+def load_cifar10(data_dir: str | None, rng: np.random.Generator) -> DataBundle:
+    """CIFAR-10, [N, 3, 32, 32]: data_batch_1..5 (50000 train) and test_batch (10000 test)."""
+    how_to = ("Download cifar-10-python.tar.gz (https://www.cs.toronto.edu/~kriz/cifar.html) and "
+              "extract it into data_dir, giving data_dir/cifar-10-batches-py/{data_batch_1..5, "
+              "test_batch, batches.meta}.")
+    dirs = _dirs(data_dir, "cifar-10-batches-py", how_to)
+    train_paths = [find_file(f"data_batch_{i}", dirs, how_to) for i in range(1, 6)]
+    test_paths = [find_file("test_batch", dirs, how_to)]
+    xtr, (ytr,) = _read_split(train_paths, [b"labels"], [10])
+    xte, (yte,) = _read_split(test_paths, [b"labels"], [10])
+    classes = _meta_names(dirs, "batches.meta", b"label_names") or list(CIFAR10_CLASSES)
+    return _bundle("cifar10", xtr, ytr, xte, yte, 10, classes)
+
+
+def load_cifar100(data_dir: str | None, rng: np.random.Generator,
+                  label_mode: str = "fine") -> DataBundle:
+    """CIFAR-100, [N, 3, 32, 32]: ``train`` (50000) and ``test`` (10000).
+
+    ``label_mode="fine"`` gives the 100 classes, ``"coarse"`` the 20 superclasses.
+    """
+    if label_mode not in ("fine", "coarse"):
+        raise ConfigError(f"label_mode must be 'fine' or 'coarse', got {label_mode!r}")
+    how_to = ("Download cifar-100-python.tar.gz (https://www.cs.toronto.edu/~kriz/cifar.html) "
+              "and extract it into data_dir, giving data_dir/cifar-100-python/{train, test, meta}.")
+    dirs = _dirs(data_dir, "cifar-100-python", how_to)
+    n = 100 if label_mode == "fine" else 20
+    key = f"{label_mode}_labels".encode()
+    xtr, (ytr,) = _read_split([find_file("train", dirs, how_to)], [key], [n])
+    xte, (yte,) = _read_split([find_file("test", dirs, how_to)], [key], [n])
+    classes = _meta_names(dirs, "meta", f"{label_mode}_label_names".encode())
+    return _bundle("cifar100", xtr, ytr, xte, yte, n, classes)

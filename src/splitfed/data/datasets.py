@@ -1,0 +1,137 @@
+"""In-memory data containers and the helpers every loader shares.
+
+A data set is held as two tensors (inputs and labels) per split, never as per-sample Python
+objects. Image loaders turn raw pixels into float32 in [0, 1] and then standardise each channel
+with the mean and (population) standard deviation of the *train* split:
+
+    x' = (x / scale - mean_c) / std_c,   mean_c, std_c computed on train, applied to train and test.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from splitfed.errors import ConfigError, DataError
+
+
+@dataclass
+class ArrayDataset:
+    """Inputs ``x`` (float32 [N, *input_shape], already normalised) and labels ``y`` (int64 [N])."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+
+    def __post_init__(self) -> None:
+        if len(self.x) != len(self.y):
+            raise DataError(f"x has {len(self.x)} rows but y has {len(self.y)}")
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def subset(self, idx) -> ArrayDataset:
+        """The rows ``idx`` (array-like of ints or a tensor), in that order."""
+        index = torch.as_tensor(np.asarray(idx, dtype=np.int64))
+        return ArrayDataset(self.x[index], self.y[index])
+
+
+@dataclass
+class DataBundle:
+    """A train/test pair plus what models and partitioners need to know about it.
+
+    ``natural_partition`` holds per-client index arrays into ``train`` when the data set is
+    federated by nature (``synthetic``); it is None otherwise.
+    """
+
+    name: str
+    train: ArrayDataset
+    test: ArrayDataset
+    num_classes: int
+    input_shape: tuple[int, ...]
+    classes: list[str] | None = None
+    natural_partition: list[np.ndarray] | None = None
+
+
+def find_file(name: str, dirs: Sequence[Path], how_to: str, gz: bool = False) -> Path:
+    """The first existing ``dir/name`` (or ``dir/name.gz`` when ``gz``), in the order of ``dirs``.
+
+    Raises DataError listing every path looked at, followed by ``how_to``.
+    """
+    tried = []
+    for d in dirs:
+        for candidate in (name, name + ".gz") if gz else (name,):
+            path = Path(d) / candidate
+            tried.append(str(path))
+            if path.is_file():
+                return path
+    looked = "\n  ".join(tried)
+    raise DataError(f"data file {name!r} not found; looked at:\n  {looked}\n{how_to}")
+
+
+def to_unit_float(raw: np.ndarray, scale: float) -> torch.Tensor:
+    """Raw integer pixels -> float32 tensor in [0, 1] (divided by ``scale``)."""
+    raw = np.ascontiguousarray(raw)
+    if not raw.flags.writeable:  # e.g. np.frombuffer over bytes; torch wants writable memory
+        raw = raw.copy()
+    return torch.from_numpy(raw).to(torch.float32).div_(scale)
+
+
+def standardise(train_x: torch.Tensor, test_x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Standardise channel 1 of [N, C, ...] tensors in place with the train mean/std.
+
+    A channel whose train std is 0 is only centred (its std is taken as 1).
+    """
+    dims = [0] + list(range(2, train_x.dim()))
+    var, mean = torch.var_mean(train_x, dim=dims, correction=0)
+    std = var.sqrt()
+    std[std == 0] = 1.0
+    shape = [1, -1] + [1] * (train_x.dim() - 2)
+    mean, std = mean.view(shape), std.view(shape)
+    train_x.sub_(mean).div_(std)
+    test_x.sub_(mean).div_(std)
+    return train_x, test_x
+
+
+def labels_tensor(labels: np.ndarray, num_classes: int, source: str) -> torch.Tensor:
+    """Int64 label tensor; DataError naming ``source`` if any label is outside [0, num_classes)."""
+    y = np.asarray(labels).astype(np.int64, copy=False)
+    if y.size and (y.min() < 0 or y.max() >= num_classes):
+        raise DataError(
+            f"{source}: labels out of range [0, {num_classes}): found min {y.min()}, max {y.max()}"
+        )
+    return torch.from_numpy(np.ascontiguousarray(y))
+
+
+def limit_bundle(
+    bundle: DataBundle, rng: np.random.Generator, limit_train: int | None, limit_test: int | None
+) -> DataBundle:
+    """Keep a random subset (drawn with ``rng``, original order kept) of each split.
+
+    A natural partition is remapped to the kept train rows (dropped rows leave their client).
+    """
+    picks = {}
+    for field, limit, split in (("limit_train", limit_train, bundle.train),
+                                ("limit_test", limit_test, bundle.test)):
+        if limit is None:
+            continue
+        if isinstance(limit, bool) or not isinstance(limit, (int, np.integer)) or limit < 1:
+            raise ConfigError(f"{field} must be a positive integer or None, got {limit!r}")
+        if limit > len(split):
+            raise ConfigError(
+                f"{field}={limit} exceeds the {len(split)} samples of {bundle.name!r}"
+            )
+        picks[field] = np.sort(rng.choice(len(split), size=int(limit), replace=False))
+    if "limit_train" in picks:
+        keep = picks["limit_train"]
+        if bundle.natural_partition is not None:
+            pos = np.full(len(bundle.train), -1, dtype=np.int64)
+            pos[keep] = np.arange(len(keep))
+            bundle.natural_partition = [pos[p][pos[p] >= 0] for p in bundle.natural_partition]
+        bundle.train = bundle.train.subset(keep)
+    if "limit_test" in picks:
+        bundle.test = bundle.test.subset(picks["limit_test"])
+    return bundle

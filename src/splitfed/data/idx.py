@@ -1,0 +1,123 @@
+"""IDX files (the MNIST format) and the MNIST / Fashion-MNIST loaders.
+
+IDX layout, all integers big-endian: two zero bytes, a dtype code (0x08 = uint8, the only one
+accepted here), the number of dimensions ``d``, then ``d`` uint32 sizes, then the
+``prod(sizes)`` values in row-major order. A file may be plain or gzip-compressed (``.gz``).
+"""
+
+from __future__ import annotations
+
+import gzip
+import zlib
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from splitfed.data.datasets import (
+    ArrayDataset,
+    DataBundle,
+    find_file,
+    labels_tensor,
+    standardise,
+    to_unit_float,
+)
+from splitfed.errors import DataError
+
+FASHION_CLASSES = [
+    "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
+    "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
+]
+SYSTEM_FASHION_DIR = Path("/usr/share/datasets/fashion-mnist")
+FILES = {
+    "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+    "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
+}
+_LAYOUT = ("the four files train-images-idx3-ubyte, train-labels-idx1-ubyte, "
+           "t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte (plain or .gz)")
+
+
+def _read_bytes(path: Path) -> bytes:
+    try:
+        if path.suffix == ".gz":
+            with gzip.open(path, "rb") as f:
+                return f.read()
+        return path.read_bytes()
+    except (OSError, EOFError, zlib.error) as e:
+        raise DataError(f"{path}: cannot read ({e})") from e
+
+
+def read_idx(path: str | Path) -> np.ndarray:
+    """The uint8 array stored in the IDX file ``path``; DataError naming the file if malformed."""
+    path = Path(path)
+    data = _read_bytes(path)
+    if len(data) < 4:
+        raise DataError(f"{path}: truncated IDX file ({len(data)} bytes, no header)")
+    if data[0] != 0 or data[1] != 0:
+        raise DataError(f"{path}: bad IDX magic number {data[:4].hex()} (must start with 0000)")
+    if data[2] != 0x08:
+        raise DataError(f"{path}: IDX dtype code 0x{data[2]:02x}, expected 0x08 (uint8)")
+    ndim = data[3]
+    header = 4 + 4 * ndim
+    if len(data) < header:
+        raise DataError(f"{path}: truncated IDX header ({ndim} dims need {header} bytes)")
+    dims = tuple(int(d) for d in np.frombuffer(data, dtype=">u4", count=ndim, offset=4))
+    expected = int(np.prod(dims, dtype=np.int64))
+    if len(data) - header != expected:
+        raise DataError(
+            f"{path}: IDX dims {dims} need {expected} data bytes, file has {len(data) - header}"
+        )
+    return np.frombuffer(data, dtype=np.uint8, offset=header).reshape(dims)
+
+
+def _read_split(dirs: list[Path], split: str, how_to: str) -> tuple[np.ndarray, torch.Tensor]:
+    img_name, lbl_name = FILES[split]
+    img_path = find_file(img_name, dirs, how_to, gz=True)
+    lbl_path = find_file(lbl_name, dirs, how_to, gz=True)
+    images, labels = read_idx(img_path), read_idx(lbl_path)
+    if images.ndim != 3:
+        raise DataError(f"{img_path}: expected 3 IDX dims [N, rows, cols], got {images.shape}")
+    if labels.ndim != 1:
+        raise DataError(f"{lbl_path}: expected 1 IDX dim [N], got {labels.shape}")
+    if len(images) != len(labels):
+        raise DataError(f"{img_path} has {len(images)} images but {lbl_path} has {len(labels)}")
+    return images, labels_tensor(labels, 10, str(lbl_path))
+
+
+def _load_idx_bundle(name: str, dirs: list[Path], how_to: str, classes) -> DataBundle:
+    (xtr, ytr), (xte, yte) = (_read_split(dirs, s, how_to) for s in ("train", "test"))
+    if xtr.shape[1:] != xte.shape[1:]:
+        raise DataError(f"{name}: train images {xtr.shape[1:]} but test images {xte.shape[1:]}")
+    train_x = to_unit_float(xtr, 255.0).unsqueeze(1)
+    test_x = to_unit_float(xte, 255.0).unsqueeze(1)
+    standardise(train_x, test_x)
+    train, test = ArrayDataset(train_x, ytr), ArrayDataset(test_x, yte)
+    return DataBundle(name, train, test, 10, tuple(train_x.shape[1:]), classes)
+
+
+def load_fashion_mnist(data_dir: str | None, rng: np.random.Generator) -> DataBundle:
+    """Fashion-MNIST, [N, 1, 28, 28]; 60000 train / 10000 test images of 10 clothing classes.
+
+    Looks in ``data_dir``, ``data_dir/fashion_mnist``, ``data_dir/fashion-mnist`` and
+    ``data_dir/FashionMNIST/raw`` when ``data_dir`` is given, otherwise only in
+    /usr/share/datasets/fashion-mnist (Debian package ``dataset-fashion-mnist``).
+    """
+    if data_dir is None:
+        dirs = [SYSTEM_FASHION_DIR]
+    else:
+        base = Path(data_dir)
+        dirs = [base, base / "fashion_mnist", base / "fashion-mnist", base / "FashionMNIST" / "raw"]
+    how_to = ("Install it with `apt-get install dataset-fashion-mnist` (files land in "
+              f"{SYSTEM_FASHION_DIR}) or put {_LAYOUT} into data_dir.")
+    return _load_idx_bundle("fashion_mnist", dirs, how_to, list(FASHION_CLASSES))
+
+
+def load_mnist(data_dir: str | None, rng: np.random.Generator) -> DataBundle:
+    """MNIST digits, [N, 1, 28, 28]; looks in ``data_dir``, ``data_dir/mnist``, ``data_dir/MNIST/raw``."""
+    how_to = (f"Download the standard MNIST files and extract {_LAYOUT} into data_dir "
+              "(or data_dir/mnist, data_dir/MNIST/raw).")
+    if data_dir is None:
+        raise DataError(f"mnist needs data_dir. {how_to}")
+    base = Path(data_dir)
+    dirs = [base, base / "mnist", base / "MNIST" / "raw"]
+    return _load_idx_bundle("mnist", dirs, how_to, [str(d) for d in range(10)])

@@ -1,0 +1,288 @@
+"""Split a data set's sample indices among clients (names and parameters as in flwr-datasets).
+
+``partition(labels, num_clients, scheme, rng, **params)`` returns one int64 index array per
+client, each sorted ascending; the same ``rng`` state gives the same partition. Schemes:
+
+- ``iid``: shuffle, then ``np.array_split`` into ``num_clients`` near-equal parts.
+- ``dirichlet(alpha, min_partition_size=10, self_balancing=False, max_tries=10)``: for each
+  class, draw p ~ Dir(alpha * 1_K) over the K clients and cut the (shuffled) class at the
+  cumulative proportions. Everything is redrawn until every client has at least
+  ``min_partition_size`` samples (ConfigError after ``max_tries`` draws). With
+  ``self_balancing``, clients already holding >= N / K samples get proportion 0 for the classes
+  that follow (the rest renormalised). ``alpha = inf`` is IID and delegates to ``iid``.
+- ``pathological(num_classes_per_partition, class_assignment_mode="first-deterministic")``:
+  each client is assigned C distinct classes; "deterministic" gives client i the classes
+  (i + j) mod K, j < C; "first-deterministic" gives (i mod K) plus C - 1 other random ones;
+  "random" gives C random ones (K = number of distinct labels present, taken in sorted order).
+  Each class is shuffled and split evenly (``array_split``) among the clients holding it. A class
+  that no client holds is dropped, so the parts then cover fewer than N samples.
+- ``shard(num_shards_per_partition, shard_size=None, keep_incomplete_shard=False)``: shuffle,
+  sort by label (stable), cut into shards of ``shard_size`` (default N // (K * shards)), and
+  give each client ``num_shards_per_partition`` shards drawn at random without replacement
+  (McMahan et al., 2017). An incomplete last shard is used only if ``keep_incomplete_shard``.
+- ``natural(natural)``: the data set's own per-client split (``DataBundle.natural_partition``,
+  passed as ``natural=``); it must have exactly ``num_clients`` parts of distinct, in-range
+  indices. Without ``natural=`` it raises ConfigError (only ``synthetic`` has one).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import numpy as np
+
+from splitfed.errors import ConfigError
+
+_MODES = ("deterministic", "first-deterministic", "random")
+
+
+def _int_param(scheme: str, name: str, value, low: int, high: int | None = None) -> int:
+    ok = not isinstance(value, bool) and isinstance(value, (int, np.integer))
+    if not ok or value < low or (high is not None and value > high):
+        span = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise ConfigError(f"{scheme}: {name} must be an integer {span}, got {value!r}")
+    return int(value)
+
+
+def _owners_to_parts(owner: np.ndarray, num_clients: int) -> list[np.ndarray]:
+    """owner[i] = client of sample i (or -1: unassigned) -> sorted int64 index arrays."""
+    idx = np.flatnonzero(owner >= 0)
+    who = owner[idx]
+    idx = idx[np.argsort(who, kind="stable")]
+    counts = np.bincount(who, minlength=num_clients)
+    return np.split(idx.astype(np.int64), np.cumsum(counts)[:-1])
+
+
+def _class_groups(labels: np.ndarray, rng: np.random.Generator):
+    """Shuffled indices grouped by class: (sorted class values, list of index arrays)."""
+    perm = rng.permutation(len(labels))
+    order = perm[np.argsort(labels[perm], kind="stable")]
+    classes, starts = np.unique(labels[order], return_index=True)
+    return classes, np.split(order, starts[1:])
+
+
+def iid(labels: np.ndarray, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """Shuffle and split as evenly as possible (part sizes differ by at most one)."""
+    perm = rng.permutation(len(labels))
+    sizes = np.array([len(p) for p in np.array_split(np.empty(len(labels)), num_clients)])
+    owner = np.empty(len(labels), dtype=np.int64)
+    owner[perm] = np.repeat(np.arange(num_clients), sizes)
+    return _owners_to_parts(owner, num_clients)
+
+
+def _dirichlet_owners(labels, num_clients, rng, alpha, self_balancing) -> np.ndarray:
+    owner = np.empty(len(labels), dtype=np.int64)
+    held = np.zeros(num_clients, dtype=np.int64)
+    _, groups = _class_groups(labels, rng)
+    for idx in groups:
+        p = rng.dirichlet(np.full(num_clients, alpha))
+        if self_balancing:
+            q = np.where(held >= len(labels) / num_clients, 0.0, p)
+            p = q / q.sum() if q.sum() > 0 else p
+        cuts = np.minimum((np.cumsum(p)[:-1] * len(idx)).astype(np.int64), len(idx))
+        counts = np.diff(np.concatenate([[0], cuts, [len(idx)]]))
+        owner[idx] = np.repeat(np.arange(num_clients), counts)
+        held += counts
+    return owner
+
+
+def _alpha(alpha) -> float:
+    try:
+        value = float(alpha) if not isinstance(alpha, bool) else float("nan")
+    except (TypeError, ValueError):
+        value = float("nan")
+    if not value > 0:
+        raise ConfigError(f"dirichlet: alpha must be a number > 0 (or inf for IID), got {alpha!r}")
+    return value
+
+
+def dirichlet(labels, num_clients, rng, alpha, min_partition_size=10, self_balancing=False,
+              max_tries=10) -> list[np.ndarray]:
+    """Label-skewed split with per-class proportions ~ Dir(alpha); see the module docstring.
+
+    ``alpha`` may also be a numeric string (``"inf"``, as a command line gives it).
+    """
+    alpha = _alpha(alpha)
+    min_size = _int_param("dirichlet", "min_partition_size", min_partition_size, 0)
+    tries = _int_param("dirichlet", "max_tries", max_tries, 1)
+    if min_size * num_clients > len(labels):
+        raise ConfigError(f"dirichlet: min_partition_size={min_size} x {num_clients} clients "
+                          f"exceeds the {len(labels)} samples; lower min_partition_size")
+    if np.isinf(alpha):
+        return iid(labels, num_clients, rng)
+    for _ in range(tries):
+        owner = _dirichlet_owners(labels, num_clients, rng, float(alpha), bool(self_balancing))
+        if np.bincount(owner, minlength=num_clients).min() >= min_size:
+            return _owners_to_parts(owner, num_clients)
+    raise ConfigError(f"dirichlet: no draw in max_tries={tries} gave every client >= "
+                      f"min_partition_size={min_size} samples; lower min_partition_size or "
+                      f"raise alpha (now {alpha})")
+
+
+def _assign_classes(num_clients, K, C, mode, rng) -> np.ndarray:
+    """[num_clients, C] class positions (0..K-1), distinct within each row."""
+    rows = np.arange(num_clients)
+    if mode == "deterministic":
+        return (rows[:, None] + np.arange(C)) % K
+    scores = rng.random((num_clients, K))
+    if mode == "first-deterministic":
+        scores[rows, rows % K] = -1.0
+    return np.argsort(scores, axis=1, kind="stable")[:, :C]
+
+
+def pathological(labels, num_clients, rng, num_classes_per_partition,
+                 class_assignment_mode="first-deterministic") -> list[np.ndarray]:
+    """Every client holds exactly C classes; see the module docstring."""
+    classes, groups = _class_groups(labels, rng)
+    K = len(classes)
+    C = _int_param("pathological", "num_classes_per_partition", num_classes_per_partition, 1)
+    if C > K:
+        raise ConfigError(f"pathological: num_classes_per_partition={C} exceeds the {K} classes")
+    if class_assignment_mode not in _MODES:
+        raise ConfigError(f"pathological: class_assignment_mode must be one of {_MODES}, "
+                          f"got {class_assignment_mode!r}")
+    holds = np.zeros((num_clients, K), dtype=bool)
+    assigned = _assign_classes(num_clients, K, C, class_assignment_mode, rng)
+    holds[np.arange(num_clients)[:, None], assigned] = True
+    owner = np.full(len(labels), -1, dtype=np.int64)
+    for k, idx in enumerate(groups):
+        holders = np.flatnonzero(holds[:, k])
+        if len(holders):
+            n, h = len(idx), len(holders)
+            owner[idx] = np.repeat(holders, n // h + (np.arange(h) < n % h))
+    return _owners_to_parts(owner, num_clients)
+
+
+def shard(labels, num_clients, rng, num_shards_per_partition, shard_size=None,
+          keep_incomplete_shard=False) -> list[np.ndarray]:
+    """Label-sorted shards dealt at random; see the module docstring."""
+    n = len(labels)
+    S = _int_param("shard", "num_shards_per_partition", num_shards_per_partition, 1)
+    if shard_size is None:
+        shard_size = n // (num_clients * S)
+        if shard_size < 1:
+            raise ConfigError(f"shard: {n} samples cannot fill {num_clients} clients x {S} shards")
+    size = _int_param("shard", "shard_size", shard_size, 1, n)
+    n_full = n // size
+    n_shards = n_full + int(bool(keep_incomplete_shard) and n % size > 0)
+    need = num_clients * S
+    if need > n_shards:
+        raise ConfigError(f"shard: {num_clients} clients x {S} shards need {need} shards of "
+                          f"{size} samples, but {n} samples make only {n_shards}")
+    _, groups = _class_groups(labels, rng)
+    order = np.concatenate(groups)
+    shard_owner = np.full(n_full + 1, -1, dtype=np.int64)
+    shard_owner[rng.permutation(n_shards)[:need]] = np.repeat(np.arange(num_clients), S)
+    owner = np.empty(n, dtype=np.int64)
+    owner[order] = shard_owner[np.arange(n) // size]
+    return _owners_to_parts(owner, num_clients)
+
+
+def natural(labels, num_clients, rng, natural=None) -> list[np.ndarray]:
+    """The data set's own split, passed as ``natural=``; validated, sorted, int64."""
+    if natural is None:
+        raise ConfigError("natural: only data sets with a natural partition (synthetic) support "
+                          "this scheme; pass natural=bundle.natural_partition")
+    if len(natural) != num_clients:
+        raise ConfigError(f"natural: the data set has {len(natural)} clients, "
+                          f"num_clients is {num_clients}")
+    parts = [np.sort(np.asarray(p, dtype=np.int64).ravel()) for p in natural]
+    flat = np.concatenate(parts) if parts else np.empty(0, np.int64)
+    if flat.size and (flat.min() < 0 or flat.max() >= len(labels)):
+        raise ConfigError(f"natural: indices must lie in [0, {len(labels)})")
+    if len(np.unique(flat)) != len(flat):
+        raise ConfigError("natural: an index appears in more than one client (or twice)")
+    return parts
+
+
+PARTITIONERS = {
+    "iid": iid,
+    "dirichlet": dirichlet,
+    "pathological": pathological,
+    "shard": shard,
+    "natural": natural,
+}
+
+
+def _check_params(scheme: str, params: dict) -> None:
+    sig = list(inspect.signature(PARTITIONERS[scheme]).parameters.values())[3:]
+    names = [p.name for p in sig]
+    unknown = sorted(set(params) - set(names))
+    missing = [p.name for p in sig if p.default is p.empty and p.name not in params]
+    if unknown or missing:
+        what = f"unknown {unknown}" if unknown else f"missing {missing}"
+        raise ConfigError(f"partition scheme {scheme!r}: {what} parameter(s); "
+                          f"allowed: {', '.join(names) or 'none'}")
+
+
+def as_labels(labels) -> np.ndarray:
+    """1-D non-negative int64 numpy labels (accepts numpy arrays, lists, CPU tensors)."""
+    y = np.asarray(labels)
+    if y.ndim != 1 or not (np.issubdtype(y.dtype, np.integer) or y.size == 0):
+        raise ConfigError(f"labels must be a 1-D integer array, got {y.dtype} {y.shape}")
+    if y.size and y.min() < 0:
+        raise ConfigError("labels must be >= 0")
+    return y.astype(np.int64, copy=False)
+
+
+def partition(labels, num_clients: int, scheme: str, rng: np.random.Generator,
+              **params) -> list[np.ndarray]:
+    """Split ``range(len(labels))`` among ``num_clients`` clients with ``scheme``."""
+    y = as_labels(labels)
+    if scheme not in PARTITIONERS:
+        raise ConfigError(f"unknown partition scheme {scheme!r}; "
+                          f"known: {', '.join(PARTITIONERS)}")
+    _int_param(scheme, "num_clients", num_clients, 1, max(1, len(y)))
+    if not isinstance(rng, np.random.Generator):
+        raise TypeError(f"rng must be a numpy Generator, got {type(rng).__name__}")
+    _check_params(scheme, params)
+    return PARTITIONERS[scheme](y, int(num_clients), rng, **params)
+
+
+def partition_stats(parts: list[np.ndarray], labels, num_classes: int) -> np.ndarray:
+    """Label counts per client: int64 [num_clients, num_classes]."""
+    y = as_labels(labels)
+    if y.size and y.max() >= num_classes:
+        raise ConfigError(f"labels reach {y.max()} but num_classes is {num_classes}")
+    sizes = np.array([len(p) for p in parts], dtype=np.int64)
+    flat = np.concatenate(parts).astype(np.int64) if parts else np.empty(0, np.int64)
+    cell = np.repeat(np.arange(len(parts)), sizes) * num_classes + y[flat]
+    counts = np.bincount(cell, minlength=len(parts) * num_classes)
+    return counts.reshape(len(parts), num_classes)
+
+
+def _table_rows(counts: np.ndarray, show_hist: bool) -> list[list[str]]:
+    n, held = counts.sum(1), (counts > 0).sum(1)
+    rows = []
+    for i, row in enumerate(counts):
+        hist = [str(c) for c in row] if show_hist else []
+        rows.append([str(i), str(n[i]), str(held[i]), *hist])
+    return rows
+
+
+def partition_summary(parts: list[np.ndarray], labels, num_classes: int,
+                      max_rows: int = 20) -> str:
+    """A printable table: client, samples, classes held and (for <= 20 classes) the label
+    histogram; at most ``max_rows`` clients are listed, then totals and min/mean/max lines."""
+    counts = partition_stats(parts, labels, num_classes)
+    show_hist = num_classes <= 20
+    header = ["client", "n", "classes", *(f"c{k}" for k in range(num_classes) if show_hist)]
+    rows = _table_rows(counts[:max_rows], show_hist)
+    total = counts.sum(0)
+    rows.append(["total", str(total.sum()), str((total > 0).sum()),
+                 *(str(c) for c in total if show_hist)])
+    widths = [max(len(r[j]) for r in [header, *rows]) for j in range(len(header))]
+
+    def fmt(row: list[str]) -> str:
+        return "  ".join(c.rjust(w) for c, w in zip(row, widths))
+
+    lines = [fmt(header), *map(fmt, rows[:-1])]
+    if len(counts) > max_rows:
+        lines.append(f"... {len(counts) - max_rows} more clients not shown")
+    lines.append(fmt(rows[-1]))
+    if len(counts):
+        n, held = counts.sum(1), (counts > 0).sum(1)
+        lines.append(f"samples per client: min {n.min()}, mean {n.mean():.1f}, max {n.max()}; "
+                     f"classes per client: min {held.min()}, mean {held.mean():.1f}, "
+                     f"max {held.max()}")
+    return "\n".join(lines)
