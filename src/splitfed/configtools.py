@@ -1,0 +1,435 @@
+"""Typed configuration: dataclasses loaded from YAML and overridden with ``key=value``.
+
+A config is a tree of dataclasses. ``from_dict`` builds one from plain data (what
+``yaml.safe_load`` returns) and is strict: unknown keys, missing required keys, wrong
+types and out-of-range values raise :class:`ConfigError` with a message that names the
+dotted key, e.g. ``train.lr: expected a float, got 'abc' (str)``.
+
+Supported annotations: ``int``, ``float``, ``bool``, ``str``, ``Literal[...]``,
+``Optional[X]`` / ``X | None``, unions of these (tried in order), ``list[X]``,
+``tuple[X, ...]``, fixed tuples, ``dict[str, X]``, nested dataclasses and ``Any``.
+
+Field metadata adds bounds and documentation::
+
+    lr: float = field(default=0.1, metadata={"gt": 0, "help": "client learning rate"})
+
+``ge``, ``gt``, ``le``, ``lt`` (numbers) and ``choices`` (a collection) are checked on the
+value, or on each element of a list/tuple value; ``help`` is shown by :func:`describe`.
+
+Typical use::
+
+    data = merge(load_yaml("run.yaml"), parse_overrides(["train.lr=0.05"]))
+    cfg = from_dict(RunConfig, data)
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal, Union
+
+import yaml
+
+from splitfed.errors import ConfigError
+
+_BOUNDS = {"ge": (">=", lambda v, b: v >= b), "gt": (">", lambda v, b: v > b),
+           "le": ("<=", lambda v, b: v <= b), "lt": ("<", lambda v, b: v < b)}
+_NAMES = {int: "an integer", float: "a float", bool: "a boolean (true/false)", str: "a string"}
+
+
+# --------------------------------------------------------------------- building
+
+
+def from_dict(cls: type, data: Mapping[str, Any] | None, path: str = "") -> Any:
+    """Build the dataclass ``cls`` from ``data``, checking keys, types and bounds.
+
+    ``data=None`` means "no keys given" (every field takes its default). ``path`` is the
+    dotted prefix used in error messages. Fields declared with ``init=False`` are not
+    keys. A :class:`ConfigError` or ``ValueError`` raised by ``cls.__post_init__`` is
+    re-raised as ``ConfigError`` prefixed with ``path`` (or the class name at the top).
+    """
+    if not dataclasses.is_dataclass(cls):
+        raise TypeError(f"from_dict needs a dataclass type, got {cls!r}")
+    data = {} if data is None else data
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{path or cls.__name__}: expected a mapping, got {_show(data)}")
+    fields = _init_fields(cls)
+    _reject_unknown(cls, data, fields, path)
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for f in fields:
+        key = _join(path, f.name)
+        if f.name in data:
+            kwargs[f.name] = _field_value(hints[f.name], data[f.name], key, f.metadata)
+        elif _has_default(f):
+            continue
+        else:
+            raise ConfigError(f"missing required key '{key}'")
+    return _construct(cls, kwargs, path)
+
+
+def _construct(cls: type, kwargs: dict, path: str) -> Any:
+    try:
+        return cls(**kwargs)
+    except ValueError as err:  # ConfigError is a ValueError
+        raise ConfigError(f"{path or cls.__name__}: {err}") from err
+
+
+def _init_fields(cls: type) -> list[dataclasses.Field]:
+    return [f for f in dataclasses.fields(cls) if f.init]
+
+
+def _has_default(f: dataclasses.Field) -> bool:
+    return f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+
+
+def _reject_unknown(cls: type, data: Mapping, fields: list, path: str) -> None:
+    allowed = [f.name for f in fields]
+    for key in data:
+        if not isinstance(key, str):
+            raise ConfigError(f"{path or cls.__name__}: keys must be strings, got {_show(key)}")
+        if key not in allowed:
+            owner = path or f"{cls.__name__} (top level)"
+            msg = f"unknown key '{_join(path, key)}'; allowed keys of {owner}: "
+            raise ConfigError(msg + ", ".join(allowed) + _suggest(key, allowed))
+
+
+def _suggest(word: str, options: Sequence[str]) -> str:
+    close = difflib.get_close_matches(word, list(options), n=1)
+    return f"; did you mean '{close[0]}'?" if close else ""
+
+
+def _field_value(tp: Any, value: Any, key: str, meta: Mapping) -> Any:
+    out = _convert(tp, value, key)
+    _check_bounds(out, key, meta)
+    return out
+
+
+# ------------------------------------------------------------------ conversion
+
+
+def _convert(tp: Any, value: Any, key: str) -> Any:
+    """Return ``value`` converted to the annotation ``tp`` or raise ConfigError."""
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return value
+    if dataclasses.is_dataclass(tp):
+        return value if isinstance(value, tp) else from_dict(tp, _mapping(value, key, tp), key)
+    if origin is Literal:
+        return _convert_literal(tp, value, key)
+    if origin is Union or origin is types.UnionType:
+        return _convert_union(tp, value, key)
+    if tp in (list, tuple, dict) or origin in (list, tuple, dict):
+        return _CONTAINERS[origin or tp](tp, value, key)
+    if tp in _SCALARS:
+        return _SCALARS[tp](value, key)
+    raise TypeError(f"{key}: unsupported annotation {tp!r}")
+
+
+def _type_error(key: str, expected: str, value: Any) -> ConfigError:
+    return ConfigError(f"{key}: expected {expected}, got {_show(value)}")
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    text = text if len(text) <= 60 else text[:57] + "..."
+    return f"{text} ({type(value).__name__})"
+
+
+def _to_int(value: Any, key: str) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return int(value)
+    raise _type_error(key, _NAMES[int], value)
+
+
+def _to_float(value: Any, key: str) -> float:
+    numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if numeric or isinstance(value, str):  # PyYAML reads 1e-3 and inf as strings
+        try:
+            return float(value)
+        except (ValueError, OverflowError):
+            pass
+    raise _type_error(key, _NAMES[float], value)
+
+
+def _to_bool(value: Any, key: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    raise _type_error(key, _NAMES[bool], value)
+
+
+def _to_str(value: Any, key: str) -> str:
+    if isinstance(value, str):
+        return value
+    raise _type_error(key, _NAMES[str] + " (quote it in YAML)", value)
+
+
+_SCALARS = {int: _to_int, float: _to_float, bool: _to_bool, str: _to_str}
+
+
+def _convert_literal(tp: Any, value: Any, key: str) -> Any:
+    allowed = typing.get_args(tp)
+    for option in allowed:
+        if _same(value, option):
+            return option
+    hint = _suggest(value, [a for a in allowed if isinstance(a, str)]) if isinstance(
+        value, str) else ""
+    options = ", ".join(repr(a) for a in allowed)
+    raise ConfigError(f"{key}: expected one of {options}, got {_show(value)}{hint}")
+
+
+def _convert_union(tp: Any, value: Any, key: str) -> Any:
+    arms = typing.get_args(tp)
+    if value is None and type(None) in arms:
+        return None
+    for arm in arms:
+        if arm is type(None):
+            continue
+        try:
+            return _convert(arm, value, key)
+        except ConfigError:
+            continue
+    raise _type_error(key, type_name(tp), value)
+
+
+def _mapping(value: Any, key: str, tp: Any) -> Mapping:
+    if isinstance(value, Mapping):
+        return value
+    raise _type_error(key, f"a mapping ({type_name(tp)})", value)
+
+
+def _sequence(value: Any, key: str) -> Sequence:
+    if isinstance(value, (list, tuple)):
+        return value
+    raise _type_error(key, "a list", value)
+
+
+def _convert_list(tp: Any, value: Any, key: str) -> list:
+    (item,) = typing.get_args(tp) or (Any,)
+    return [_convert(item, v, f"{key}[{i}]") for i, v in enumerate(_sequence(value, key))]
+
+
+def _convert_tuple(tp: Any, value: Any, key: str) -> tuple:
+    args = typing.get_args(tp) or (Any, ...)
+    seq = _sequence(value, key)
+    if len(args) == 2 and args[1] is Ellipsis:
+        return tuple(_convert(args[0], v, f"{key}[{i}]") for i, v in enumerate(seq))
+    if len(seq) != len(args):
+        raise _type_error(key, f"a list of {len(args)} items", value)
+    return tuple(_convert(a, v, f"{key}[{i}]") for i, (a, v) in enumerate(zip(args, seq)))
+
+
+def _convert_dict(tp: Any, value: Any, key: str) -> dict:
+    _, item = typing.get_args(tp) or (str, Any)
+    out = {}
+    for k, v in _mapping(value, key, tp).items():
+        if not isinstance(k, str):
+            raise ConfigError(f"{key}: keys must be strings, got {_show(k)}")
+        out[k] = _convert(item, v, _join(key, k))
+    return out
+
+
+_CONTAINERS = {list: _convert_list, tuple: _convert_tuple, dict: _convert_dict}
+
+
+def _check_bounds(value: Any, key: str, meta: Mapping) -> None:
+    items = value if isinstance(value, (list, tuple)) else [value]
+    for i, item in enumerate(items):
+        where = f"{key}[{i}]" if isinstance(value, (list, tuple)) else key
+        if item is not None:
+            _check_item(item, where, meta)
+
+
+def _check_item(item: Any, key: str, meta: Mapping) -> None:
+    for name, (sign, ok) in _BOUNDS.items():
+        if name not in meta:
+            continue
+        if isinstance(item, bool) or not isinstance(item, (int, float)):
+            raise _type_error(key, "a number", item)
+        if not ok(item, meta[name]):
+            raise ConfigError(f"{key}: must be {sign} {meta[name]}, got {item!r}")
+    if "choices" in meta and not any(_equal(item, c) for c in meta["choices"]):
+        allowed = ", ".join(repr(c) for c in meta["choices"])
+        raise ConfigError(f"{key}: must be one of {allowed}, got {item!r}")
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal and of the same type (so ``True`` is not ``1`` and ``1.0`` is not ``1``)."""
+    return type(a) is type(b) and a == b
+
+
+def _equal(a: Any, b: Any) -> bool:
+    """Equal, with booleans never equal to numbers (``2.0`` matches choice ``2``)."""
+    return isinstance(a, bool) is isinstance(b, bool) and a == b
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+# ---------------------------------------------------------------- to plain data
+
+
+def to_dict(obj: Any) -> dict:
+    """Return the dataclass ``obj`` as a dict of YAML-safe values, in field order.
+
+    Nested dataclasses become dicts, tuples become lists, numpy scalars become Python
+    numbers; ``inf`` stays a float. ``from_dict(type(obj), to_dict(obj)) == obj``.
+    Fields declared with ``init=False`` are left out.
+    """
+    if not dataclasses.is_dataclass(obj) or isinstance(obj, type):
+        raise TypeError(f"to_dict needs a dataclass instance, got {obj!r}")
+    return {f.name: _plain(getattr(obj, f.name)) for f in _init_fields(type(obj))}
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return to_dict(value)
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if hasattr(value, "item") and callable(value.item):  # numpy scalar
+        return value.item()
+    return value
+
+
+def dump_yaml(obj: Any, path: str | Path) -> None:
+    """Write ``to_dict(obj)`` to ``path`` as YAML, keeping field order."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as fh:
+        yaml.safe_dump(to_dict(obj), fh, sort_keys=False)
+
+
+# ---------------------------------------------------------------- YAML and CLI
+
+
+def load_yaml(path: str | Path) -> dict:
+    """Read a YAML file whose top level is a mapping; an empty file gives ``{}``.
+
+    Raises ConfigError naming the path if the file is missing, cannot be parsed (with
+    the line of the YAML error) or holds something other than a mapping.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as err:
+        raise ConfigError(f"cannot parse {path}: {_yaml_problem(err)}") from err
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: top level must be a mapping, got {type(data).__name__}")
+    return data
+
+
+def _yaml_problem(err: yaml.YAMLError) -> str:
+    mark = getattr(err, "problem_mark", None)
+    problem = getattr(err, "problem", None) or str(err)
+    return f"line {mark.line + 1}, column {mark.column + 1}: {problem}" if mark else problem
+
+
+def parse_overrides(items: Sequence[str]) -> dict:
+    """Turn ``["train.lr=0.1", "model.hidden=[64,32]"]`` into a nested dict.
+
+    The key is split on dots; the value is parsed with ``yaml.safe_load``, so ``0.1`` is
+    a float, ``[64,32]`` a list, ``true`` a bool, ``null`` None. An empty value
+    (``key=``) is None, as an empty value is in a YAML file; write ``key=''`` for an
+    empty string. Later items win. ConfigError names the item when it has no ``=``, an
+    empty key or key part, an unparsable value, or sets a key below a non-mapping value.
+    """
+    out: dict = {}
+    for item in items:
+        key, value = _split_item(item)
+        node = out
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override '{item}': '{part}' was already set to a value")
+        node[leaf] = value
+    return out
+
+
+def _split_item(item: str) -> tuple[str, Any]:
+    key, sep, text = item.partition("=")
+    key = key.strip()
+    if not sep or not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"override '{item}' must look like key.sub=value")
+    try:
+        return key, yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ConfigError(f"override '{item}': cannot parse value: {_yaml_problem(err)}") from err
+
+
+def merge(base: Mapping, override: Mapping) -> dict:
+    """Deep-merge ``override`` into ``base`` and return a new dict; inputs are untouched.
+
+    Where both hold a mapping under the same key the mappings are merged recursively;
+    otherwise the override's value replaces the base's (lists are replaced, not joined).
+    """
+    out = copy.deepcopy(dict(base))
+    for key, value in override.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+# ------------------------------------------------------------------- describing
+
+
+def type_name(tp: Any) -> str:
+    """A short readable name for an annotation, e.g. ``list[int]`` or ``float | None``."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is Literal:
+        return " | ".join(repr(a) for a in args)
+    if origin is Union or origin is types.UnionType:
+        return " | ".join(type_name(a) for a in args)
+    if tp is type(None):
+        return "None"
+    if origin is not None:
+        inner = ", ".join("..." if a is Ellipsis else type_name(a) for a in args)
+        return f"{origin.__name__}[{inner}]"
+    return getattr(tp, "__name__", repr(tp))
+
+
+def describe(cls: type, path: str = "") -> str:
+    """List every key of the dataclass ``cls`` (dotted, nested ones expanded), one a line.
+
+    Each line reads ``key: type = default  [bounds]  help``; ``required`` stands in for
+    a missing default.
+    """
+    hints = typing.get_type_hints(cls)
+    lines = []
+    for f in _init_fields(cls):
+        key, tp = _join(path, f.name), hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            lines.append(f"{key}: {type_name(tp)}  {f.metadata.get('help', '')}".rstrip())
+            lines.append(describe(tp, key))
+        else:
+            lines.append(_describe_field(key, tp, f))
+    return "\n".join(lines)
+
+
+def _describe_field(key: str, tp: Any, f: dataclasses.Field) -> str:
+    if f.default is not dataclasses.MISSING:
+        default = repr(_plain(f.default))
+    elif f.default_factory is not dataclasses.MISSING:
+        default = repr(_plain(f.default_factory()))
+    else:
+        default = "required"
+    bounds = [f"{sign} {f.metadata[n]}" for n, (sign, _) in _BOUNDS.items() if n in f.metadata]
+    if "choices" in f.metadata:
+        bounds.append("one of " + ", ".join(repr(c) for c in f.metadata["choices"]))
+    text = f"{key}: {type_name(tp)} = {default}"
+    text += f"  [{', '.join(bounds)}]" if bounds else ""
+    return f"{text}  {f.metadata.get('help', '')}".rstrip()

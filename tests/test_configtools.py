@@ -1,0 +1,330 @@
+"""Tests of the typed-config machinery (splitfed.configtools)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal, Optional
+
+import pytest
+import yaml
+from hypothesis import given
+from hypothesis import strategies as st
+
+from splitfed.configtools import (
+    describe,
+    dump_yaml,
+    from_dict,
+    load_yaml,
+    merge,
+    parse_overrides,
+    to_dict,
+)
+from splitfed.errors import ConfigError
+
+
+@dataclass
+class Train:
+    lr: float = field(default=0.1, metadata={"gt": 0, "help": "client learning rate"})
+    momentum: float = field(default=0.0, metadata={"ge": 0, "lt": 1})
+    steps: int = field(default=5, metadata={"ge": 1})
+    optimizer: Literal["sgd", "adam"] = "sgd"
+    nesterov: bool = False
+
+    def __post_init__(self):
+        if self.nesterov and self.momentum == 0:
+            raise ValueError("nesterov needs momentum > 0")
+
+
+@dataclass
+class Model:
+    name: str = field(default="mlp", metadata={"choices": ("mlp", "cnn")})
+    hidden: list[int] = field(default_factory=lambda: [64, 32], metadata={"ge": 1})
+    shape: tuple[int, ...] = (1, 28, 28)
+    pair: tuple[int, str] = (1, "a")
+
+
+@dataclass(frozen=True)
+class Stage:
+    width: int = 8
+
+
+@dataclass
+class Run:
+    seed: int
+    train: Train = field(default_factory=Train)
+    model: Model = field(default_factory=Model)
+    alpha: Optional[float] = None  # noqa: UP045 (typing.Optional is tested on purpose)
+    cut: int | str = 2
+    stages: list[Stage] = field(default_factory=list)
+    extra: dict[str, float] = field(default_factory=dict)
+    note: Any = None
+
+
+def build(**data) -> Run:
+    return from_dict(Run, {"seed": 0, **data})
+
+
+def config_error(data: dict) -> str:
+    with pytest.raises(ConfigError) as info:
+        from_dict(Run, {"seed": 0, **data})
+    return str(info.value)
+
+
+# ------------------------------------------------------------------ happy paths
+
+
+def test_defaults_and_nested_values():
+    run = build(train={"lr": 0.5}, model={"hidden": [8]}, stages=[{"width": 3}, {}])
+    assert run.train == Train(lr=0.5)
+    assert run.model.hidden == [8] and run.model.shape == (1, 28, 28)
+    assert run.stages == [Stage(3), Stage(8)]
+
+
+def test_round_trip_through_dict_and_yaml(tmp_path):
+    run = build(alpha="inf", cut="layer3", model={"pair": [2, "b"]}, extra={"a": 1},
+                note={"free": [1, 2]})
+    data = to_dict(run)
+    assert data["alpha"] == math.inf and data["model"]["shape"] == [1, 28, 28]
+    assert list(data) == ["seed", "train", "model", "alpha", "cut", "stages", "extra", "note"]
+    assert from_dict(Run, data) == run
+    dump_yaml(run, tmp_path / "sub" / "run.yaml")
+    assert from_dict(Run, load_yaml(tmp_path / "sub" / "run.yaml")) == run
+
+
+@pytest.mark.parametrize("text, value", [("1e-3", 1e-3), ("inf", math.inf), ("-inf", -math.inf),
+                                         (3, 3.0), (0.25, 0.25)])
+def test_float_accepts_yaml_strings_and_ints(text, value):
+    run = build(alpha=text)
+    assert run.alpha == value and isinstance(run.alpha, float)
+
+
+def test_none_data_gives_defaults():
+    assert from_dict(Stage, None) == Stage()
+
+
+def test_union_tries_arms_in_order():
+    assert build(cut=3).cut == 3
+    assert build(cut="3").cut == "3"
+
+
+def test_post_init_value_error_becomes_prefixed_config_error():
+    msg = config_error({"train": {"nesterov": True}})
+    assert msg.startswith("train: ") and "nesterov needs momentum" in msg
+
+
+# ----------------------------------------------------------------- error paths
+
+
+def test_unknown_key_lists_allowed_and_suggests():
+    msg = config_error({"train": {"lrr": 1}})
+    assert "'train.lrr'" in msg and "lr, momentum, steps" in msg and "did you mean 'lr'" in msg
+
+
+def test_unknown_top_level_key():
+    msg = config_error({"sede": 1})
+    assert "'sede'" in msg and "did you mean 'seed'" in msg
+
+
+def test_missing_required_key():
+    with pytest.raises(ConfigError, match="missing required key 'seed'"):
+        from_dict(Run, {})
+
+
+@pytest.mark.parametrize("data, key, expected", [
+    ({"train": {"lr": "abc"}}, "train.lr", "expected a float, got 'abc' (str)"),
+    ({"train": {"steps": 5.0}}, "train.steps", "expected an integer"),
+    ({"train": {"steps": True}}, "train.steps", "expected an integer"),
+    ({"train": {"steps": "5"}}, "train.steps", "expected an integer"),
+    ({"train": {"nesterov": 1}}, "train.nesterov", "expected a boolean"),
+    ({"train": {"nesterov": "yes"}}, "train.nesterov", "expected a boolean"),
+    ({"train": {"lr": True}}, "train.lr", "expected a float"),
+    ({"train": {"optimizer": "adm"}}, "train.optimizer", "'sgd', 'adam'"),
+    ({"train": None}, "train", "expected a mapping"),
+    ({"model": {"hidden": [1, "x"]}}, "model.hidden[1]", "expected an integer"),
+    ({"model": {"hidden": 3}}, "model.hidden", "expected a list"),
+    ({"model": {"pair": [1]}}, "model.pair", "2 items"),
+    ({"model": {"pair": [1, 2]}}, "model.pair[1]", "expected a string"),
+    ({"model": {"shape": [1, 2.5]}}, "model.shape[1]", "expected an integer"),
+    ({"stages": [{}, {"widht": 1}]}, "stages[1].widht", "did you mean 'width'"),
+    ({"extra": {"a": "b"}}, "extra.a", "expected a float"),
+    ({"extra": [1]}, "extra", "expected a mapping"),
+    ({"cut": 1.5}, "cut", "expected int | str"),
+    ({"alpha": "x"}, "alpha", "expected float | None"),
+    ({"seed": None}, "seed", "expected an integer"),
+])
+def test_type_errors_name_the_dotted_key(data, key, expected):
+    msg = config_error(data)
+    assert msg.startswith(f"{key}: ") or f"'{key}'" in msg
+    assert expected in msg
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"train": {"lr": -1}}, "train.lr: must be > 0, got -1"),
+    ({"train": {"lr": 0}}, "train.lr: must be > 0"),
+    ({"train": {"momentum": 1}}, "train.momentum: must be < 1"),
+    ({"train": {"steps": 0}}, "train.steps: must be >= 1"),
+    ({"model": {"hidden": [4, 0]}}, "model.hidden[1]: must be >= 1"),
+    ({"model": {"name": "rnn"}}, "model.name: must be one of 'mlp', 'cnn'"),
+])
+def test_bounds_and_choices(data, message):
+    assert message in config_error(data)
+
+
+def test_top_level_must_be_mapping():
+    with pytest.raises(ConfigError, match="expected a mapping"):
+        from_dict(Run, [1, 2])
+
+
+# ----------------------------------------------------------------- YAML files
+
+
+def test_load_yaml_missing_file(tmp_path):
+    path = tmp_path / "nope.yaml"
+    with pytest.raises(ConfigError, match="not found") as info:
+        load_yaml(path)
+    assert str(path) in str(info.value)
+
+
+def test_load_yaml_parse_error_has_line(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("seed: 1\ntrain:\n  lr: [1, 2\n")
+    with pytest.raises(ConfigError, match=r"cannot parse .*bad\.yaml: line \d+"):
+        load_yaml(path)
+
+
+def test_load_yaml_top_level_not_mapping(tmp_path):
+    path = tmp_path / "list.yaml"
+    path.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="top level must be a mapping"):
+        load_yaml(path)
+
+
+def test_load_yaml_empty_file_is_empty_mapping(tmp_path):
+    path = tmp_path / "empty.yaml"
+    path.write_text("# nothing\n")
+    assert load_yaml(path) == {}
+
+
+# ------------------------------------------------------------------ overrides
+
+
+def test_parse_overrides_nested_and_typed():
+    out = parse_overrides(["train.lr=0.1", "partition.alpha=inf", "model.hidden=[64,32]",
+                           "name=x", "train.steps=3", "empty=", "quoted=''", "eq=a=b"])
+    assert out == {"train": {"lr": 0.1, "steps": 3}, "partition": {"alpha": "inf"},
+                   "model": {"hidden": [64, 32]}, "name": "x", "empty": None, "quoted": "",
+                   "eq": "a=b"}
+
+
+@pytest.mark.parametrize("item", ["train.lr", "=3", ".lr=1", "train..lr=1", "a.=1", "x=[1,"])
+def test_parse_overrides_rejects_bad_items(item):
+    with pytest.raises(ConfigError) as info:
+        parse_overrides([item])
+    assert item in str(info.value)
+
+
+def test_parse_overrides_conflict():
+    with pytest.raises(ConfigError, match="'a.b=2'"):
+        parse_overrides(["a=1", "a.b=2"])
+
+
+def test_merge_is_deep_and_pure():
+    base = {"train": {"lr": 0.1, "steps": 5}, "model": {"hidden": [64, 32]}, "seed": 1}
+    override = {"train": {"lr": 0.5}, "model": {"hidden": [8]}, "new": {"deep": {"k": 1}}}
+    snapshot = (repr(base), repr(override))
+    out = merge(base, override)
+    assert out == {"train": {"lr": 0.5, "steps": 5}, "model": {"hidden": [8]}, "seed": 1,
+                   "new": {"deep": {"k": 1}}}
+    assert (repr(base), repr(override)) == snapshot
+    out["train"]["steps"] = 9
+    out["new"]["deep"]["k"] = 2
+    assert base["train"]["steps"] == 5 and override["new"]["deep"]["k"] == 1
+
+
+def test_overrides_on_yaml_end_to_end(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("seed: 3\ntrain:\n  lr: 1e-3\nmodel:\n  hidden: [4, 4, 4]\n")
+    data = merge(load_yaml(path), parse_overrides(["train.steps=7", "model.hidden=[2]"]))
+    run = from_dict(Run, data)
+    assert (run.seed, run.train.lr, run.train.steps, run.model.hidden) == (3, 1e-3, 7, [2])
+
+
+def test_describe_mentions_every_key():
+    text = describe(Run)
+    for key in ["seed", "train.lr", "train.momentum", "train.steps", "train.optimizer",
+                "train.nesterov", "model.name", "model.hidden", "model.shape", "model.pair",
+                "alpha", "cut", "stages", "extra", "note"]:
+        assert f"\n{key}: " in "\n" + text
+    assert "client learning rate" in text and "> 0" in text and "required" in text
+
+
+# ------------------------------------------------------------------ properties
+
+finite = st.floats(allow_nan=False, allow_infinity=False, min_value=-1e6, max_value=1e6)
+names = st.text(st.characters(codec="utf-8", categories=["L", "N"]), min_size=1, max_size=8)
+
+runs = st.builds(
+    Run,
+    seed=st.integers(-(2**40), 2**40),
+    train=st.builds(Train, lr=st.floats(1e-6, 10), momentum=st.floats(0, 0.99),
+                    steps=st.integers(1, 1000), optimizer=st.sampled_from(["sgd", "adam"])),
+    model=st.builds(Model, name=st.sampled_from(["mlp", "cnn"]),
+                    hidden=st.lists(st.integers(1, 512), max_size=4),
+                    shape=st.lists(st.integers(-5, 5), max_size=4).map(tuple),
+                    pair=st.tuples(st.integers(), names)),
+    alpha=st.none() | finite | st.just(math.inf),
+    cut=st.integers(-9, 9) | names,
+    stages=st.lists(st.builds(Stage, width=st.integers(0, 64)), max_size=3),
+    extra=st.dictionaries(names, finite, max_size=3),
+)
+
+
+@given(runs)
+def test_property_round_trip(run):
+    assert from_dict(Run, to_dict(run)) == run
+    assert from_dict(Run, yaml.safe_load(yaml.safe_dump(to_dict(run), sort_keys=False))) == run
+
+
+junk = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner,
+                                                               max_size=3),
+    max_leaves=6,
+)
+typed_keys = st.sampled_from([("train", "lr"), ("train", "steps"), ("train", "nesterov"),
+                              ("train", "optimizer"), ("model", "hidden"), ("model", "pair"),
+                              ("model", "shape"), ("model", "name"), (None, "alpha"),
+                              (None, "cut"), (None, "stages"), (None, "extra"), (None, "seed")])
+
+
+@given(typed_keys, junk)
+def test_property_junk_gives_config_error_or_valid_config(where, value):
+    section, key = where
+    data = {"seed": 0}
+    if section is None:
+        data[key] = value
+    else:
+        data[section] = {key: value}
+    try:
+        run = from_dict(Run, data)
+    except ConfigError as err:
+        assert key in str(err)
+    else:
+        assert from_dict(Run, to_dict(run)) == run or _has_nan(to_dict(run))
+
+
+@given(st.dictionaries(st.text(max_size=4), junk, max_size=4))
+def test_property_junk_top_level_never_crashes(data):
+    try:
+        from_dict(Run, data)
+    except ConfigError:
+        pass
+
+
+def _has_nan(data: Any) -> bool:
+    if isinstance(data, dict):
+        return any(_has_nan(v) for v in data.values())
+    if isinstance(data, list):
+        return any(_has_nan(v) for v in data)
+    return isinstance(data, float) and math.isnan(data)
