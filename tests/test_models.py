@@ -1,0 +1,171 @@
+"""Model zoo: cuts, splits, auxiliary heads, configuration errors, parameter counts."""
+
+import pytest
+import torch
+from torch import nn
+
+from splitfed.errors import ConfigError
+from splitfed.models import (
+    BlockModel,
+    build_aux_head,
+    build_model,
+    model_names,
+    resolve_cut,
+    split,
+)
+
+# (name, input_shape, small options)
+CASES = [
+    ("lenet5", (1, 28, 28), {}),
+    ("lenet5", (3, 32, 32), {}),
+    ("alexnet", (1, 28, 28), {"width": 0.125}),
+    ("alexnet", (3, 32, 32), {"width": 0.125, "dropout": 0.5}),
+    ("vgg11", (3, 32, 32), {"width": 0.125}),
+    ("vgg11", (3, 32, 32), {"width": 0.125, "batch_norm": True}),
+    ("resnet18", (3, 32, 32), {"width": 8}),
+    ("mobilenetv2", (3, 32, 32), {"width_mult": 0.25}),
+    ("mlp", (1, 28, 28), {"hidden": (32, 16)}),
+    ("mlp", (60,), {}),
+]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny kernels: one thread avoids OpenMP contention on a busy 2-core machine."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+IDS = [f"{n}-{'x'.join(map(str, s))}-{i}" for i, (n, s, _) in enumerate(CASES)]
+
+
+def _model(name, shape, opts, seed=0):
+    torch.manual_seed(seed)
+    return build_model(name, shape, 10, **opts)
+
+
+def _num(module):
+    return sum(p.numel() for p in module.parameters())
+
+
+def test_every_model_is_covered():
+    assert {c[0] for c in CASES} == set(model_names())
+
+
+@pytest.mark.parametrize("name,shape,opts", CASES, ids=IDS)
+def test_split_composes_exactly_at_every_cut(name, shape, opts):
+    model = _model(name, shape, opts).eval()
+    x = torch.randn(4, *shape)
+    with torch.no_grad():
+        full = model(x)
+        assert full.shape == (4, 10)
+        for cut in model.valid_cuts:
+            client, server = split(model, cut)
+            assert len(client) == cut and len(server) == len(model) - cut
+            acts = client(x)
+            before = acts.clone()
+            assert torch.equal(server(acts), full)
+            assert torch.equal(acts, before)  # in-place activations never touch the input
+
+
+@pytest.mark.parametrize("name,shape,opts", CASES, ids=IDS)
+def test_split_parts_share_and_partition_parameters(name, shape, opts):
+    model = _model(name, shape, opts)
+    all_ids = {id(p) for p in model.parameters()}
+    for cut in model.valid_cuts:
+        client, server = split(model, cut)
+        c_ids, s_ids = {id(p) for p in client.parameters()}, {id(p) for p in server.parameters()}
+        assert c_ids and s_ids and not c_ids & s_ids
+        assert c_ids | s_ids == all_ids
+        keys = set(client.state_dict()) | set(server.state_dict())
+        assert keys == set(model.state_dict())
+
+
+@pytest.mark.parametrize("name,shape,opts", CASES, ids=IDS)
+def test_aux_head_shapes(name, shape, opts):
+    model = _model(name, shape, opts)
+    client, _ = split(model)
+    acts = client(torch.randn(4, *shape))
+    for kind in ("linear", "mlp"):
+        head = build_aux_head(client, shape, 10, kind=kind, hidden=16)
+        assert head(acts).shape == (4, 10)
+
+
+def test_aux_head_linear_is_one_layer_and_keeps_bn_stats():
+    model = _model("resnet18", (3, 32, 32), {"width": 8})
+    client, _ = split(model)
+    before = {k: v.clone() for k, v in client.state_dict().items()}
+    head = build_aux_head(client, (3, 32, 32), 10)
+    linears = [m for m in head.modules() if isinstance(m, nn.Linear)]
+    assert len(linears) == 1 and linears[0].in_features == 16 * 16 * 16
+    assert all(torch.equal(v, client.state_dict()[k]) for k, v in before.items())
+    assert client.training
+    with pytest.raises(ConfigError, match="linear, mlp"):
+        build_aux_head(client, (3, 32, 32), 10, kind="conv")
+
+
+def test_default_cuts_follow_the_papers():
+    expected = {"lenet5": 2, "alexnet": 2, "vgg11": 3, "resnet18": 2, "mobilenetv2": 1, "mlp": 1}
+    for name, shape, opts in CASES:
+        model = _model(name, shape, opts)
+        assert resolve_cut(model, None) == expected[name]
+    lenet = _model("lenet5", (1, 28, 28), {})
+    client, _ = split(lenet)
+    assert client(torch.zeros(1, 1, 28, 28)).shape == (1, 16, 5, 5)
+    assert resolve_cut(lenet, "conv2") == 2 and resolve_cut(lenet, "fc2") == 4
+
+
+@pytest.mark.parametrize("cut", [0, 5, -1, 7, "fc3", "nope", 2.0, True, [2]])
+def test_bad_cut_lists_valid_cuts(cut):
+    model = _model("lenet5", (1, 28, 28), {})
+    with pytest.raises(ConfigError) as err:
+        split(model, cut)
+    msg = str(err.value)
+    assert "lenet5" in msg and "after 2nd max-pool, paper 003" in msg
+    assert all(f"{k} (" in msg for k in (1, 2, 3, 4))
+
+
+def test_model_without_cut():
+    model = _model("mlp", (60,), {"hidden": ()})
+    assert model.valid_cuts == [] and model(torch.zeros(2, 60)).shape == (2, 10)
+    with pytest.raises(ConfigError, match="no valid cut"):
+        split(model)
+
+
+def test_unknown_model_and_option():
+    with pytest.raises(ConfigError, match="lenet5.*mlp|mlp.*lenet5"):
+        build_model("lenet7", (1, 28, 28), 10)
+    with pytest.raises(ConfigError, match="allowed: batch_norm, width"):
+        build_model("vgg11", (3, 32, 32), 10, batchnorm=True)
+    with pytest.raises(ConfigError, match="allowed: none"):
+        build_model("lenet5", (1, 28, 28), 10, width=2)
+    with pytest.raises(ConfigError, match="image"):
+        build_model("resnet18", (60,), 10)
+    with pytest.raises(ConfigError, match="does not fit vgg11"):
+        build_model("vgg11", (1, 16, 16), 10)
+    with pytest.raises(ConfigError, match="num_classes"):
+        build_model("mlp", (60,), 0)
+
+
+def test_build_is_deterministic_under_seed():
+    a, b = (
+        _model("alexnet", (1, 28, 28), {"width": 0.125}, 3),
+        _model("alexnet", (1, 28, 28), {"width": 0.125}, 3),
+    )
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+    assert isinstance(a, BlockModel) and a.input_shape == (1, 28, 28) and a.num_classes == 10
+
+
+def test_parameter_counts():
+    # LeNet-5, 1x28x28 (conv1 padded): conv 6*1*25+6, 16*6*25+16; fc 400*120+120,
+    # 120*84+84, 84*10+10
+    lenet = build_model("lenet5", (1, 28, 28), 10)
+    assert _num(lenet) == 156 + 2416 + 48120 + 10164 + 850 == 61706
+    resnet = build_model("resnet18", (3, 32, 32), 10)
+    assert _num(resnet) == 11_173_962
+    assert _num(build_model("mobilenetv2", (3, 32, 32), 10)) == 2_236_682
+    vgg = build_model("vgg11", (3, 32, 32), 10)
+    client, _ = split(vgg)
+    assert 0.09 < _num(client) / _num(vgg) < 0.11  # paper 003: ~10% on the client
