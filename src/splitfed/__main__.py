@@ -1,0 +1,5 @@
+import sys
+
+from splitfed.cli import main
+
+sys.exit(main())

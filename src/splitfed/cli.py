@@ -1,0 +1,98 @@
+"""Command line: ``splitfed run | list | partition``.
+
+    splitfed run CONFIG [key=value ...]     run an experiment (CONFIG: a YAML file or a
+                                            shipped config name, see ``splitfed list``)
+    splitfed list                           algorithms, data sets, models, partitioners,
+                                            participation modes, shipped configs
+    splitfed partition CONFIG [key=value]   print the partition summary of a config
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from splitfed.errors import SplitfedError
+
+
+def _cmd_run(args) -> int:
+    from splitfed.config import load_config
+    from splitfed.experiment import run_experiment
+
+    cfg = load_config(args.config, args.overrides)
+    result = run_experiment(cfg)
+    acc = result.final_accuracy
+    acc_text = "n/a" if acc is None else f"{acc:.4f}"
+    print(f"{cfg.algorithm.name} on {cfg.data.name} ({cfg.model.name}, "
+          f"{cfg.partition.num_clients} clients, {cfg.partition.scheme}): "
+          f"status {result.status}, test accuracy {acc_text} after "
+          f"{result.records[-1]['round']} rounds, wall time {result.wall_time_s:.1f} s")
+    print(f"run directory: {result.run_dir}")
+    return 0 if result.status == "completed" else 3
+
+
+def _cmd_list(args) -> int:
+    from splitfed.algorithms import ALGORITHMS
+    from splitfed.config import shipped_configs
+    from splitfed.data import dataset_names
+    from splitfed.data.partition import PARTITIONERS
+    from splitfed.engine.participation import sampler_names
+    from splitfed.models import MODELS, build_model
+
+    print("algorithms:")
+    for name, cls in sorted(ALGORITHMS.items()):
+        print(f"  {name:<14} {cls.reference}")
+    print("datasets:      " + ", ".join(dataset_names()))
+    print("models (cuts):")
+    for name in sorted(MODELS):
+        shape = (1, 28, 28) if name in ("lenet5", "alexnet", "mlp") else (3, 32, 32)
+        m = build_model(name, shape, 10)
+        print(f"  {name:<14} default cut {m.default_cut}; valid cuts "
+              + ", ".join(str(c) for c in m.valid_cuts))
+    print("partitioners:  " + ", ".join(sorted(PARTITIONERS)))
+    print("participation: " + ", ".join(sampler_names()))
+    print("configs:       " + ", ".join(shipped_configs()))
+    return 0
+
+
+def _cmd_partition(args) -> int:
+    from splitfed.config import load_config
+    from splitfed.data.partition import partition_summary
+    from splitfed.experiment import _load_data, _partition
+    from splitfed.rng import RandomStreams
+
+    cfg = load_config(args.config, args.overrides)
+    streams = RandomStreams(cfg.seed)
+    bundle = _load_data(cfg, streams, __import__("torch").device("cpu"))
+    parts = _partition(cfg, bundle, streams)
+    print(partition_summary(parts, bundle.train.y.numpy(), bundle.num_classes))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="splitfed", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("run", help="run an experiment")
+    r.add_argument("config", help="YAML file or shipped config name")
+    r.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.lr=0.05")
+    r.set_defaults(func=_cmd_run)
+    sub.add_parser("list", help="list what is available").set_defaults(func=_cmd_list)
+    q = sub.add_parser("partition", help="print the partition summary of a config")
+    q.add_argument("config")
+    q.add_argument("overrides", nargs="*")
+    q.set_defaults(func=_cmd_partition)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except SplitfedError as e:
+        print(f"splitfed: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,49 @@
+"""What an algorithm is: hyperparameters in, hooks filled in; the engine does the rest.
+
+An algorithm is a class with an ``Options`` dataclass (its hyperparameters, validated from
+the ``algorithm`` section of the config) and three methods:
+
+- ``init_state(env) -> state``: the learned state at round 0 (a dict of tensors and
+  plain values: the global model, server optimizer state, control variates...).
+- ``round(env, state, t, cohort) -> (state, metrics)``: one round for the sampled cohort,
+  using the engine's executor, transport and aggregation; never its own round loop.
+- ``eval_model(env, state) -> nn.Module``: the global model to evaluate.
+
+Constructors hold hyperparameters only (learned state lives in ``state``), which keeps
+sweeps, cloning and checkpoints trivial.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from torch import nn
+
+
+@dataclass
+class NoOptions:
+    """This algorithm has no options of its own."""
+
+
+class Algorithm:
+    name: ClassVar[str] = ""
+    #: the paper and algorithm box this implements, for ``splitfed list`` and the docs
+    reference: ClassVar[str] = ""
+    Options: ClassVar[type] = NoOptions
+    #: True when clients hold only the first ``cut`` blocks of the model
+    split: ClassVar[bool] = False
+    #: False for algorithms without clients (the centralized reference)
+    federated: ClassVar[bool] = True
+
+    def __init__(self, options: Any = None):
+        self.options = options if options is not None else self.Options()
+
+    def init_state(self, env) -> dict:
+        raise NotImplementedError
+
+    def round(self, env, state: dict, t: int, cohort) -> tuple[dict, dict[str, float]]:
+        raise NotImplementedError
+
+    def eval_model(self, env, state: dict) -> nn.Module:
+        raise NotImplementedError

@@ -1,0 +1,42 @@
+"""Which samples a client trains on in a round.
+
+SPEC (unit of local work): ``local_steps`` K, or ``local_epochs`` E with
+K = ceil(D_n / batch_size) * E (paper 002, Sec. 4.1).
+
+Every batch has exactly ``batch_size`` samples: a client's samples form a stream of
+freshly shuffled epochs, and step k takes the next ``batch_size`` entries of that stream
+(a batch may straddle two epochs; a client with fewer samples than ``batch_size`` repeats
+samples within a batch). Equal batch sizes let a whole cohort train in one batched pass.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def local_step_counts(sizes: np.ndarray, batch_size: int, local_steps: int | None,
+                      local_epochs: float | None) -> np.ndarray:
+    """K per client: ``local_steps``, or ceil(D_n / B) * E rounded up to an integer."""
+    sizes = np.asarray(sizes, dtype=np.int64)
+    if local_steps is not None:
+        return np.full(sizes.shape, int(local_steps), dtype=np.int64)
+    per_epoch = np.ceil(sizes / batch_size)
+    return np.maximum(1, np.ceil(per_epoch * float(local_epochs))).astype(np.int64)
+
+
+def sample_stream(indices: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
+    """The first ``n`` entries of a stream of shuffled passes over ``indices``."""
+    d = len(indices)
+    if d == 0:
+        raise ValueError("a client with no samples cannot train")
+    passes = math.ceil(n / d)
+    order = np.concatenate([rng.permutation(d) for _ in range(passes)])[:n]
+    return indices[order]
+
+
+def batch_plan(indices: np.ndarray, steps: int, batch_size: int,
+               rng: np.random.Generator) -> np.ndarray:
+    """Sample indices for ``steps`` batches, shape [steps, batch_size]."""
+    return sample_stream(indices, steps * batch_size, rng).reshape(steps, batch_size)

@@ -1,0 +1,53 @@
+"""The environment a run's algorithm works in: data, clients, model template, engine parts.
+
+Built once per run by :func:`splitfed.experiment.build_environment`; algorithms read from
+it and never rebuild its parts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from splitfed.engine.batches import local_step_counts
+from splitfed.engine.executor import ClientExecutor
+from splitfed.rng import RandomStreams
+from splitfed.transport import Ledger, Transport
+
+
+@dataclass
+class Environment:
+    config: Any                      # splitfed.config.RunConfig
+    data: Any                        # splitfed.data.DataBundle (tensors on `device`)
+    client_indices: list[np.ndarray]
+    model: nn.Module                 # the initial global model (a BlockModel)
+    cut: int                         # client blocks, for split algorithms
+    sampler: Any                     # participation sampler
+    transport: Transport
+    ledger: Ledger
+    streams: RandomStreams
+    device: torch.device
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.client_indices)
+
+    @property
+    def data_sizes(self) -> np.ndarray:
+        return np.array([len(i) for i in self.client_indices], dtype=np.int64)
+
+    def local_steps(self, client_ids: np.ndarray) -> np.ndarray:
+        """K per cohort slot (SPEC: local_steps, or ceil(D_n / B) * local_epochs)."""
+        tr = self.config.train
+        return local_step_counts(self.data_sizes[np.asarray(client_ids)], tr.batch_size,
+                                 tr.local_steps, tr.local_epochs)
+
+    def executor(self, module: nn.Module) -> ClientExecutor:
+        """A batched executor training copies of ``module`` on the clients' data."""
+        return ClientExecutor(module, self.data.train.x, self.data.train.y,
+                              self.client_indices, batch_size=self.config.train.batch_size,
+                              chunk_size=self.config.engine.chunk_size)

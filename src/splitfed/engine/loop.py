@@ -1,0 +1,54 @@
+"""The round loop, written once for every algorithm.
+
+Each round: sample the participants, let the algorithm run its round, read the round's
+bytes from the ledger, evaluate every ``eval_every`` rounds (and at round 0 and the last
+round), log one record. A non-finite training loss stops the run with status
+``diverged`` at that round.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+from tqdm import tqdm
+
+from splitfed.engine.evaluate import evaluate
+
+
+def _evaluate(algorithm, env, state) -> dict[str, float]:
+    test = env.data.test
+    return evaluate(algorithm.eval_model(env, state), test.x, test.y,
+                    env.config.engine.eval_batch_size)
+
+
+def run_rounds(algorithm, env, logger, state: dict | None = None,
+               start_round: int = 1) -> tuple[dict, str]:
+    """Run rounds ``start_round..config.rounds``; returns the final state and the status."""
+    cfg = env.config
+    if state is None:
+        state = algorithm.init_state(env)
+    if start_round == 1:
+        logger.log({"round": 0, **_evaluate(algorithm, env, state)})
+    status = "completed"
+    bar = tqdm(range(start_round, cfg.rounds + 1), desc=cfg.name, unit="round",
+               disable=not cfg.progress, dynamic_ncols=True)
+    for t in bar:
+        env.ledger.round = t
+        t0 = time.perf_counter()
+        cohort = env.sampler.sample(env.streams.numpy("participation"))
+        state, metrics = algorithm.round(env, state, t, cohort)
+        record = {"round": t, "participants": int(cohort.size), **metrics,
+                  **env.ledger.round_totals(t), "round_time_s": time.perf_counter() - t0}
+        loss = record.get("train_loss")
+        if loss is not None and not math.isfinite(loss):
+            status = "diverged"
+        elif t % cfg.eval_every == 0 or t == cfg.rounds:
+            record.update(_evaluate(algorithm, env, state))
+        logger.log(record)
+        bar.set_postfix({k: f"{record[k]:.4f}" for k in ("train_loss", "test_acc")
+                         if k in record})
+        if status == "diverged":
+            break
+    bar.close()
+    return state, status

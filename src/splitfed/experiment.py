@@ -1,0 +1,161 @@
+"""Composition root: turn a :class:`~splitfed.config.RunConfig` into a finished run.
+
+Everything is built and validated (data, partition, model, cut, sampler, algorithm
+options) before the run directory is created, so a bad config never leaves a half-written
+run behind.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from splitfed.algorithms import get_algorithm
+from splitfed.config import RunConfig
+from splitfed.configtools import dump_yaml, from_dict
+from splitfed.data import load_dataset
+from splitfed.data.partition import PARTITIONERS, partition, partition_summary
+from splitfed.engine.env import Environment
+from splitfed.engine.loop import run_rounds
+from splitfed.engine.participation import make_sampler
+from splitfed.errors import ConfigError
+from splitfed.metrics import MetricLogger, best_value, last_value
+from splitfed.models import build_model, resolve_cut
+from splitfed.rng import RandomStreams, derive_seed
+from splitfed.transport import InProcessTransport, Ledger
+
+
+@dataclass
+class RunResult:
+    status: str
+    records: list[dict]
+    run_dir: Path | None
+    wall_time_s: float
+    state: dict
+
+    @property
+    def final_accuracy(self) -> float | None:
+        return last_value(self.records, "test_acc")
+
+
+def _device(name: str) -> torch.device:
+    try:
+        dev = torch.device(name)
+    except RuntimeError as e:
+        raise ConfigError(f"engine.device: {e}") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("engine.device: 'cuda' requested but no CUDA device is available; "
+                          "use engine.device=cpu")
+    return dev
+
+
+def _load_data(cfg: RunConfig, streams: RandomStreams, device: torch.device):
+    d = cfg.data
+    bundle = load_dataset(d.name, d.data_dir, rng=streams.numpy("data"),
+                          limit_train=d.limit_train, limit_test=d.limit_test, **d.options)
+    for split in (bundle.train, bundle.test):
+        split.x, split.y = split.x.to(device), split.y.to(device)
+    return bundle
+
+
+def _partition(cfg: RunConfig, bundle, streams: RandomStreams) -> list[np.ndarray]:
+    p = cfg.partition
+    if p.scheme == "natural":
+        if bundle.natural_partition is None:
+            raise ConfigError(f"partition.scheme: 'natural' needs a data set with a natural "
+                              f"partition (synthetic); {bundle.name} has none")
+        parts = bundle.natural_partition
+        if len(parts) != p.num_clients:
+            raise ConfigError(f"partition.num_clients: the natural partition of {bundle.name} "
+                              f"has {len(parts)} clients, got {p.num_clients}")
+        return [np.asarray(i, dtype=np.int64) for i in parts]
+    if p.scheme in PARTITIONERS:
+        allowed = [n for n in inspect.signature(PARTITIONERS[p.scheme]).parameters
+                   if n not in ("labels", "num_clients", "rng")]
+        for key in p.options:
+            if key not in allowed:
+                raise ConfigError(f"partition.{key}: not an option of scheme {p.scheme!r}; "
+                                  f"options: {', '.join(allowed) or 'none'}")
+    labels = bundle.train.y.cpu().numpy()
+    return partition(labels, p.num_clients, p.scheme, streams.numpy("partition"), **p.options)
+
+
+def _build_model(cfg: RunConfig, bundle, streams: RandomStreams):
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(derive_seed(streams.seed, "init"))
+        model = build_model(cfg.model.name, bundle.input_shape, bundle.num_classes,
+                            **cfg.model.options)
+    cut = resolve_cut(model, cfg.model.cut)
+    return model, cut
+
+
+def build_environment(cfg: RunConfig) -> Environment:
+    """Load data, partition it, build the model and engine parts; validates everything."""
+    streams = RandomStreams(cfg.seed)
+    device = _device(cfg.engine.device)
+    bundle = _load_data(cfg, streams, device)
+    parts = _partition(cfg, bundle, streams)
+    model, cut = _build_model(cfg, bundle, streams)
+    model.to(device)
+    pc = cfg.participation
+    try:
+        sampler = make_sampler(pc.mode, len(parts), [len(i) for i in parts],
+                               clients_per_round=pc.clients_per_round, q=pc.q,
+                               weighting=pc.weighting)
+    except ConfigError as e:
+        raise ConfigError(f"participation.{e}") from None
+    ledger = Ledger(len(parts))
+    return Environment(config=cfg, data=bundle, client_indices=parts, model=model, cut=cut,
+                       sampler=sampler, transport=InProcessTransport(ledger), ledger=ledger,
+                       streams=streams, device=device)
+
+
+def build_algorithm(cfg: RunConfig):
+    cls = get_algorithm(cfg.algorithm.name)
+    return cls(from_dict(cls.Options, cfg.algorithm.options, path="algorithm"))
+
+
+def _new_run_dir(cfg: RunConfig) -> Path:
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    base = Path(cfg.out_dir) / f"{cfg.name}-{stamp}"
+    run_dir, i = base, 1
+    while run_dir.exists():
+        run_dir, i = Path(f"{base}-{i}"), i + 1
+    run_dir.mkdir(parents=True)
+    return run_dir
+
+
+def run_experiment(cfg: RunConfig, *, write: bool = True) -> RunResult:
+    """Validate, build, run every round, write metrics and a summary; returns the result."""
+    algorithm = build_algorithm(cfg)
+    env = build_environment(cfg)
+    run_dir = _new_run_dir(cfg) if write else None
+    if run_dir is not None:
+        dump_yaml(cfg, run_dir / "config.yaml")
+        labels = env.data.train.y.cpu().numpy()
+        (run_dir / "partition.txt").write_text(
+            partition_summary(env.client_indices, labels, env.data.num_classes) + "\n")
+    logger = MetricLogger(run_dir)
+    t0 = time.perf_counter()
+    try:
+        state, status = run_rounds(algorithm, env, logger)
+    finally:
+        logger.close()
+    wall = time.perf_counter() - t0
+    result = RunResult(status, logger.records, run_dir, wall, state)
+    if run_dir is not None:
+        summary = {"name": cfg.name, "algorithm": cfg.algorithm.name, "dataset": cfg.data.name,
+                   "model": cfg.model.name, "status": status,
+                   "rounds": last_value(logger.records, "round"),
+                   "final_test_acc": result.final_accuracy,
+                   "best_test_acc": best_value(logger.records, "test_acc"),
+                   "wall_time_s": round(wall, 3)}
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return result

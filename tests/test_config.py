@@ -1,0 +1,74 @@
+"""The run config: shipped configs load, bad input is refused with the key named."""
+
+from pathlib import Path
+
+import pytest
+
+from splitfed.config import build_config, load_config, shipped_configs
+from splitfed.errors import ConfigError
+from splitfed.experiment import build_algorithm, build_environment
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("name", shipped_configs())
+def test_every_shipped_config_loads_and_builds_its_algorithm(name):
+    cfg = load_config(name)
+    build_algorithm(cfg)
+
+
+def test_override_and_option_folding():
+    cfg = load_config("fedavg_fmnist", ["partition.alpha=0.1", "train.lr=1e-3", "rounds=3"])
+    assert cfg.partition.options == {"alpha": 0.1}
+    assert cfg.train.lr == 1e-3 and cfg.rounds == 3
+
+
+@pytest.mark.parametrize("overrides,fragment", [
+    (["train.lrr=0.1"], "train.lrr"),
+    (["rounds=many"], "rounds"),
+    (["train.lr=-1"], "train.lr"),
+    (["participation.mode=sometimes"], "participation.mode"),
+    (["train.local_steps=5"], "local_epochs"),
+    (["progress=3"], "progress"),
+])
+def test_bad_config_values_name_the_key(overrides, fragment):
+    with pytest.raises(ConfigError, match=fragment.replace(".", r"\.")):
+        load_config("fedavg_fmnist", overrides)
+
+
+def test_unknown_algorithm_option_names_the_key():
+    cfg = load_config("quick_digits", ["algorithm.global_lrr=0.5"])
+    with pytest.raises(ConfigError, match="global_lrr"):
+        build_algorithm(cfg)
+
+
+def test_unknown_algorithm_lists_the_available_ones():
+    cfg = load_config("quick_digits", ["algorithm.name=fedfoo"])
+    with pytest.raises(ConfigError, match="fedavg"):
+        build_algorithm(cfg)
+
+
+def test_unknown_partition_option_names_the_key():
+    cfg = load_config("quick_digits", ["partition.alhpa=0.3"])
+    with pytest.raises(ConfigError, match="partition.alhpa"):
+        build_environment(cfg)
+
+
+def test_bad_cut_names_the_valid_cuts():
+    cfg = build_config({"data": {"name": "digits"}, "model": {"name": "mlp", "cut": 9}})
+    with pytest.raises(ConfigError, match="valid cuts"):
+        build_environment(cfg)
+
+
+def test_missing_config_file_lists_shipped_configs():
+    with pytest.raises(ConfigError, match="fedavg_fmnist"):
+        load_config("no_such_config")
+
+
+def test_readme_test_command_is_what_ci_runs():
+    readme = (ROOT / "README.md").read_text()
+    ci = (ROOT / ".ci" / "run").read_text()
+    blocks = readme.split("```bash\n")
+    test_cmd = blocks[2].split("\n```")[0].strip()
+    assert "pytest" in test_cmd
+    assert test_cmd in ci
