@@ -11,8 +11,8 @@ import torch
 
 from splitfed.algorithms import ALGORITHMS
 from splitfed.config import build_config
-from splitfed.experiment import build_environment, build_algorithm
 from splitfed.engine.loop import run_rounds
+from splitfed.experiment import build_algorithm, build_environment
 from splitfed.metrics import MetricLogger
 
 NAMES = sorted(ALGORITHMS)
@@ -66,7 +66,8 @@ def test_deterministic_for_a_seed(name):
     _, rec2, s2, _ = run(cfg)
     for a, b in zip(flat(s1), flat(s2)):
         assert torch.equal(a, b)
-    drop = lambda rs: [{k: v for k, v in r.items() if k != "round_time_s"} for r in rs]  # noqa
+    def drop(rs):
+        return [{k: v for k, v in r.items() if k != "round_time_s"} for r in rs]
     assert drop(rec1) == drop(rec2)
 
 

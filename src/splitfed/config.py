@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 from splitfed.configtools import from_dict, load_yaml, merge, parse_overrides
 from splitfed.errors import ConfigError
@@ -22,10 +22,10 @@ CONFIG_DIR = Path(__file__).parent / "configs"
 @dataclass
 class DataConfig:
     name: str = field(default="fashion_mnist", metadata={"help": "data set (splitfed list)"})
-    data_dir: Optional[str] = field(default=None, metadata={"help": "directory of data files"})
-    limit_train: Optional[int] = field(default=None, metadata={
+    data_dir: str | None = field(default=None, metadata={"help": "directory of data files"})
+    limit_train: int | None = field(default=None, metadata={
         "gt": 0, "help": "keep a random subset of this many training samples"})
-    limit_test: Optional[int] = field(default=None, metadata={
+    limit_test: int | None = field(default=None, metadata={
         "gt": 0, "help": "keep a random subset of this many test samples"})
     options: dict[str, Any] = field(default_factory=dict, metadata={
         "help": "data-set options (e.g. label_mode for cifar100, alpha/beta for synthetic)"})
@@ -52,9 +52,9 @@ class ModelConfig:
 @dataclass
 class TrainConfig:
     batch_size: int = field(default=32, metadata={"ge": 1})
-    local_steps: Optional[int] = field(default=None, metadata={
+    local_steps: int | None = field(default=None, metadata={
         "ge": 1, "help": "K local steps per round (exclusive with local_epochs)"})
-    local_epochs: Optional[float] = field(default=None, metadata={
+    local_epochs: float | None = field(default=None, metadata={
         "gt": 0, "help": "E local epochs: K = ceil(D_n / batch_size) * E (default 1)"})
     lr: float = field(default=0.01, metadata={"gt": 0, "help": "client learning rate"})
     momentum: float = field(default=0.0, metadata={"ge": 0, "lt": 1})
@@ -73,7 +73,7 @@ class TrainConfig:
 @dataclass
 class ParticipationConfig:
     mode: Literal["full", "uniform", "with_replacement", "bernoulli"] = "full"
-    clients_per_round: Optional[int] = field(default=None, metadata={
+    clients_per_round: int | None = field(default=None, metadata={
         "ge": 1, "help": "M, for uniform and with_replacement"})
     q: Any = field(default=None, metadata={
         "help": "bernoulli participation probability: one number or a list per client"})
@@ -83,7 +83,7 @@ class ParticipationConfig:
 @dataclass
 class EngineConfig:
     device: str = field(default="cpu", metadata={"help": "cpu, cuda, cuda:0, ..."})
-    chunk_size: Optional[int] = field(default=None, metadata={
+    chunk_size: int | None = field(default=None, metadata={
         "ge": 1, "help": "clients per batched call (null: about 320 samples per call)"})
     eval_batch_size: int = field(default=1000, metadata={"ge": 1})
 

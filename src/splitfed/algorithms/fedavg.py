@@ -48,7 +48,7 @@ class FedAvg(Algorithm):
 
     def grad_hook(self, env, state, cohort):
         """A local-gradient correction, or None (plain local SGD)."""
-        return None
+        return
 
     def server_update(self, env, state: dict, acc: DeltaAccumulator) -> dict:
         """The new global model from the aggregated client deltas."""

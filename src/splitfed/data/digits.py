@@ -1,4 +1,4 @@
-"""scikit-learn's bundled 8x8 digits (1797 images, 16 gray levels; shipped with sklearn, no download).
+"""scikit-learn's bundled 8x8 digits (1797 images, 16 gray levels; no download).
 
 Split: a fixed stratified 80/20 split, independent of the run's seed. With an internal
 ``np.random.default_rng(0)`` permutation, each class's samples (in permuted order) go to test

@@ -113,7 +113,10 @@ def load_fashion_mnist(data_dir: str | None, rng: np.random.Generator) -> DataBu
 
 
 def load_mnist(data_dir: str | None, rng: np.random.Generator) -> DataBundle:
-    """MNIST digits, [N, 1, 28, 28]; looks in ``data_dir``, ``data_dir/mnist``, ``data_dir/MNIST/raw``."""
+    """MNIST digits, [N, 1, 28, 28].
+
+    Looks in ``data_dir``, ``data_dir/mnist`` and ``data_dir/MNIST/raw``.
+    """
     how_to = (f"Download the standard MNIST files and extract {_LAYOUT} into data_dir "
               "(or data_dir/mnist, data_dir/MNIST/raw).")
     if data_dir is None:
