@@ -14,7 +14,7 @@ finished ones are left untouched.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,14 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from splitfed.engine.batches import batch_plan
-from splitfed.engine.optim import StackedSGD
-from splitfed.models.cohort import cohort_forward
-
-#: ``hook(names, params, grads, client_ids) -> grads``: a gradient correction applied to
-#: the stacked gradients of the active clients before the optimizer step (FedProx's
-#: proximal term, SCAFFOLD's control variates). ``params`` are detached prefix views.
-GradHook = Callable[[Sequence[str], list[torch.Tensor], list[torch.Tensor], np.ndarray],
-                    list[torch.Tensor]]
+from splitfed.engine.stacked import GradHook, StackedModel
 
 DEFAULT_SAMPLES_PER_CALL = 320
 
@@ -82,37 +75,20 @@ class ClientExecutor:
                                     [plans[s] for s in slots], lr, momentum,
                                     weight_decay, grad_hook)
 
-    def stack(self, start: Mapping[str, torch.Tensor], n: int) -> dict[str, torch.Tensor]:
-        """``n`` independent copies of ``start``; parameters become leaves needing grad."""
-        out = {}
-        for name, v in start.items():
-            t = v.detach().unsqueeze(0).expand(n, *v.shape).clone()
-            out[name] = t.requires_grad_(name in self.param_names)
-        return out
-
     def _train_chunk(self, start, slots, ids, steps, plans, lr, momentum, weight_decay,
                      grad_hook) -> ChunkResult:
         n = len(slots)
-        state = self.stack(start, n)
-        leaves = [state[k] for k in self.param_names]
-        plain = [p.detach() for p in leaves]
-        opt = StackedSGD(momentum, weight_decay)
-        loss_sum = torch.zeros(n, device=self.x.device)
+        model = StackedModel(self.module, start, n, momentum=momentum,
+                             weight_decay=weight_decay)
         device = self.x.device
+        loss_sum = torch.zeros(n, device=device)
         for k in range(int(steps[0])):
             a = int((steps > k).sum())
             idx = torch.from_numpy(np.stack([p[k] for p in plans[:a]])).to(device)
-            active = {name: (t if a == n else t[:a]) for name, t in state.items()}
-            out = cohort_forward(self.module, active, self.x[idx], training=True)
+            out = model.forward(self.x[idx], a)
             losses = F.cross_entropy(out.flatten(0, 1), self.y[idx].flatten(),
                                      reduction="none").view(a, -1).mean(1)
-            inputs = [active[name] for name in self.param_names]
-            grads = list(torch.autograd.grad(losses.sum(), inputs))
-            params = plain if a == n else [p[:a] for p in plain]
-            if grad_hook is not None:
-                grads = grad_hook(self.param_names, params, grads, ids[:a])
-            opt.step(params, grads, lr)
+            model.step(losses.sum(), lr=lr, ids=ids[:a], hook=grad_hook)
             loss_sum[:a] += losses.detach()
-        final = {name: t.detach() for name, t in state.items()}
         loss = loss_sum / torch.from_numpy(steps).to(loss_sum)
-        return ChunkResult(slots=slots, client_ids=ids, state=final, loss=loss)
+        return ChunkResult(slots=slots, client_ids=ids, state=model.final(), loss=loss)

@@ -1,0 +1,154 @@
+"""SFL-V1: split federated learning with one server-side copy per client.
+
+Paper 002 (Han et al., NeurIPS 2024), Appendix B, Algorithm 1. Each participating client
+n holds the client-side model x_c,n and the main server holds a copy x_s,n of the
+server-side model for it, both initialised from the global models. Every iteration i:
+
+    client n:  h = h(x_c,n; zeta_n)             -> activations and labels up
+    server:    g_s,n = grad_{x_s} F_n(h, x_s,n),  r_c,n = grad_h F_n(h, x_s,n)
+               x_s,n <- x_s,n - eta g_s,n        -> r_c,n down (cut-layer gradient)
+    client n:  x_c,n <- x_c,n - eta g_c,n       (chain rule through h with r_c,n)
+
+Client models are aggregated every tau iterations (the round: tau = K local steps),
+x_c <- sum_n (a_n / q_n) x_c,n (eq. 3; the engine's delta form); the server copies every
+tau_tilde iterations, x_s <- sum_n (a_n / q_n) x_s,n, after which every copy restarts from
+x_s (lines 20-23).
+
+SPEC decisions: tau_tilde = tau by default, and then SFL-V1 equals FedAvg on the whole
+model (tested). ``server_period`` sets tau_tilde; it must divide K (uniform
+``local_steps``), so server aggregations fall inside a round. The client copies run
+batched (stacked parameters, grouped convolutions), and so do the server copies: each
+chunk of clients is served by one batched pass over its stacked server copies.
+Server step size: ``server_lr`` (default: the client rate ``train.lr``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+import torch
+
+from splitfed.engine.aggregate import DeltaAccumulator
+from splitfed.engine.algorithm import Algorithm
+from splitfed.engine.split import (SplitModel, per_client_loss, return_gradients,
+                                   send_activations)
+from splitfed.engine.stacked import StackedModel
+from splitfed.errors import ConfigError
+
+
+@dataclass
+class SFLV1Options:
+    server_period: Optional[int] = field(default=None, metadata={
+        "ge": 1, "help": "tau_tilde: server copies are averaged every this many iterations "
+                         "(null: once per round, tau_tilde = tau)"})
+    server_lr: Optional[float] = field(default=None, metadata={
+        "gt": 0, "help": "server step size (null: train.lr)"})
+
+
+class _Chunk:
+    """One chunk of the cohort: stacked client models and their stacked server copies."""
+
+    def __init__(self, parts: SplitModel, client_start, server_start, slots, ids, steps,
+                 plans, tr):
+        n = len(slots)
+        self.slots, self.ids, self.steps, self.plans = slots, ids, steps, plans
+        kw = {"momentum": tr.momentum, "weight_decay": tr.weight_decay}
+        self.client = StackedModel(parts.client, client_start, n, **kw)
+        self.server = StackedModel(parts.server, server_start, n, **kw)
+        self.loss_sum = torch.zeros(n, dtype=torch.float64)
+
+    def iterate(self, env, k: int, lr: float, server_lr: float) -> None:
+        """Local iteration ``k`` of every client in the chunk that is still working."""
+        a = int((self.steps > k).sum())
+        if a == 0:
+            return
+        ids = self.ids[:a]
+        rows = torch.from_numpy(np.stack([p[k] for p in self.plans[:a]])).to(env.device)
+        x, y = env.data.train.x[rows], env.data.train.y[rows]
+        acts = self.client.forward(x, a)
+        h, y_server = send_activations(env, ids, acts, y)
+        losses = per_client_loss(self.server.forward(h, a), y_server)
+        (grad_h,) = self.server.step(losses.sum(), lr=server_lr, extra_inputs=[h])
+        self.client.step(acts, return_gradients(env, ids, grad_h), lr=lr)
+        self.loss_sum[:a] += losses.detach().to(torch.float64).cpu()
+
+
+class SFLV1(Algorithm):
+    name = "sflv1"
+    reference = "paper 002 (Han et al. 2024), Appendix B Algorithm 1"
+    Options = SFLV1Options
+    split = True
+
+    def init_state(self, env) -> dict:
+        return {"model": {k: v.detach().clone() for k, v in env.model.state_dict().items()}}
+
+    def eval_model(self, env, state):
+        env.model.load_state_dict(state["model"])
+        return env.model
+
+    def _chunks(self, env, parts, state, cohort, steps):
+        executor = env.executor(parts.client)
+        plans = executor.plans(cohort.ids, steps, env.streams.numpy("batches"))
+        client_start = env.transport.broadcast("model", cohort.ids,
+                                               parts.client_state(state["model"]))
+        server_start = parts.server_state(state["model"])
+        for slots in executor.chunks(steps):
+            yield _Chunk(parts, client_start, server_start, slots, cohort.ids[slots],
+                         steps[slots], [plans[s] for s in slots], env.config.train)
+
+    def round(self, env, state, t, cohort):
+        if cohort.is_empty():
+            return state, {}
+        tr = env.config.train
+        server_lr = self.options.server_lr or tr.lr
+        parts = SplitModel.of(env)
+        steps = env.local_steps(cohort.ids)
+        period = self.options.server_period
+        if period is not None and (len(set(steps.tolist())) > 1 or steps[0] % period):
+            raise ConfigError(f"algorithm.server_period={period} must divide the number of "
+                              f"local steps, which must be equal for all clients "
+                              f"(got {sorted(set(steps.tolist()))}); use train.local_steps")
+        weights = torch.tensor(cohort.weights, dtype=torch.float64)
+        server_global = parts.server_state(state["model"])
+        chunks = self._chunks(env, parts, state, cohort, steps)
+        if period is None or period >= steps[0]:
+            done = []
+            for chunk in chunks:          # one chunk at a time: bounded memory
+                for k in range(int(chunk.steps[0])):
+                    chunk.iterate(env, k, tr.lr, server_lr)
+                done.append(self._finish_chunk(env, chunk))
+        else:
+            chunks = list(chunks)         # lockstep: server copies averaged mid-round
+            for k in range(int(steps[0])):
+                for chunk in chunks:
+                    chunk.iterate(env, k, tr.lr, server_lr)
+                if (k + 1) % period == 0 and k + 1 < steps[0]:
+                    server_global = self._average_servers(chunks, weights, server_global)
+            done = [self._finish_chunk(env, c) for c in chunks]
+        client_acc = DeltaAccumulator(parts.client_state(state["model"]))
+        server_acc = DeltaAccumulator(server_global)
+        losses = torch.zeros(cohort.size, dtype=torch.float64)
+        for chunk, uploaded in done:
+            w = weights[torch.from_numpy(chunk.slots)]
+            client_acc.add(w, uploaded)
+            server_acc.add(w, chunk.server.final())
+            losses[torch.from_numpy(chunk.slots)] = chunk.loss_sum / torch.from_numpy(
+                chunk.steps).to(torch.float64)
+        model = {**client_acc.result(), **server_acc.result()}
+        return {**state, "model": model}, {"train_loss": float(losses.mean())}
+
+    @staticmethod
+    def _finish_chunk(env, chunk):
+        return chunk, env.transport.upload("model", chunk.ids, chunk.client.final())
+
+    @staticmethod
+    def _average_servers(chunks, weights, server_global):
+        acc = DeltaAccumulator(server_global)
+        for chunk in chunks:
+            acc.add(weights[torch.from_numpy(chunk.slots)], chunk.server.final())
+        mean = acc.result()
+        for chunk in chunks:
+            chunk.server.load_mean(mean)
+        return mean

@@ -1,0 +1,141 @@
+"""SFL-V2: split federated learning with one shared server-side model.
+
+Paper 002 (Han et al., NeurIPS 2024), Appendix B, Algorithm 2. The main server trains a
+single server-side model x_s; each participating client n starts the round from the
+global client-side model x_c and runs tau = K iterations:
+
+    client n:  h = h(x_c,n; zeta_n)               -> activations and labels up
+    server:    x_s <- x_s - (eta / q_n) grad_{x_s} F_n(h, x_s)   (line 12)
+               r_c,n = grad_h F_n(h, x_s)          -> cut-layer gradient down
+    client n:  x_c,n <- x_c,n - eta g_c,n
+
+after which x_c <- sum_n (a_n / q_n) x_c,n (line 20; the engine's delta form) and the
+server keeps its model (line 16). q_n = 1 except under bernoulli participation.
+
+SPEC decisions: ``order="iteration"`` (default): within every iteration the server serves
+the participating clients one at a time, in a fresh random permutation, updating after
+each; the cut-layer gradient a client receives is computed with the server model just
+before that client's own server update. ``order="per_client"``: each client runs all its
+iterations before the next client starts (clients in a random order), as the SplitFed
+reference code does. Client forward and backward passes run batched over the cohort; the
+server is sequential by definition. Server optimizer state (momentum) persists across
+rounds; ``server_lr`` defaults to ``train.lr``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Optional
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from splitfed.engine.aggregate import DeltaAccumulator
+from splitfed.engine.algorithm import Algorithm
+from splitfed.engine.split import (SplitModel, participation_probability, return_gradients,
+                                   send_activations, sgd)
+from splitfed.engine.stacked import StackedModel
+
+
+@dataclass
+class SFLV2Options:
+    order: Literal["iteration", "per_client"] = field(default="iteration", metadata={
+        "help": "iteration: random server order every iteration; per_client: each client "
+                "runs all its iterations before the next"})
+    server_lr: Optional[float] = field(default=None, metadata={
+        "gt": 0, "help": "server step size eta (null: train.lr)"})
+
+
+class SFLV2(Algorithm):
+    name = "sflv2"
+    reference = "paper 002 (Han et al. 2024), Appendix B Algorithm 2"
+    Options = SFLV2Options
+    split = True
+
+    def init_state(self, env) -> dict:
+        model = {k: v.detach().clone() for k, v in env.model.state_dict().items()}
+        return {"model": model, "server_opt": None}
+
+    def eval_model(self, env, state):
+        env.model.load_state_dict(state["model"])
+        return env.model
+
+    def round(self, env, state, t, cohort):
+        if cohort.is_empty():
+            return state, {}
+        tr = env.config.train
+        parts = SplitModel.of(env)
+        steps = env.local_steps(cohort.ids)
+        executor = env.executor(parts.client)
+        plans = executor.plans(cohort.ids, steps, env.streams.numpy("batches"))
+        client_start = env.transport.broadcast("model", cohort.ids,
+                                               parts.client_state(state["model"]))
+        server = parts.server_module(parts.server_state(state["model"]))
+        opt = sgd(server, env, state["server_opt"])
+        server_lr = (self.options.server_lr or tr.lr) / participation_probability(
+            env, cohort.ids)
+        kw = {"momentum": tr.momentum, "weight_decay": tr.weight_decay}
+        rng = env.streams.numpy("order")
+        if self.options.order == "iteration":
+            groups = executor.chunks(steps)
+        else:
+            groups = [np.array([s]) for s in rng.permutation(cohort.size)]
+        clients = [StackedModel(parts.client, client_start, len(g), **kw) for g in groups]
+        losses = torch.zeros(cohort.size, dtype=torch.float64)
+        x_all, y_all = env.data.train.x, env.data.train.y
+
+        def iterate(members: list[int], k: int) -> None:
+            """Iteration k for the client groups ``members`` (their active prefixes)."""
+            sent = []
+            for j in members:
+                g = groups[j]
+                a = int((steps[g] > k).sum())
+                rows = torch.from_numpy(np.stack([plans[s][k] for s in g[:a]]))
+                rows = rows.to(env.device)
+                acts = clients[j].forward(x_all[rows], a)
+                h, y = send_activations(env, cohort.ids[g[:a]], acts, y_all[rows])
+                sent.append((j, a, acts, h, y))
+            served = [(i, r) for i, (_, a, _, _, _) in enumerate(sent) for r in range(a)]
+            grads = [torch.zeros_like(h) for (_, _, _, h, _) in sent]
+            for pos in rng.permutation(len(served)):
+                i, r = served[pos]
+                j, _, _, h, y = sent[i]
+                slot = int(groups[j][r])
+                loss, grads[i][r] = self._serve(server, opt, h[r], y[r], server_lr[slot])
+                losses[slot] += float(loss)
+            for (j, a, acts, _, _), g_h in zip(sent, grads):
+                down = return_gradients(env, cohort.ids[groups[j][:a]], g_h)
+                clients[j].step(acts, down, lr=tr.lr)
+
+        if self.options.order == "iteration":
+            for k in range(int(steps.max())):
+                iterate([j for j, g in enumerate(groups) if steps[g].max() > k], k)
+        else:
+            for j, g in enumerate(groups):
+                for k in range(int(steps[g[0]])):
+                    iterate([j], k)
+        acc = DeltaAccumulator(parts.client_state(state["model"]))
+        weights = torch.tensor(cohort.weights, dtype=torch.float64)
+        for g, client in zip(groups, clients):
+            uploaded = env.transport.upload("model", cohort.ids[g], client.final())
+            acc.add(weights[torch.from_numpy(g)], uploaded)
+        model = {**acc.result(), **{k: v.detach().clone()
+                                   for k, v in server.state_dict().items()}}
+        losses /= torch.from_numpy(steps).to(torch.float64)
+        return ({**state, "model": model, "server_opt": opt.state_dict()},
+                {"train_loss": float(losses.mean())})
+
+    @staticmethod
+    def _serve(server, opt, h, y, lr):
+        """One server step on one client's batch; returns (loss, cut-layer gradient)."""
+        h = h.detach().requires_grad_(True)
+        loss = F.cross_entropy(server(h), y)
+        params = [p for p in server.parameters()]
+        *g_params, g_h = torch.autograd.grad(loss, params + [h])
+        for p, g in zip(params, g_params):
+            p.grad = g
+        for group in opt.param_groups:
+            group["lr"] = float(lr)
+        opt.step()
+        return loss.detach(), g_h

@@ -1,0 +1,90 @@
+"""Stacked copies of a model: the unit of batched client (or server-copy) training.
+
+``StackedModel(module, start, n)`` holds ``n`` independent copies of ``module``'s state,
+initialised from ``start``, with a leading copy dimension on every tensor. Parameters are
+autograd leaves; a step differentiates w.r.t. them and updates them in place with
+:class:`~splitfed.engine.optim.StackedSGD`. ``module`` is only a template (structure and
+hyperparameters) for :func:`~splitfed.models.cohort.cohort_forward`.
+
+Copies may run different numbers of steps: the copies still working are always a prefix
+``[:a]`` (callers order them by decreasing step count), and forward/step act on prefix
+views, leaving the finished copies untouched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from splitfed.engine.optim import StackedSGD
+from splitfed.models.cohort import cohort_forward
+
+#: ``hook(names, params, grads, ids) -> grads``: a correction of the stacked gradients of
+#: the active copies before the optimizer step (FedProx's proximal term, SCAFFOLD's control
+#: variates). ``params`` are detached prefix views; ``ids`` the client ids of the copies.
+GradHook = Callable[[Sequence[str], list[torch.Tensor], list[torch.Tensor], np.ndarray],
+                    list[torch.Tensor]]
+
+
+def stack_copies(start: Mapping[str, torch.Tensor], n: int,
+                 param_names: Sequence[str]) -> dict[str, torch.Tensor]:
+    """``n`` independent copies of ``start``; parameters become leaves that need grad."""
+    out = {}
+    for name, v in start.items():
+        t = v.detach().unsqueeze(0).expand(n, *v.shape).clone()
+        out[name] = t.requires_grad_(name in param_names)
+    return out
+
+
+class StackedModel:
+    def __init__(self, module: nn.Module, start: Mapping[str, torch.Tensor], n: int, *,
+                 momentum: float = 0.0, weight_decay: float = 0.0):
+        self.module = module
+        self.n = int(n)
+        self.param_names = [k for k, _ in module.named_parameters()]
+        keys = module.state_dict().keys()
+        self.state = stack_copies({k: start[k] for k in keys}, self.n, self.param_names)
+        self._plain = [self.state[k].detach() for k in self.param_names]
+        self.opt = StackedSGD(momentum, weight_decay)
+        self._views: dict[str, torch.Tensor] | None = None
+
+    def forward(self, x: torch.Tensor, a: int | None = None, *,
+                training: bool = True) -> torch.Tensor:
+        """Outputs of the first ``a`` copies (all by default) on ``x`` [a, B, ...]."""
+        a = self.n if a is None else a
+        self._views = {k: (t if a == self.n else t[:a]) for k, t in self.state.items()}
+        return cohort_forward(self.module, self._views, x, training=training)
+
+    def step(self, outputs: torch.Tensor, grad_outputs: torch.Tensor | None = None, *,
+             lr, extra_inputs: Sequence[torch.Tensor] = (), ids: np.ndarray | None = None,
+             hook: GradHook | None = None) -> list[torch.Tensor]:
+        """Backpropagate from the last forward, update the copies, return extra grads.
+
+        ``outputs`` is a scalar loss (``grad_outputs`` None) or the forward's output with
+        ``grad_outputs`` (the cut-layer gradient that came back from the server).
+        Gradients w.r.t. ``extra_inputs`` (e.g. received activations) are returned.
+        """
+        views = self._views
+        a = next(iter(views.values())).shape[0] if views else self.n
+        inputs = [views[k] for k in self.param_names] + list(extra_inputs)
+        grads = list(torch.autograd.grad(outputs, inputs, grad_outputs))
+        p_grads, extra = grads[:len(self.param_names)], grads[len(self.param_names):]
+        params = self._plain if a == self.n else [p[:a] for p in self._plain]
+        if hook is not None:
+            p_grads = hook(self.param_names, params, p_grads, ids)
+        self.opt.step(params, p_grads, lr)
+        self._views = None
+        return extra
+
+    def final(self) -> dict[str, torch.Tensor]:
+        """The copies' current state, detached, [n, ...] per name."""
+        return {k: t.detach() for k, t in self.state.items()}
+
+    def load_mean(self, mean: Mapping[str, torch.Tensor]) -> None:
+        """Reset every copy to ``mean`` (after an intermediate aggregation)."""
+        with torch.no_grad():
+            for k, t in self.state.items():
+                t.copy_(mean[k].unsqueeze(0).expand_as(t))
