@@ -14,9 +14,9 @@ SPEC decisions: plain SGD by default (momentum/weight decay are options of ``tra
 client optimizer state is fresh each round; BatchNorm buffers are averaged like
 parameters; an empty cohort keeps the model.
 
-The hooks ``grad_hook`` (a correction of the local gradient) and ``server_update``
-(what the server does with the aggregated delta) are where FedProx, SCAFFOLD and FedOpt
-plug in.
+The hooks ``grad_hook`` (a correction of the local gradient), ``client_results`` (what
+the server does with each chunk of clients' final states) and ``server_update`` (what the
+server does with the aggregated delta) are where FedProx, SCAFFOLD and FedOpt plug in.
 """
 
 from __future__ import annotations
@@ -50,6 +50,10 @@ class FedAvg(Algorithm):
         """A local-gradient correction, or None (plain local SGD)."""
         return
 
+    def client_results(self, env, state: dict, cohort, chunk) -> None:
+        """Sees each chunk's final client states after upload (SCAFFOLD's controls)."""
+        return
+
     def server_update(self, env, state: dict, acc: DeltaAccumulator) -> dict:
         """The new global model from the aggregated client deltas."""
         return acc.result(self.options.global_lr)
@@ -71,5 +75,6 @@ class FedAvg(Algorithm):
             uploaded = env.transport.upload("model", chunk.client_ids, chunk.state)
             acc.add(weights[torch.from_numpy(chunk.slots)], uploaded)
             losses[torch.from_numpy(chunk.slots)] = chunk.loss.to(torch.float64).cpu()
+            self.client_results(env, state, cohort, chunk)
         new_state = {**state, "model": self.server_update(env, state, acc)}
         return new_state, {"train_loss": float(losses.mean())}

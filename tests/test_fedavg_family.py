@@ -1,0 +1,291 @@
+"""FedProx, FedOpt and SCAFFOLD against FedAvg and plain unbatched references (digits)."""
+
+from collections import OrderedDict
+
+import numpy as np
+import pytest
+import torch
+
+from splitfed.algorithms.fedavg import FedAvg
+from splitfed.algorithms.fedopt import FedOpt
+from splitfed.algorithms.scaffold import Scaffold
+from splitfed.config import build_config
+from splitfed.engine.batches import batch_plan, local_step_counts
+from splitfed.experiment import build_environment, run_experiment
+from splitfed.models.blocks import BlockModel
+from splitfed.rng import RandomStreams
+
+
+def digits_config(**over):
+    raw = {"name": "t", "rounds": 2, "progress": False, "seed": 3,
+           "algorithm": {"name": "fedavg"},
+           "data": {"name": "digits"},
+           "partition": {"scheme": "iid", "num_clients": 3},
+           "model": {"name": "mlp", "hidden": [32]},
+           "train": {"batch_size": 8, "local_steps": 2, "local_epochs": None, "lr": 0.1},
+           "participation": {"mode": "full"}}
+    for key, value in over.items():
+        section, _, field = key.partition("__")
+        if field:
+            raw.setdefault(section, {})[field] = value
+        else:
+            raw[section] = value
+    return build_config(raw)
+
+
+HETERO = dict(partition={"scheme": "dirichlet", "num_clients": 4, "alpha": 0.5,
+                         "min_partition_size": 5},
+              participation={"mode": "uniform", "clients_per_round": 2},
+              train={"batch_size": 8, "local_steps": None, "local_epochs": 0.1, "lr": 0.1})
+
+
+def run(cfg):
+    return run_experiment(cfg, write=False)
+
+
+def close(got, want, atol=1e-5):
+    assert got.keys() == want.keys()
+    for k in want:
+        assert torch.allclose(got[k], want[k], atol=atol), (k, (got[k] - want[k]).abs().max())
+
+
+def _reference(cfg, rounds, mu=0.0, scaffold=False):
+    """Plain unbatched FedAvg / FedProx / SCAFFOLD (option II), one client at a time.
+
+    Same seed => same cohorts and batches as the engine (participation and batch
+    streams, plans drawn in slot order). Returns the model and SCAFFOLD's controls.
+    """
+    env = build_environment(cfg)
+    model, tr = env.model, cfg.train
+    streams = RandomStreams(cfg.seed)
+    part_rng, batch_rng = streams.numpy("participation"), streams.numpy("batches")
+    x, y = env.data.train.x, env.data.train.y
+    sizes = env.data_sizes
+    a = sizes / sizes.sum()
+    names = [n for n, _ in model.named_parameters()]
+    glob = {k: v.clone() for k, v in model.state_dict().items()}
+    c = {n: torch.zeros_like(glob[n]) for n in names}
+    ci = [{n: torch.zeros_like(glob[n]) for n in names} for _ in range(env.num_clients)]
+    for _ in range(rounds):
+        cohort = env.sampler.sample(part_rng)
+        steps = local_step_counts(sizes[cohort.ids], tr.batch_size, tr.local_steps,
+                                  tr.local_epochs)
+        new = {k: v.clone() for k, v in glob.items()}
+        dc_sum = {n: torch.zeros_like(v) for n, v in c.items()}
+        for cid, k, w in zip(cohort.ids, steps, cohort.weights):
+            plan = batch_plan(env.client_indices[cid], int(k), tr.batch_size, batch_rng)
+            model.load_state_dict(glob)
+            opt = torch.optim.SGD(model.parameters(), lr=tr.lr)
+            for rows in torch.from_numpy(plan):
+                opt.zero_grad()
+                loss = torch.nn.functional.cross_entropy(model(x[rows]), y[rows])
+                for n, p in model.named_parameters():
+                    loss = loss + mu / 2 * ((p - glob[n]) ** 2).sum()
+                loss.backward()
+                if scaffold:
+                    for n, p in model.named_parameters():
+                        p.grad += c[n] - ci[cid][n]
+                opt.step()
+            trained = {n: v.detach().clone() for n, v in model.state_dict().items()}
+            for n in new:
+                new[n] += float(w) * (trained[n] - glob[n])
+            for n in names:
+                dci = (glob[n] - trained[n]) / (int(k) * tr.lr) - c[n]
+                ci[cid][n] = ci[cid][n] + dci
+                dc_sum[n] += float(a[cid]) * dci
+        glob = new
+        c = {n: c[n] + dc_sum[n] for n in names}
+    return glob, c, ci
+
+
+# ----------------------------------------------------------------------------- FedProx
+
+
+def test_fedprox_mu_zero_is_fedavg_bit_for_bit():
+    avg = run(digits_config(**HETERO))
+    prox = run(digits_config(algorithm={"name": "fedprox", "mu": 0.0}, **HETERO))
+    for k, v in avg.state["model"].items():
+        assert torch.equal(prox.state["model"][k], v), k
+    drop = [{k: v for k, v in r.items() if k != "round_time_s"} for r in avg.records]
+    assert drop == [{k: v for k, v in r.items() if k != "round_time_s"}
+                    for r in prox.records]
+
+
+def test_fedprox_first_local_step_is_fedavg_then_proximal():
+    one = dict(rounds=1, partition__num_clients=1, train__local_steps=1)
+    avg = run(digits_config(**one)).state["model"]
+    prox = run(digits_config(algorithm={"name": "fedprox", "mu": 0.5}, **one)).state["model"]
+    for k, v in avg.items():          # x = x_t at the first step: the term is exactly 0
+        assert torch.equal(prox[k], v), k
+    two = dict(rounds=1, partition__num_clients=1, train__local_steps=2)
+    cfg = digits_config(algorithm={"name": "fedprox", "mu": 0.5}, **two)
+    got = run(cfg).state["model"]
+    close(got, _reference(cfg, 1, mu=0.5)[0])
+    avg2 = run(digits_config(**two)).state["model"]
+    assert any(not torch.allclose(got[k], avg2[k], atol=1e-6) for k in got)
+
+
+def test_fedprox_matches_reference_with_partial_participation():
+    cfg = digits_config(algorithm={"name": "fedprox", "mu": 0.3}, rounds=2, **HETERO)
+    close(run(cfg).state["model"], _reference(cfg, 2, mu=0.3)[0])
+
+
+# ----------------------------------------------------------------------------- FedOpt
+
+
+def _expected_fedopt(x0, delta, opt, lr, beta1, beta2, tau, v0):
+    m = (1 - beta1) * delta
+    d2 = delta * delta
+    v = torch.full_like(delta, v0)
+    if opt == "adagrad":
+        v = v + d2
+    elif opt == "yogi":
+        v = v - (1 - beta2) * d2 * torch.sign(v - d2)
+    else:
+        v = beta2 * v + (1 - beta2) * d2
+    return x0 + lr * m / (v.sqrt() + tau), m, v
+
+
+@pytest.mark.parametrize("variant", ["adam", "yogi", "adagrad"])
+def test_fedopt_one_round_follows_algorithm_2(variant):
+    opts = {"server_optimizer": variant, "server_lr": 0.05, "beta1": 0.9, "beta2": 0.99,
+            "tau": 1e-3}
+    common = dict(rounds=1, **HETERO)
+    x0 = build_environment(digits_config(**common)).model.state_dict()
+    avg = run(digits_config(**common)).state["model"]
+    res = run(digits_config(algorithm={"name": "fedopt", **opts}, **common)).state
+    for k in x0:
+        delta = avg[k].double() - x0[k].double()   # FedAvg's sum_s w_s (x_s - x_t)
+        want, m, v = _expected_fedopt(x0[k].double(), delta, variant, 0.05, 0.9, 0.99,
+                                      1e-3, 1e-6)
+        assert torch.allclose(res["model"][k].double(), want, atol=1e-6), k
+        assert torch.allclose(res["server_opt"]["m"][k].double(), m, atol=1e-8), k
+        assert torch.allclose(res["server_opt"]["v"][k].double(), v, rtol=1e-4), k
+
+
+def test_fedopt_adagrad_without_momentum_takes_sign_steps():
+    """beta1 = 0, v_{-1} = 0, tiny tau: x_1 - x_0 = eta Delta / (|Delta| + tau) ~ eta sign."""
+    common = dict(rounds=1, **HETERO)
+    x0 = build_environment(digits_config(**common)).model.state_dict()
+    avg = run(digits_config(**common)).state["model"]
+    opts = {"server_optimizer": "adagrad", "server_lr": 0.01, "beta1": 0.0, "tau": 1e-9,
+            "v_init": 0.0}
+    got = run(digits_config(algorithm={"name": "fedopt", **opts}, **common)).state["model"]
+    for k in x0:
+        delta = avg[k] - x0[k]
+        moved = delta.abs() > 1e-5
+        assert moved.float().mean() > 0.5, k
+        step = got[k] - x0[k]
+        assert torch.allclose(step[moved], 0.01 * delta.sign()[moved], atol=1e-6), k
+
+
+def test_fedopt_state_persists_across_rounds_and_empty_rounds_keep_it():
+    seen = []
+
+    class Spy(FedOpt):
+        def server_update(self, env, state, acc):
+            seen.append({k: v.clone() for k, v in acc.delta().items()})
+            return super().server_update(env, state, acc)
+
+    cfg = digits_config(algorithm={"name": "fedopt", "server_optimizer": "yogi"}, **HETERO)
+    env = build_environment(cfg)
+    algo = Spy(FedOpt.Options(server_optimizer="yogi"))
+    state = algo.init_state(env)
+    init = state
+    m = {k: torch.zeros_like(v) for k, v in state["server_opt"]["m"].items()}
+    v = {k: torch.full_like(t, 1e-6) for k, t in m.items()}
+    for t in (1, 2):
+        cohort = env.sampler.sample(env.streams.numpy("participation"))
+        old = state
+        state, _ = algo.round(env, state, t, cohort)
+        for k in m:
+            d = seen[-1][k]
+            m[k] = 0.9 * m[k] + 0.1 * d
+            v[k] = v[k] - 0.01 * d * d * torch.sign(v[k] - d * d)
+            want = old["model"][k] + 0.01 * m[k] / (v[k].sqrt() + 1e-3)
+            assert torch.allclose(state["model"][k], want, atol=1e-7), k
+            assert torch.allclose(state["server_opt"]["m"][k], m[k], atol=1e-9)
+    assert all(torch.equal(t, torch.zeros_like(t)) for t in init["server_opt"]["m"].values())
+    empty = type(cohort)(np.zeros(0, dtype=np.int64), np.zeros(0))
+    kept, metrics = algo.round(env, state, 3, empty)
+    assert metrics == {}
+    for part in ("model",):
+        assert all(torch.equal(kept[part][k], state[part][k]) for k in state[part])
+    for part in ("m", "v"):
+        assert all(torch.equal(kept["server_opt"][part][k], state["server_opt"][part][k])
+                   for k in state["server_opt"][part])
+
+
+def _bn_environment():
+    """Digits with a small MLP that has BatchNorm buffers (running stats, counter)."""
+    env = build_environment(digits_config(partition={"scheme": "iid", "num_clients": 3}))
+    torch.manual_seed(0)
+    blocks = OrderedDict(
+        fc1=torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 16),
+                                torch.nn.BatchNorm1d(16), torch.nn.ReLU()),
+        out=torch.nn.Linear(16, 10))
+    env.model = BlockModel(blocks, name="bn_mlp", cut_descriptions={1: "after fc1"},
+                           default_cut=1)
+    return env
+
+
+def _one_round(algo):
+    env = _bn_environment()
+    state = algo.init_state(env)
+    cohort = env.sampler.sample(env.streams.numpy("participation"))
+    return env, algo.round(env, state, 1, cohort)[0]
+
+
+def test_fedopt_and_scaffold_leave_batchnorm_buffers_to_fedavg():
+    env, avg = _one_round(FedAvg())
+    _, opt = _one_round(FedOpt())
+    _, sca = _one_round(Scaffold())
+    params = {n for n, _ in env.model.named_parameters()}
+    buffers = {n for n, _ in env.model.named_buffers()}
+    assert len(buffers) == 3
+    assert set(opt["server_opt"]["v"]) == params == set(sca["control"])
+    for b in buffers:
+        assert not torch.equal(avg["model"][b], env.model.state_dict()[b]), b
+        assert torch.equal(opt["model"][b], avg["model"][b]), b
+        assert torch.equal(sca["model"][b], avg["model"][b]), b
+
+
+# ----------------------------------------------------------------------------- SCAFFOLD
+
+
+def test_scaffold_matches_unbatched_reference_over_rounds():
+    cfg = digits_config(algorithm={"name": "scaffold"}, rounds=3, **HETERO)
+    got = run(cfg).state
+    model, c, ci = _reference(cfg, 3, scaffold=True)
+    close(got["model"], model)
+    close(got["control"], c, atol=1e-4)
+    for n in c:
+        close({n: got["client_controls"][n]}, {n: torch.stack([row[n] for row in ci])},
+              atol=1e-4)
+    assert any(got["control"][n].abs().max() > 1e-3 for n in c)
+
+
+def test_scaffold_doubles_model_communication():
+    common = dict(rounds=1, **HETERO)
+    avg = run(digits_config(**common)).records[-1]
+    sca = run(digits_config(algorithm={"name": "scaffold"}, **common)).records[-1]
+    assert sca["bytes_up/model"] == 2 * avg["bytes_up/model"] > 0
+    assert sca["bytes_down/model"] == 2 * avg["bytes_down/model"] > 0
+
+
+@pytest.mark.parametrize("participation", [
+    {"mode": "with_replacement", "clients_per_round": 5},
+    {"mode": "bernoulli", "q": 0.5}])
+def test_scaffold_server_control_is_weighted_mean_of_client_controls(participation):
+    """c = sum_n a_n c_n holds under repeated slots (averaged per client) and bernoulli."""
+    cfg = digits_config(algorithm={"name": "scaffold"}, rounds=3,
+                        partition={"scheme": "dirichlet", "num_clients": 3, "alpha": 0.5,
+                                   "min_partition_size": 5},
+                        participation=participation)
+    res = run(cfg)
+    assert any(r.get("participants", 0) > 0 for r in res.records)
+    env = build_environment(cfg)
+    a = torch.from_numpy(env.data_sizes / env.data_sizes.sum()).float()
+    for n, c in res.state["control"].items():
+        want = torch.tensordot(a, res.state["client_controls"][n], dims=1)
+        assert torch.allclose(c, want, atol=1e-5), n
