@@ -5,6 +5,8 @@
     splitfed list                           algorithms, data sets, models, partitioners,
                                             participation modes, shipped configs
     splitfed partition CONFIG [key=value]   print the partition summary of a config
+    splitfed study STUDY.yaml               run a study (a set of runs), write a table and
+                                            plots (see docs/studies.md)
 """
 
 from __future__ import annotations
@@ -69,6 +71,13 @@ def _cmd_partition(args) -> int:
     return 0
 
 
+def _cmd_study(args) -> int:
+    from splitfed.study import run_study
+
+    result = run_study(args.study, out_dir=args.out_dir, progress=args.progress)
+    return 0 if result.completed else 3
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="splitfed", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -82,6 +91,13 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("config")
     q.add_argument("overrides", nargs="*")
     q.set_defaults(func=_cmd_partition)
+    s = sub.add_parser("study", help="run a study file, write results.md, results.json, plots")
+    s.add_argument("study", help="study YAML file (see docs/studies.md)")
+    s.add_argument("--out-dir", default=None,
+                   help="write to OUT_DIR/<study name>/ (default: the file's out_dir, "
+                        "docs/results)")
+    s.add_argument("--progress", action="store_true", help="show each run's progress bar")
+    s.set_defaults(func=_cmd_study)
     return p
 
 

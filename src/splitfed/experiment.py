@@ -132,11 +132,30 @@ def _new_run_dir(cfg: RunConfig) -> Path:
     return run_dir
 
 
-def run_experiment(cfg: RunConfig, *, write: bool = True) -> RunResult:
-    """Validate, build, run every round, write metrics and a summary; returns the result."""
+def _check_empty(run_dir: Path) -> None:
+    if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
+        raise ConfigError(f"run directory {run_dir} exists and is not empty; "
+                          "remove it or choose another")
+
+
+def run_experiment(cfg: RunConfig, *, write: bool = True,
+                   run_dir: Path | None = None) -> RunResult:
+    """Validate, build, run every round, write metrics and a summary; returns the result.
+
+    ``run_dir``: write into this directory (created; it must be absent or empty) instead
+    of a new timestamped ``<out_dir>/<name>-<time>/``. Ignored when ``write`` is false.
+    """
+    if write and run_dir is not None:
+        run_dir = Path(run_dir)
+        _check_empty(run_dir)
     algorithm = build_algorithm(cfg)
     env = build_environment(cfg)
-    run_dir = _new_run_dir(cfg) if write else None
+    if not write:
+        run_dir = None
+    elif run_dir is None:
+        run_dir = _new_run_dir(cfg)
+    else:
+        run_dir.mkdir(parents=True, exist_ok=True)
     if run_dir is not None:
         dump_yaml(cfg, run_dir / "config.yaml")
         labels = env.data.train.y.cpu().numpy()

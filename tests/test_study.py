@@ -1,0 +1,225 @@
+"""Studies: validation before any run, outputs, resuming, and the numbers in the table."""
+
+import json
+import shutil
+
+import pytest
+import yaml
+
+import splitfed.study as study_mod
+from splitfed.cli import main
+from splitfed.config import build_config
+from splitfed.errors import ConfigError
+from splitfed.experiment import run_experiment
+from splitfed.study import (
+    config_hash,
+    curve,
+    load_study,
+    rounds_to_target,
+    run_numbers,
+    run_study,
+    slugify,
+    study_from_mapping,
+)
+
+BASE = {"name": "tiny", "seed": 0, "rounds": 2,
+        "data": {"name": "digits"},
+        "partition": {"scheme": "dirichlet", "num_clients": 4, "alpha": 1.0,
+                      "min_partition_size": 5},
+        "model": {"name": "mlp", "hidden": [16]},
+        "train": {"batch_size": 16, "local_steps": 2, "lr": 0.1},
+        "participation": {"mode": "full"}}
+
+STUDY = {"name": "tiny_study", "base": "base.yaml", "overrides": ["rounds=2"],
+         "runs": [{"label": "FL", "set": ["algorithm.name=fedavg"]},
+                  {"label": "central", "set": ["algorithm.name=centralized"]}],
+         "grid": {"partition.alpha": [0.5, "inf"]},
+         "group_by": "partition.alpha", "x_axes": ["round", "bytes"],
+         "target_accuracy": 0.2}
+
+
+def _write_study(folder, study=None):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "base.yaml").write_text(yaml.safe_dump(BASE))
+    path = folder / "study.yaml"
+    path.write_text(yaml.safe_dump(study or STUDY, sort_keys=False))
+    return path
+
+
+def _forbid_runs(monkeypatch):
+    def fail(*args, **kwargs):
+        raise AssertionError("a run was started")
+    monkeypatch.setattr(study_mod, "run_experiment", fail)
+
+
+@pytest.fixture(scope="module")
+def done(tmp_path_factory):
+    """A tiny study (2 grid values x 2 runs, 2 rounds on digits), run once."""
+    root = tmp_path_factory.mktemp("study")
+    path = _write_study(root / "spec")
+    result = run_study(path, out_dir=root / "out", quiet=True)
+    return path, root / "out", result
+
+
+def _copy(done, tmp_path):
+    path, out, _ = done
+    shutil.copytree(out, tmp_path / "out")
+    return path, tmp_path / "out"
+
+
+# ------------------------------------------------------------------- helpers
+
+
+def test_rounds_to_target_on_synthetic_records():
+    records = [{"round": 0, "test_acc": 0.1},
+               {"round": 1, "train_loss": 2.0},            # not evaluated
+               {"round": 2, "test_acc": 0.79},
+               {"round": 3, "test_acc": "nan"},            # non-finite, logged as text
+               {"round": 4, "test_acc": 0.8},
+               {"round": 5, "test_acc": 0.9}]
+    assert rounds_to_target(records, 0.8) == 4
+    assert rounds_to_target(records, 0.05) == 0
+    assert rounds_to_target(records, 0.95) is None
+    assert rounds_to_target([], 0.5) is None
+
+
+def test_curve_and_totals_are_cumulative():
+    records = [{"round": 0, "test_acc": 0.1},
+               {"round": 1, "bytes_up": 10, "bytes_down": 5, "bytes_up/weights": 10,
+                "bytes_down/weights": 5, "round_time_s": 1.0},
+               {"round": 2, "bytes_up": 20, "bytes_down": 5, "bytes_up/weights": 12,
+                "bytes_up/labels": 8, "bytes_down/weights": 5, "round_time_s": 2.0,
+                "test_acc": 0.5}]
+    c = curve(records)
+    assert c["round"] == [0, 2] and c["test_acc"] == [0.1, 0.5]
+    assert c["bytes"] == [0, 40] and c["time_s"] == [0.0, 3.0] and c["time_kind"] == "wall"
+    n = run_numbers(records, 0.4)
+    assert (n["bytes_up"], n["bytes_down"], n["rounds_to_target"]) == (30, 10, 2)
+    assert n["bytes_by_kind"] == {"bytes_down/weights": 10, "bytes_up/labels": 8,
+                                  "bytes_up/weights": 22}
+    assert n["final_test_acc"] == 0.5 and n["best_test_acc"] == 0.5
+    sim = [dict(r, sim_time_s=0.5) if r["round"] else r for r in records]
+    assert curve(sim)["time_s"] == [0.0, 1.0] and curve(sim)["time_kind"] == "simulated"
+
+
+def test_labels_and_run_dirs_follow_the_grid(tmp_path):
+    study = study_from_mapping(dict(STUDY, seeds=[0, 3]), out_dir=tmp_path,
+                               base_dir=_write_study(tmp_path / "spec").parent)
+    labels = [v.label for v in study.variants]
+    assert labels == ["FL (partition.alpha=0.5)", "central (partition.alpha=0.5)",
+                      "FL (partition.alpha=inf)", "central (partition.alpha=inf)"]
+    assert [v.line_label for v in study.variants] == ["FL", "central"] * 2
+    assert [v.group for v in study.variants] == ["0.5", "0.5", "inf", "inf"]
+    run = study.variants[0].runs[1]
+    assert run.seed == 3 and run.config.seed == 3 and run.config.rounds == 2
+    assert run.config.partition.options["alpha"] == 0.5
+    assert run.run_dir == tmp_path / "tiny_study" / "runs" / "fl-partition.alpha-0.5-s3"
+    assert slugify("SFL-V2 cut 1") == "sfl-v2-cut-1"
+    assert not tmp_path.joinpath("tiny_study").exists()  # loading writes nothing
+
+
+# ---------------------------------------------------------------- validation
+
+
+def test_typo_in_one_run_fails_before_any_run_dir(tmp_path, monkeypatch):
+    _forbid_runs(monkeypatch)
+    for typo, word in (("train.lrr=0.1", "lrr"), ("model.hiden=[8]", "hiden"),
+                       ("algorithm.name=nosuchalgo", "nosuchalgo")):
+        runs = STUDY["runs"] + [{"label": "bad", "set": [typo]}]
+        path = _write_study(tmp_path / "spec", dict(STUDY, runs=runs))
+        with pytest.raises(ConfigError, match=word) as err:
+            run_study(path, out_dir=tmp_path / "out", quiet=True)
+        assert "'bad" in str(err.value)
+        assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"seed": [1]}, "unknown key 'study.seed'.*did you mean 'seeds'"),
+    ({"runs": [{"lable": "x", "set": []}]}, "study.runs\\[0\\].lable"),
+    ({"x_axes": ["rounds"]}, "study.x_axes"),
+    ({"runs": [{"label": "a"}, {"label": "a"}], "grid": {}}, "used twice"),
+    ({"runs": [{"label": "a b"}, {"label": "a-b"}], "grid": {}}, "same run directory"),
+    ({"runs": [{"label": "a", "set": ["partition.alpha=1"]}]}, "set both"),
+    ({"overrides": ["out_dir=elsewhere"]}, "set by the study"),
+    ({"runs": [], "grid": {}}, "no run is defined"),
+    ({"runs": [{"label": " "}]}, "non-empty label"),
+    ({"group_by": "partition.nosuch"}, "group_by"),
+    ({"base": "no_such_config"}, "study.base"),
+])
+def test_bad_study_files_are_refused(tmp_path, change, message):
+    path = _write_study(tmp_path, dict(STUDY, **change))
+    with pytest.raises(ConfigError, match=message):
+        load_study(path)
+
+
+# ------------------------------------------------------------------- running
+
+
+def test_study_writes_table_json_and_plots(done):
+    path, out, result = done
+    d = out / "tiny_study"
+    assert result.dir == d and result.completed
+    for name in ("results.md", "results.json", "accuracy_vs_round.png",
+                 "accuracy_vs_bytes.png"):
+        assert (d / name).stat().st_size > 0, name
+    assert sorted(p.name for p in (d / "runs").iterdir()) == [
+        "central-partition.alpha-0.5-s0", "central-partition.alpha-inf-s0",
+        "fl-partition.alpha-0.5-s0", "fl-partition.alpha-inf-s0"]
+    md = (d / "results.md").read_text()
+    assert "| run | final acc | best acc | rounds to 0.2 | MB up | MB down |" in md
+    assert "| FL (partition.alpha=0.5) | 0." in md
+    assert f"splitfed study {path} --out-dir {out}" in md
+    assert "```yaml\nname: tiny_study\n" in md
+    summary = json.loads((d / "results.json").read_text())
+    assert [r["label"] for r in summary["runs"]] == [v.label for v in result.study.variants]
+    fl = summary["runs"][0]["per_seed"][0]
+    records = [json.loads(x) for x in (d / fl["run_dir"] / "metrics.jsonl")
+               .read_text().splitlines()]
+    assert fl["bytes_up"] == sum(r.get("bytes_up", 0) for r in records) > 0
+    assert fl["curve"]["round"] == [0, 1, 2] and fl["curve"]["bytes"][-1] == (
+        fl["bytes_up"] + fl["bytes_down"])
+    assert fl["final_test_acc"] == records[-1]["test_acc"]
+    assert fl["rounds_to_target"] == rounds_to_target(records, 0.2)
+    assert fl["config_hash"] == config_hash(result.study.runs[0].config)
+    assert result.table in md
+
+
+def test_rerun_skips_completed_runs(done, tmp_path, monkeypatch, capsys):
+    path, out = _copy(done, tmp_path)  # config identity ignores out_dir: copies resume
+    _forbid_runs(monkeypatch)
+    again = run_study(path, out_dir=out)
+    printed = capsys.readouterr().out
+    assert printed.count("(done earlier, skipped)") == 4 and "[4/4]" in printed
+    assert "| central (partition.alpha=inf) |" in printed
+    first = [r["final_test_acc"] for r in done[2].summary["runs"]]
+    assert [r["final_test_acc"] for r in again.summary["runs"]] == first
+    assert main(["study", str(path), "--out-dir", str(out)]) == 0
+
+
+def test_incomplete_run_is_rerun_and_foreign_run_refused(done, tmp_path, monkeypatch):
+    path, out = _copy(done, tmp_path)
+    runs = out / "tiny_study" / "runs"
+    (runs / "fl-partition.alpha-inf-s0" / "summary.json").unlink()
+    calls = []
+
+    def counting(cfg, **kwargs):
+        calls.append(kwargs["run_dir"])
+        return run_experiment(cfg, **kwargs)
+
+    monkeypatch.setattr(study_mod, "run_experiment", counting)
+    result = run_study(path, out_dir=out, quiet=True)
+    assert calls == [runs / "fl-partition.alpha-inf-s0"] and result.completed
+    assert [o.skipped for o in result.outcomes] == [True, True, False, True]
+
+    _forbid_runs(monkeypatch)
+    changed = _write_study(tmp_path / "spec2", dict(STUDY, overrides=["rounds=3"]))
+    with pytest.raises(ConfigError, match="different config.*rounds"):
+        run_study(changed, out_dir=out, quiet=True)
+
+
+def test_run_experiment_refuses_a_non_empty_run_dir(tmp_path):
+    (tmp_path / "old.txt").write_text("x")
+    cfg = build_config(dict(BASE, progress=False, rounds=0))
+    with pytest.raises(ConfigError, match="not empty"):
+        run_experiment(cfg, run_dir=tmp_path)
+    assert [p.name for p in tmp_path.iterdir()] == ["old.txt"]
