@@ -1,0 +1,232 @@
+"""SL, SFL-V1 and SFL-V2 against plain unbatched references, and what crosses the cut."""
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import digits_config
+
+from splitfed.engine.batches import batch_plan
+from splitfed.experiment import build_environment, run_experiment
+from splitfed.models import split
+from splitfed.rng import RandomStreams
+from splitfed.transport import InProcessTransport, payload_bytes
+
+SPLIT = dict(model={"name": "mlp", "hidden": [32, 16], "cut": 1},
+             partition={"scheme": "dirichlet", "num_clients": 4, "alpha": 1.0,
+                        "min_partition_size": 5},
+             train={"batch_size": 8, "local_steps": 3, "local_epochs": None, "lr": 0.1})
+
+
+def final(cfg):
+    return run_experiment(cfg, write=False).state["model"]
+
+
+def close(got, want, atol=1e-5):
+    assert got.keys() == want.keys()
+    for k in want:
+        assert torch.allclose(got[k], want[k], atol=atol), (k, (got[k] - want[k]).abs().max())
+
+
+def test_sflv1_with_server_period_tau_equals_fedavg():
+    over = dict(SPLIT, participation={"mode": "uniform", "clients_per_round": 3}, rounds=3)
+    close(final(digits_config(algorithm={"name": "sflv1"}, **over)),
+          final(digits_config(algorithm={"name": "fedavg"}, **over)))
+
+
+def test_sflv1_epochs_with_unequal_steps_equals_fedavg():
+    over = dict(SPLIT, train={"batch_size": 8, "local_steps": None, "local_epochs": 0.3,
+                              "lr": 0.1})
+    close(final(digits_config(algorithm={"name": "sflv1"}, **over)),
+          final(digits_config(algorithm={"name": "fedavg"}, **over)))
+
+
+def _setup(cfg):
+    env = build_environment(cfg)
+    client, server = split(copy.deepcopy(env.model), env.cut)
+    streams = RandomStreams(cfg.seed)
+    return env, client, server, streams
+
+
+def _sgd_step(module, loss=None, lr=0.1):
+    with torch.no_grad():
+        for p in module.parameters():
+            if p.grad is not None:
+                p -= lr * p.grad
+                p.grad = None
+
+
+def test_sl_with_global_lr_one_equals_sequential_training():
+    cfg = digits_config(algorithm={"name": "sl"}, rounds=2, **SPLIT)
+    env, client, server, streams = _setup(cfg)
+    full = torch.nn.Sequential(client, server)
+    x, y = env.data.train.x, env.data.train.y
+    for _ in range(2):
+        streams.numpy("participation")          # full participation draws nothing
+        order = streams.numpy("order").permutation(env.num_clients)
+        for cid in order:
+            plan = batch_plan(env.client_indices[cid], 3, 8, streams.numpy("batches"))
+            for rows in torch.from_numpy(plan):
+                F.cross_entropy(full(x[rows]), y[rows]).backward()
+                _sgd_step(full)
+    close(final(cfg), {**client.state_dict(), **server.state_dict()})
+
+
+def test_sl_global_lr_scales_the_round_update():
+    cfg1 = digits_config(algorithm={"name": "sl"}, rounds=1, **SPLIT)
+    cfg_half = digits_config(algorithm={"name": "sl", "global_lr": 0.5}, rounds=1, **SPLIT)
+    start = build_environment(cfg1).model.state_dict()
+    one, half = final(cfg1), final(cfg_half)
+    close(half, {k: start[k] + 0.5 * (one[k] - start[k]) for k in start})
+
+
+def _sflv2_reference(cfg, rounds, order):
+    env, client, server, streams = _setup(cfg)
+    x, y = env.data.train.x, env.data.train.y
+    n = env.num_clients
+    w = env.data_sizes / env.data_sizes.sum()
+    for _ in range(rounds):
+        plans = [batch_plan(env.client_indices[c], 3, 8, streams.numpy("batches"))
+                 for c in range(n)]
+        clients = [copy.deepcopy(client) for _ in range(n)]
+        rng = streams.numpy("order")
+
+        def serve(c, k):
+            acts = clients[c](x[plans[c][k]])
+            h = acts.detach().requires_grad_(True)
+            F.cross_entropy(server(h), y[plans[c][k]]).backward()
+            _sgd_step(server)
+            return acts, h.grad
+
+        if order == "iteration":
+            for k in range(3):
+                outs = {}
+                for c in rng.permutation(n):
+                    outs[c] = serve(c, k)
+                for c in range(n):
+                    acts, g = outs[c]
+                    acts.backward(g)
+                    _sgd_step(clients[c])
+        else:
+            for c in rng.permutation(n):
+                for k in range(3):
+                    acts, g = serve(c, k)
+                    acts.backward(g)
+                    _sgd_step(clients[c])
+        avg = {k: sum(float(w[c]) * clients[c].state_dict()[k] for c in range(n))
+               for k in client.state_dict()}
+        client.load_state_dict(avg)
+    return {**client.state_dict(), **server.state_dict()}
+
+
+@pytest.mark.parametrize("order", ["iteration", "per_client"])
+def test_sflv2_matches_unbatched_reference(order):
+    cfg = digits_config(algorithm={"name": "sflv2", "order": order}, rounds=2,
+                        engine={"chunk_size": 3}, **SPLIT)
+    close(final(cfg), _sflv2_reference(cfg, 2, order))
+
+
+def _sflv1_period_reference(cfg, period):
+    env, client, server, streams = _setup(cfg)
+    x, y = env.data.train.x, env.data.train.y
+    n = env.num_clients
+    w = env.data_sizes / env.data_sizes.sum()
+    plans = [batch_plan(env.client_indices[c], 4, 8, streams.numpy("batches"))
+             for c in range(n)]
+    clients = [copy.deepcopy(client) for _ in range(n)]
+    servers = [copy.deepcopy(server) for _ in range(n)]
+    for k in range(4):
+        for c in range(n):
+            acts = clients[c](x[plans[c][k]])
+            h = acts.detach().requires_grad_(True)
+            F.cross_entropy(servers[c](h), y[plans[c][k]]).backward()
+            _sgd_step(servers[c])
+            acts.backward(h.grad)
+            _sgd_step(clients[c])
+        if (k + 1) % period == 0:
+            mean = {key: sum(float(w[c]) * servers[c].state_dict()[key] for c in range(n))
+                    for key in server.state_dict()}
+            for s in servers:
+                s.load_state_dict(mean)
+    avg = {key: sum(float(w[c]) * clients[c].state_dict()[key] for c in range(n))
+           for key in client.state_dict()}
+    return {**avg, **servers[0].state_dict()}
+
+
+def test_sflv1_server_period_averages_server_copies_mid_round():
+    over = dict(SPLIT, train={"batch_size": 8, "local_steps": 4, "local_epochs": None,
+                              "lr": 0.1})
+    cfg = digits_config(algorithm={"name": "sflv1", "server_period": 2}, rounds=1, **over)
+    got = final(cfg)
+    close(got, _sflv1_period_reference(cfg, 2))
+    default = final(digits_config(algorithm={"name": "sflv1"}, rounds=1, **over))
+    assert any(not torch.allclose(got[k], default[k]) for k in got)
+
+
+def test_sflv1_server_period_must_divide_local_steps():
+    cfg = digits_config(algorithm={"name": "sflv1", "server_period": 2}, rounds=1, **SPLIT)
+    with pytest.raises(Exception, match="server_period"):
+        run_experiment(cfg, write=False)
+
+
+class RecordingTransport(InProcessTransport):
+    def __init__(self, ledger):
+        super().__init__(ledger)
+        self.sent = []
+
+    def _deliver(self, kind, direction, ids, payload):
+        tensors = [payload] if isinstance(payload, torch.Tensor) else list(payload.values())
+        self.sent.append((kind, direction, [t.detach().clone() for t in tensors]))
+        return super()._deliver(kind, direction, ids, payload)
+
+
+@pytest.mark.parametrize("name", ["fedavg", "sl", "sflv1", "sflv2"])
+def test_raw_inputs_never_cross_the_transport(name):
+    cfg = digits_config(algorithm={"name": name}, rounds=1, **SPLIT)
+    env = build_environment(cfg)
+    env.transport = RecordingTransport(env.ledger)
+    from splitfed.experiment import build_algorithm
+    algo = build_algorithm(cfg)
+    state = algo.init_state(env)
+    env.ledger.round = 1
+    algo.round(env, state, 1, env.sampler.sample(env.streams.numpy("participation")))
+    kinds = {k for k, _, _ in env.transport.sent}
+    allowed = {"model"} if name == "fedavg" else {"model", "activations", "labels",
+                                                  "activation_grads"}
+    assert kinds == allowed
+    raw = env.data.train.x.flatten(1)
+    for kind, _, tensors in env.transport.sent:
+        for t in tensors:
+            assert tuple(t.shape[-3:]) != tuple(env.data.input_shape)
+            if t.is_floating_point() and t.dim() >= 2 and t.shape[-1] == raw.shape[1]:
+                rows = t.reshape(-1, raw.shape[1])
+                assert not any((raw == r).all(1).any() for r in rows)
+
+
+def test_communication_matches_paper_002_table_4():
+    """Per client and round: FL 2|W|; SL, SFL-V1, SFL-V2 (2 D_n) v + 2 r|W| (+ labels)."""
+    base = dict(model={"name": "mlp", "hidden": [32, 16], "cut": 1},
+                data={"name": "digits", "limit_train": 256},
+                partition={"scheme": "iid", "num_clients": 4},
+                train={"batch_size": 16, "local_steps": None, "local_epochs": 1, "lr": 0.1})
+    env = build_environment(digits_config(**base))
+    client, _ = split(env.model, env.cut)
+    w_bytes = payload_bytes(env.model.state_dict(), per_client=False)
+    wc_bytes = payload_bytes(client.state_dict(), per_client=False)       # r|W|
+    v = 32 * 4                                   # cut activation: 32 float32 per sample
+    d_n = 64                                     # 256 samples over 4 clients, 1 epoch
+    for name in ("fedavg", "sl", "sflv1", "sflv2"):
+        rec = run_experiment(digits_config(algorithm={"name": name}, rounds=1, **base),
+                             write=False).records[-1]
+        if name == "fedavg":
+            assert rec["bytes_up/model"] == rec["bytes_down/model"] == 4 * w_bytes
+            assert rec["bytes_up"] + rec["bytes_down"] == 4 * 2 * w_bytes
+            continue
+        assert rec["bytes_up/activations"] == 4 * d_n * v, name
+        assert rec["bytes_down/activation_grads"] == 4 * d_n * v, name
+        assert rec["bytes_up/model"] == rec["bytes_down/model"] == 4 * wc_bytes, name
+        assert rec["bytes_up/labels"] == 4 * d_n * 8, name
+        table4 = 2 * d_n * v + 2 * wc_bytes
+        assert rec["bytes_up"] + rec["bytes_down"] - rec["bytes_up/labels"] == 4 * table4
