@@ -111,3 +111,12 @@ def test_executor_functional_call_forward_unchanged():
         assert torch.equal(v, before[k])
     out = functional_call(model, before, (x,))
     assert out.shape == (20, 10)
+
+
+def test_forward_macs_of_lenet5_by_hand():
+    from splitfed.engine.flops import forward_macs
+    model = build_model("lenet5", (1, 28, 28), 10)
+    conv1 = 6 * 28 * 28 * (1 * 5 * 5)
+    conv2 = 16 * 10 * 10 * (6 * 5 * 5)
+    fc = 400 * 120 + 120 * 84 + 84 * 10
+    assert forward_macs(model, (1, 28, 28)) == conv1 + conv2 + fc

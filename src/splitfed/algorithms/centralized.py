@@ -51,4 +51,4 @@ class Centralized(Algorithm):
             loss.backward()
             opt.step()
             total += float(loss.detach())
-        return state, {"train_loss": total / steps}
+        return state, {"train_loss": total / steps, "samples": steps * tr.batch_size}

@@ -67,7 +67,9 @@ class FedAvg(Algorithm):
         acc = DeltaAccumulator(state["model"])
         losses = torch.zeros(cohort.size, dtype=torch.float64)
         weights = torch.tensor(cohort.weights, dtype=torch.float64)
-        for chunk in executor.train(received, cohort.ids, env.local_steps(cohort.ids),
+        steps = env.local_steps(cohort.ids)
+        samples = int(steps.sum()) * tr.batch_size
+        for chunk in executor.train(received, cohort.ids, steps,
                                     lr=tr.lr, momentum=tr.momentum,
                                     weight_decay=tr.weight_decay,
                                     rng=env.streams.numpy("batches"),
@@ -77,4 +79,4 @@ class FedAvg(Algorithm):
             losses[torch.from_numpy(chunk.slots)] = chunk.loss.to(torch.float64).cpu()
             self.client_results(env, state, cohort, chunk)
         new_state = {**state, "model": self.server_update(env, state, acc)}
-        return new_state, {"train_loss": float(losses.mean())}
+        return new_state, {"train_loss": float(losses.mean()), "samples": samples}

@@ -137,7 +137,8 @@ class SFLV1(Algorithm):
             losses[torch.from_numpy(chunk.slots)] = chunk.loss_sum / torch.from_numpy(
                 chunk.steps).to(torch.float64)
         model = {**client_acc.result(), **server_acc.result()}
-        return {**state, "model": model}, {"train_loss": float(losses.mean())}
+        return {**state, "model": model}, {"train_loss": float(losses.mean()),
+                                          "samples": int(steps.sum()) * tr.batch_size}
 
     @staticmethod
     def _finish_chunk(env, chunk):

@@ -124,7 +124,8 @@ class SFLV2(Algorithm):
                                    for k, v in server.state_dict().items()}}
         losses /= torch.from_numpy(steps).to(torch.float64)
         return ({**state, "model": model, "server_opt": opt.state_dict()},
-                {"train_loss": float(losses.mean())})
+                {"train_loss": float(losses.mean()),
+                 "samples": int(steps.sum()) * tr.batch_size})
 
     @staticmethod
     def _serve(server, opt, h, y, lr):

@@ -96,4 +96,5 @@ class SL(Algorithm):
         model = {k: (v + eta_g * (last[k] - v)) if v.is_floating_point() else last[k].clone()
                  for k, v in start.items()}
         return ({**state, "model": model, "server_opt": server_opt.state_dict()},
-                {"train_loss": float(np.mean(losses))})
+                {"train_loss": float(np.mean(losses)),
+                 "samples": int(steps.sum()) * tr.batch_size})

@@ -1,7 +1,8 @@
 """The round loop, written once for every algorithm.
 
 Each round: sample the participants, let the algorithm run its round, read the round's
-bytes from the ledger, evaluate every ``eval_every`` rounds (and at round 0 and the last
+bytes from the ledger, turn the samples it trained on into client and server
+multiply-accumulates, evaluate every ``eval_every`` rounds (and at round 0 and the last
 round), log one record. A non-finite training loss stops the run with status
 ``diverged`` at that round.
 """
@@ -14,12 +15,26 @@ import time
 from tqdm import tqdm
 
 from splitfed.engine.evaluate import evaluate
+from splitfed.engine.flops import TRAIN_FACTOR, forward_macs
+from splitfed.models import output_shape, split
 
 
 def _evaluate(algorithm, env, state) -> dict[str, float]:
     test = env.data.test
     return evaluate(algorithm.eval_model(env, state), test.x, test.y,
                     env.config.engine.eval_batch_size)
+
+
+def macs_per_sample(algorithm, env) -> tuple[int, int]:
+    """(client, server) MACs of one training sample: a forward pass and its backward."""
+    shape = tuple(env.data.input_shape)
+    if not algorithm.split:
+        full = TRAIN_FACTOR * forward_macs(env.model, shape)
+        return (full, 0) if algorithm.federated else (0, full)
+    client, server = split(env.model, env.cut)
+    cut_shape = output_shape(client, shape)
+    return (TRAIN_FACTOR * forward_macs(client, shape),
+            TRAIN_FACTOR * forward_macs(server, cut_shape))
 
 
 def run_rounds(algorithm, env, logger, state: dict | None = None,
@@ -31,6 +46,7 @@ def run_rounds(algorithm, env, logger, state: dict | None = None,
     if start_round == 1:
         logger.log({"round": 0, **_evaluate(algorithm, env, state)})
     status = "completed"
+    client_macs, server_macs = macs_per_sample(algorithm, env)
     bar = tqdm(range(start_round, cfg.rounds + 1), desc=cfg.name, unit="round",
                disable=not cfg.progress, dynamic_ncols=True)
     for t in bar:
@@ -40,6 +56,9 @@ def run_rounds(algorithm, env, logger, state: dict | None = None,
         state, metrics = algorithm.round(env, state, t, cohort)
         record = {"round": t, "participants": int(cohort.size), **metrics,
                   **env.ledger.round_totals(t), "round_time_s": time.perf_counter() - t0}
+        samples = record.pop("samples", 0)
+        record["client_macs"] = samples * client_macs
+        record["server_macs"] = samples * server_macs
         loss = record.get("train_loss")
         if loss is not None and not math.isfinite(loss):
             status = "diverged"
