@@ -14,6 +14,7 @@ from splitfed.config import build_config
 from splitfed.engine.loop import run_rounds
 from splitfed.experiment import build_algorithm, build_environment
 from splitfed.metrics import MetricLogger
+from splitfed.transport import InProcessTransport
 
 NAMES = sorted(ALGORITHMS)
 
@@ -89,3 +90,47 @@ def test_non_sampled_clients_send_nothing(name):
             per_client = env.ledger.per_client(t, kind, direction)
             assert (per_client[~sampled] == 0).all(), (kind, direction)
         assert env.ledger.round_totals(t)["bytes_up"] > 0
+
+
+class CountingTransport(InProcessTransport):
+    """Counts the bytes of every tensor it actually delivers, independently of the ledger."""
+
+    def __init__(self, ledger):
+        super().__init__(ledger)
+        self.delivered = 0
+
+    def send(self, kind, direction, client_ids, payload, *, per_client=True):
+        tensors = [payload] if isinstance(payload, torch.Tensor) else list(payload.values())
+        n = len(np.atleast_1d(client_ids))
+        size = sum(t.numel() * t.element_size() for t in tensors)
+        self.delivered += size if per_client else size * n
+        return super().send(kind, direction, client_ids, payload, per_client=per_client)
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if ALGORITHMS[n].federated])
+def test_ledger_matches_the_tensors_actually_moved(name):
+    cfg = config(name, rounds=2)
+    env = build_environment(cfg)
+    env.transport = CountingTransport(env.ledger)
+    logger = MetricLogger(None)
+    run_rounds(build_algorithm(cfg), env, logger)
+    ledgered = sum(r.get("bytes_up", 0) + r.get("bytes_down", 0) for r in logger.records)
+    assert ledgered == env.transport.delivered == env.ledger.total() > 0
+
+
+MODES = [{"mode": "full"}, {"mode": "with_replacement", "clients_per_round": 4},
+         {"mode": "bernoulli", "q": 0.5}]
+
+
+@pytest.mark.parametrize("participation", MODES, ids=[m["mode"] for m in MODES])
+@pytest.mark.parametrize("name", [n for n in NAMES if ALGORITHMS[n].federated])
+def test_every_participation_mode_and_local_epochs(name, participation):
+    cfg = config(name, rounds=2, participation=participation,
+                 train={"batch_size": 16, "local_steps": None, "local_epochs": 0.5,
+                        "lr": 0.1})
+    env, records, _, status = run(cfg)
+    assert status == "completed"
+    for r in records[1:]:
+        assert r["participants"] >= 0
+        if r["participants"]:
+            assert np.isfinite(r["train_loss"]) and r["bytes_up"] > 0
