@@ -120,3 +120,15 @@ def test_forward_macs_of_lenet5_by_hand():
     conv2 = 16 * 10 * 10 * (6 * 5 * 5)
     fc = 400 * 120 + 120 * 84 + 84 * 10
     assert forward_macs(model, (1, 28, 28)) == conv1 + conv2 + fc
+
+
+def test_learning_rate_schedule_decays_to_the_floor():
+    from helpers import digits_config
+
+    from splitfed.experiment import build_environment
+    env = build_environment(digits_config(train={"local_steps": 1, "local_epochs": None,
+                                                 "lr": 0.1, "lr_decay": 0.5,
+                                                 "lr_min": 0.02}))
+    assert [env.lr(t) for t in (1, 2, 3, 4)] == [0.1, 0.05, 0.025, 0.02]
+    assert env.lr(2, 0.4) == 0.2
+    assert env.lr(9, 0.01) == 0.01        # a base below the floor is not raised

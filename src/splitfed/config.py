@@ -59,6 +59,11 @@ class TrainConfig:
     lr: float = field(default=0.01, metadata={"gt": 0, "help": "client learning rate"})
     momentum: float = field(default=0.0, metadata={"ge": 0, "lt": 1})
     weight_decay: float = field(default=0.0, metadata={"ge": 0})
+    lr_decay: float = field(default=1.0, metadata={
+        "gt": 0, "le": 1, "help": "learning rates are multiplied by this every round "
+                                 "(paper 004 Sec. VI: 0.99)"})
+    lr_min: float = field(default=0.0, metadata={
+        "ge": 0, "help": "floor of the decayed learning rates (paper 004: 0.001)"})
 
     def __post_init__(self):
         if self.local_steps is None and self.local_epochs is None:

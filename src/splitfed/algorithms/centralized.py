@@ -44,6 +44,8 @@ class Centralized(Algorithm):
         plan = batch_plan(pool, steps, tr.batch_size, env.streams.numpy("batches"))
         x, y = env.data.train.x, env.data.train.y
         model.train()
+        for group in opt.param_groups:
+            group["lr"] = env.lr(t)
         total = 0.0
         for rows in torch.from_numpy(plan).to(x.device):
             opt.zero_grad(set_to_none=True)

@@ -50,7 +50,7 @@ class FedAvg(Algorithm):
         """A local-gradient correction, or None (plain local SGD)."""
         return
 
-    def client_results(self, env, state: dict, cohort, chunk) -> None:
+    def client_results(self, env, state: dict, t: int, cohort, chunk) -> None:
         """Sees each chunk's final client states after upload (SCAFFOLD's controls)."""
         return
 
@@ -70,13 +70,13 @@ class FedAvg(Algorithm):
         steps = env.local_steps(cohort.ids)
         samples = int(steps.sum()) * tr.batch_size
         for chunk in executor.train(received, cohort.ids, steps,
-                                    lr=tr.lr, momentum=tr.momentum,
+                                    lr=env.lr(t), momentum=tr.momentum,
                                     weight_decay=tr.weight_decay,
                                     rng=env.streams.numpy("batches"),
                                     grad_hook=self.grad_hook(env, state, cohort)):
             uploaded = env.transport.upload("model", chunk.client_ids, chunk.state)
             acc.add(weights[torch.from_numpy(chunk.slots)], uploaded)
             losses[torch.from_numpy(chunk.slots)] = chunk.loss.to(torch.float64).cpu()
-            self.client_results(env, state, cohort, chunk)
+            self.client_results(env, state, t, cohort, chunk)
         new_state = {**state, "model": self.server_update(env, state, acc)}
         return new_state, {"train_loss": float(losses.mean()), "samples": samples}

@@ -96,11 +96,11 @@ class Scaffold(FedAvg):
         return corrected
 
     @torch.no_grad()
-    def client_results(self, env, state, cohort, chunk):
+    def client_results(self, env, state, t, cohort, chunk):
         """Option II: c_i^+ - c_i = (x - y_i) / (K_i eta_l) - c, uploaded per slot."""
         steps = env.local_steps(cohort.ids)[chunk.slots]
         c, x = state["control"], state["model"]
-        scale = torch.from_numpy(1.0 / (steps * float(env.config.train.lr)))
+        scale = torch.from_numpy(1.0 / (steps * float(env.lr(t))))
         dc = {}
         for name, cn in c.items():
             s = scale.to(cn).view(-1, *([1] * cn.dim()))

@@ -102,7 +102,7 @@ class SFLV1(Algorithm):
         if cohort.is_empty():
             return state, {}
         tr = env.config.train
-        server_lr = self.options.server_lr or tr.lr
+        lr, server_lr = env.lr(t), env.lr(t, self.options.server_lr)
         parts = SplitModel.of(env)
         steps = env.local_steps(cohort.ids)
         period = self.options.server_period
@@ -117,13 +117,13 @@ class SFLV1(Algorithm):
             done = []
             for chunk in chunks:          # one chunk at a time: bounded memory
                 for k in range(int(chunk.steps[0])):
-                    chunk.iterate(env, k, tr.lr, server_lr)
+                    chunk.iterate(env, k, lr, server_lr)
                 done.append(self._finish_chunk(env, chunk))
         else:
             chunks = list(chunks)         # lockstep: server copies averaged mid-round
             for k in range(int(steps[0])):
                 for chunk in chunks:
-                    chunk.iterate(env, k, tr.lr, server_lr)
+                    chunk.iterate(env, k, lr, server_lr)
                 if (k + 1) % period == 0 and k + 1 < steps[0]:
                     server_global = self._average_servers(chunks, weights, server_global)
             done = [self._finish_chunk(env, c) for c in chunks]

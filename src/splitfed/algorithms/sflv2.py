@@ -73,7 +73,7 @@ class SFLV2(Algorithm):
                                                parts.client_state(state["model"]))
         server = parts.server_module(parts.server_state(state["model"]))
         opt = sgd(server, env, state["server_opt"])
-        server_lr = (self.options.server_lr or tr.lr) / participation_probability(
+        server_lr = env.lr(t, self.options.server_lr) / participation_probability(
             env, cohort.ids)
         kw = {"momentum": tr.momentum, "weight_decay": tr.weight_decay}
         rng = env.streams.numpy("order")
@@ -106,7 +106,7 @@ class SFLV2(Algorithm):
                 losses[slot] += float(loss)
             for (j, a, acts, _, _), g_h in zip(sent, grads):
                 down = return_gradients(env, cohort.ids[groups[j][:a]], g_h)
-                clients[j].step(acts, down, lr=tr.lr)
+                clients[j].step(acts, down, lr=env.lr(t))
 
         if self.options.order == "iteration":
             for k in range(int(steps.max())):

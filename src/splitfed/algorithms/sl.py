@@ -62,7 +62,7 @@ class SL(Algorithm):
         start = state["model"]
         client = parts.client_module(parts.client_state(start))
         server = parts.server_module(parts.server_state(start))
-        server_opt = sgd(server, env, state["server_opt"])
+        server_opt = sgd(server, env, state["server_opt"], env.lr(t))
         order = cohort.ids[env.streams.numpy("order").permutation(cohort.size)]
         steps = env.local_steps(order)
         rng = env.streams.numpy("batches")
@@ -72,7 +72,7 @@ class SL(Algorithm):
             ids = np.array([cid])
             received = env.transport.broadcast("model", ids, client.state_dict())
             client.load_state_dict(received)
-            client_opt = torch.optim.SGD(client.parameters(), lr=tr.lr, momentum=tr.momentum,
+            client_opt = torch.optim.SGD(client.parameters(), lr=env.lr(t), momentum=tr.momentum,
                                          weight_decay=tr.weight_decay)
             plan = torch.from_numpy(batch_plan(env.client_indices[cid], int(k_steps),
                                                tr.batch_size, rng)).to(env.device)

@@ -46,6 +46,14 @@ class Environment:
         return local_step_counts(self.data_sizes[np.asarray(client_ids)], tr.batch_size,
                                  tr.local_steps, tr.local_epochs)
 
+    def lr(self, t: int, base: float | None = None) -> float:
+        """The step size of round ``t`` (1-based): ``base`` (default ``train.lr``) times
+        ``lr_decay ** (t - 1)``, floored at ``lr_min``; the schedule applies to every
+        learning rate of the run (clients' and servers')."""
+        tr = self.config.train
+        base = tr.lr if base is None else base
+        return max(base * tr.lr_decay ** (t - 1), min(tr.lr_min, base))
+
     def executor(self, module: nn.Module) -> ClientExecutor:
         """A batched executor training copies of ``module`` on the clients' data."""
         return ClientExecutor(module, self.data.train.x, self.data.train.y,

@@ -87,11 +87,15 @@ def participation_probability(env, ids: np.ndarray) -> np.ndarray:
     return np.asarray(q, dtype=np.float64)[np.asarray(ids)]
 
 
-def sgd(module: nn.Module, env, saved: dict | None) -> torch.optim.SGD:
+def sgd(module: nn.Module, env, saved: dict | None, lr: float | None = None
+        ) -> torch.optim.SGD:
     """The server's optimizer (SPEC: server optimizer state persists across rounds)."""
     tr = env.config.train
     opt = torch.optim.SGD(module.parameters(), lr=tr.lr, momentum=tr.momentum,
                           weight_decay=tr.weight_decay)
     if saved is not None:
         opt.load_state_dict(saved)
+    if lr is not None:
+        for group in opt.param_groups:
+            group["lr"] = lr
     return opt
