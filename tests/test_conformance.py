@@ -19,7 +19,7 @@ from splitfed.transport import InProcessTransport
 NAMES = sorted(ALGORITHMS)
 
 
-def config(name, **over):
+def config(name, *, learn=False, **over):
     raw = {"name": name, "rounds": 6, "progress": False, "seed": 11,
            "algorithm": {"name": name},
            "data": {"name": "digits"},
@@ -28,6 +28,9 @@ def config(name, **over):
            "model": {"name": "mlp", "hidden": [32]},
            "train": {"batch_size": 16, "local_steps": 8, "local_epochs": None, "lr": 0.1},
            "participation": {"mode": "uniform", "clients_per_round": 3}}
+    if learn:
+        for key, value in ALGORITHMS[name].conformance_overrides.items():
+            raw[key] = {**raw[key], **value} if isinstance(value, dict) else value
     raw.update(over)
     return build_config(raw)
 
@@ -53,7 +56,7 @@ def flat(state):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_learns(name):
-    _, records, _, status = run(config(name))
+    _, records, _, status = run(config(name, learn=True))
     assert status == "completed"
     assert records[-1]["test_acc"] > records[0]["test_acc"] + 0.3
     losses = [r["train_loss"] for r in records if "train_loss" in r]

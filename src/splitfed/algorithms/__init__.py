@@ -5,10 +5,16 @@ the conformance tests pick it up from this registry.
 """
 
 from splitfed.algorithms.centralized import Centralized
+from splitfed.algorithms.clgsgd import CLGSGD
+from splitfed.algorithms.csefsl import CSEFSL
 from splitfed.algorithms.fedavg import FedAvg
+from splitfed.algorithms.fedclg import FedCLGC, FedCLGS
 from splitfed.algorithms.fedopt import FedOpt
 from splitfed.algorithms.fedprox import FedProx
+from splitfed.algorithms.musplitfed import MUSplitFed
 from splitfed.algorithms.scaffold import Scaffold
+from splitfed.algorithms.scaffold_plus import ScaffoldPlus
+from splitfed.algorithms.server_only import ServerOnly
 from splitfed.algorithms.sflv1 import SFLV1
 from splitfed.algorithms.sflv2 import SFLV2
 from splitfed.algorithms.sl import SL
@@ -16,10 +22,17 @@ from splitfed.errors import ConfigError
 
 ALGORITHMS = {
     "centralized": Centralized,
+    "clgsgd": CLGSGD,
+    "csefsl": CSEFSL,
     "fedavg": FedAvg,
+    "fedclg_c": FedCLGC,
+    "fedclg_s": FedCLGS,
     "fedopt": FedOpt,
     "fedprox": FedProx,
+    "musplitfed": MUSplitFed,
     "scaffold": Scaffold,
+    "scaffold_plus": ScaffoldPlus,
+    "server_only": ServerOnly,
     "sflv1": SFLV1,
     "sflv2": SFLV2,
     "sl": SL,

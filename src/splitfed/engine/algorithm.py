@@ -9,6 +9,10 @@ the ``algorithm`` section of the config) and three methods:
   using the engine's executor, transport and aggregation; never its own round loop.
 - ``eval_model(env, state) -> nn.Module``: the global model to evaluate.
 
+``server_copies(env, cohort)`` (storage accounting) says how many copies of the
+server-side model the main server holds during a round; the loop reports
+``server_param_bytes`` = copies x bytes of one copy (parameters and buffers).
+
 Constructors hold hyperparameters only (learned state lives in ``state``), which keeps
 sweeps, cloning and checkpoints trivial.
 """
@@ -35,6 +39,9 @@ class Algorithm:
     split: ClassVar[bool] = False
     #: False for algorithms without clients (the centralized reference)
     federated: ClassVar[bool] = True
+    #: config overrides under which the conformance tests expect this algorithm to learn
+    #: their small task (e.g. more rounds for zeroth-order methods); {} for none
+    conformance_overrides: ClassVar[dict] = {}
 
     def __init__(self, options: Any = None):
         self.options = options if options is not None else self.Options()
@@ -47,3 +54,10 @@ class Algorithm:
 
     def eval_model(self, env, state: dict) -> nn.Module:
         raise NotImplementedError
+
+    def server_copies(self, env, cohort) -> int:
+        """Copies of the server-side model the main server holds in a round: one for a
+        split algorithm with a single server model (SL, SFL-V2, CSE-FSL), none for FL
+        and the centralized reference (no server-side part; the fed server's copy of the
+        global model is not counted)."""
+        return 1 if self.split else 0

@@ -1,0 +1,199 @@
+"""MU-SplitFed: zeroth-order split federated learning with unbalanced server updates.
+
+Paper 001 (Liang et al. 2025), Algorithm 1, eqs. (3)-(7); defaults from Table 6. Per round
+each participating client m draws one minibatch xi_m (``train.batch_size``, 32 in the
+paper) and a direction u_c on the sphere of radius sqrt(d_c), and sends (eq. 4)
+
+    h = h(x_c; xi),  h+ = h(x_c + lambda u_c; xi),  h- = h(x_c - lambda u_c; xi).
+
+The server copy x_s,m (from the global server model) takes tau ZO steps on the
+unperturbed h, each with a fresh u_s (eq. 5):
+
+    G_s = (F(x_s + lambda u_s, h) - F(x_s - lambda u_s, h)) / (2 lambda) * u_s,
+    x_s <- x_s - eta_s G_s,
+
+then returns one scalar per direction, delta_c = F(x_s^tau, h+) - F(x_s^tau, h-) (eq. 6),
+and the client steps x_c <- x_c - eta_c delta_c / (2 lambda) u_c. Both sides aggregate
+with the global rate (eq. 7 with its sign corrected, SPEC: the printed minus would ascend):
+
+    x <- x + eta_g sum_m w_m (x_m - x).
+
+SPEC decisions and options: ``directions`` q > 1 averages q estimates (the client then
+sends 2q + 1 activation tensors and receives q scalars); ``direction_kind`` gaussian;
+``client_order``/``server_order`` "first" replace a side's ZO estimate by the true
+gradient (ablation: a first-order client receives the cut-layer gradient instead of the
+scalars). tau = 1 is vanilla SplitFed with ZO (paper 001's baseline). eta_c is
+``train.lr`` (Table 6: 0.005); eta_s ``server_lr`` (0.01); eta_g ``global_lr`` (0.3);
+lambda ``smoothing`` (0.005). Aggregation weights w_m are the engine's (a_n / sum a by
+default; the paper uses 1/M, which ``participation.weighting=uniform`` gives). One local
+step per round by definition: ``train.local_steps``/``local_epochs`` do not apply.
+Directions are regenerated from per-round seeds, never stored beyond a step. BatchNorm
+buffers are not perturbed; running statistics are updated only by the unperturbed client
+forward pass. The whole cohort perturbs and evaluates in batched passes (no autograd).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+import torch
+
+from splitfed.engine import zo
+from splitfed.engine.aggregate import DeltaAccumulator
+from splitfed.engine.algorithm import Algorithm
+from splitfed.engine.split import SplitModel, per_client_loss, return_gradients
+from splitfed.engine.stacked import stack_copies
+from splitfed.models.cohort import cohort_forward
+from splitfed.rng import derive_seed
+
+
+@dataclass
+class MUSplitFedOptions:
+    tau: int = field(default=2, metadata={"ge": 1, "help": "server ZO steps per round"})
+    global_lr: float = field(default=0.3, metadata={"gt": 0, "help": "eta_g (Table 6)"})
+    server_lr: float = field(default=0.01, metadata={"gt": 0, "help": "eta_s (Table 6)"})
+    smoothing: float = field(default=0.005, metadata={"gt": 0, "help": "lambda (Table 6)"})
+    directions: int = field(default=1, metadata={"ge": 1, "help": "q directions averaged"})
+    direction_kind: Literal["sphere", "gaussian"] = "sphere"
+    client_order: Literal["zeroth", "first"] = "zeroth"
+    server_order: Literal["zeroth", "first"] = "zeroth"
+
+
+class _Side:
+    """Stacked parameters and buffers of one side of the cut for the whole cohort."""
+
+    def __init__(self, module, start, n):
+        self.module = module
+        self.names = [k for k, _ in module.named_parameters()]
+        self.state = stack_copies({k: start[k] for k in module.state_dict()}, n, ())
+        self.buffers = [k for k in self.state if k not in self.names]
+
+    @property
+    def params(self) -> list[torch.Tensor]:
+        return [self.state[k] for k in self.names]
+
+    def forward(self, x, params=None, *, update_stats=False):
+        """Batched forward with ``params`` (default: the current ones); buffers are only
+        written when ``update_stats``."""
+        params = self.params if params is None else params
+        bufs = {k: (self.state[k] if update_stats else self.state[k].clone())
+                for k in self.buffers}
+        return cohort_forward(self.module, {**dict(zip(self.names, params)), **bufs}, x,
+                              training=True)
+
+    def first_order_grads(self, x, y=None, grad_out=None):
+        params = [p.detach().requires_grad_(True) for p in self.params]
+        out = self.forward(x, params)
+        if grad_out is None:
+            return torch.autograd.grad(per_client_loss(out, y).sum(), params)
+        return torch.autograd.grad(out, params, grad_out)
+
+    def step(self, grads, lr: float) -> None:
+        torch._foreach_add_(self.params, list(grads), alpha=-lr)
+
+
+class MUSplitFed(Algorithm):
+    name = "musplitfed"
+    reference = "paper 001 (Liang et al. 2025), Algorithm 1, eqs. (3)-(7), Table 6"
+    Options = MUSplitFedOptions
+    split = True
+    # zeroth-order: one ZO step per round needs many more rounds than first-order methods
+    conformance_overrides = {"rounds": 60, "eval_every": 10,
+                             "algorithm": {"server_lr": 0.05, "global_lr": 1.0},
+                             "train": {"batch_size": 32, "local_steps": 1,
+                                       "local_epochs": None, "lr": 0.02}}
+
+    def init_state(self, env) -> dict:
+        return {"model": {k: v.detach().clone() for k, v in env.model.state_dict().items()}}
+
+    def eval_model(self, env, state):
+        env.model.load_state_dict(state["model"])
+        return env.model
+
+    def _seeds(self, base: int, side: str, step: int) -> list[int]:
+        return [derive_seed(base, f"{side}/{step}/{j}") for j in range(self.options.directions)]
+
+    @torch.no_grad()
+    def round(self, env, state, t, cohort):
+        if cohort.is_empty():
+            return state, {}
+        o, tr = self.options, env.config.train
+        parts = SplitModel.of(env)
+        ids, n = cohort.ids, cohort.size
+        base = int(env.streams.numpy("zo").integers(2**62))
+        rows = np.stack(env.executor(parts.client).plans(ids, np.ones(n, np.int64),
+                                                         env.streams.numpy("batches")))
+        rows = torch.from_numpy(rows[:, 0]).to(env.device)
+        x, y = env.data.train.x[rows], env.data.train.y[rows]
+        start = env.transport.broadcast("model", ids, parts.client_state(state["model"]))
+        client = _Side(parts.client, start, n)
+        server = _Side(parts.server, parts.server_state(state["model"]), n)
+        lam, c_seeds = o.smoothing, self._seeds(base, "client", 0)
+        h = client.forward(x, update_stats=True)
+        sent = [h]
+        if o.client_order == "zeroth":
+            for seed in c_seeds:
+                u = zo.directions(seed, client.params, o.direction_kind)
+                sent += [client.forward(x, zo.perturb(client.params, u, s * lam))
+                         for s in (1, -1)]
+        received = [env.transport.upload("activations", ids, a) for a in sent]
+        y_s = env.transport.upload("labels", ids, y)
+        h_s = received[0]
+        losses = self._server_steps(server, h_s, y_s, base)
+        self._client_step(env, client, server, received, y_s, ids, c_seeds, x, env.lr(t))
+        up = env.transport.upload("model", ids, client.state)
+        weights = torch.tensor(cohort.weights, dtype=torch.float64)
+        c_acc = DeltaAccumulator(parts.client_state(state["model"]))
+        s_acc = DeltaAccumulator(parts.server_state(state["model"]))
+        c_acc.add(weights, up)
+        s_acc.add(weights, server.state)
+        model = {**c_acc.result(o.global_lr), **s_acc.result(o.global_lr)}
+        return ({**state, "model": model},
+                {"train_loss": float(losses.mean()), "samples": n * tr.batch_size})
+
+    def _server_steps(self, server: _Side, h, y, base: int) -> torch.Tensor:
+        """tau server updates on the unperturbed activations; returns the first losses."""
+        o = self.options
+        first = None
+        for i in range(o.tau):
+            if o.server_order == "first":
+                with torch.enable_grad():
+                    grads = server.first_order_grads(h, y)
+                loss = per_client_loss(server.forward(h), y)
+            else:
+                evals = []
+
+                def loss_fn(params):
+                    out = per_client_loss(server.forward(h, params), y)
+                    evals.append(out)
+                    return out
+                grads = zo.zo_gradient(loss_fn, server.params, o.smoothing,
+                                       self._seeds(base, "server", i), o.direction_kind)
+                loss = torch.stack(evals).mean(0)
+            first = loss if first is None else first
+            server.step(grads, self.options.server_lr)
+        return first
+
+    def _client_step(self, env, client, server, received, y, ids, seeds, x, lr) -> None:
+        o = self.options
+        if o.client_order == "first":
+            with torch.enable_grad():
+                h = received[0].detach().requires_grad_(True)
+                loss = per_client_loss(server.forward(h, [p.detach() for p in server.params]),
+                                       y)
+                (g_h,) = torch.autograd.grad(loss.sum(), h)
+                grads = client.first_order_grads(x, grad_out=return_gradients(env, ids, g_h))
+            client.step(grads, lr)
+            return
+        deltas = torch.stack([per_client_loss(server.forward(received[1 + 2 * j]), y)
+                              - per_client_loss(server.forward(received[2 + 2 * j]), y)
+                              for j in range(len(seeds))], dim=1)          # [C, q]
+        deltas = env.transport.download("scalars", ids, deltas)
+        total = None
+        for j, seed in enumerate(seeds):
+            u = zo.directions(seed, client.params, o.direction_kind)
+            g = zo.scale_directions(deltas[:, j] / (2 * o.smoothing), u)
+            total = g if total is None else torch._foreach_add(total, g)
+        client.step(torch._foreach_div(total, float(len(seeds))), lr)

@@ -1,0 +1,170 @@
+"""The zeroth-order toolkit and MU-SplitFed (paper 001, Algorithm 1)."""
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import digits_config
+from torch.func import functional_call
+
+from splitfed.engine import zo
+from splitfed.engine.batches import batch_plan
+from splitfed.experiment import build_environment, run_experiment
+from splitfed.models import split
+from splitfed.rng import RandomStreams, derive_seed
+
+
+def quadratic(c=3, d=5, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randn(c, d, d, generator=g, dtype=torch.float64)
+    a = a @ a.transpose(1, 2) + torch.eye(d, dtype=torch.float64)
+    b = torch.randn(c, d, generator=g, dtype=torch.float64)
+    x = torch.randn(c, d, generator=g, dtype=torch.float64)
+
+    def f(params):
+        (p,) = params
+        return 0.5 * torch.einsum("ci,cij,cj->c", p, a, p) + (b * p).sum(1)
+    return f, x, torch.einsum("cij,cj->ci", a, x) + b
+
+
+@pytest.mark.parametrize("kind", ["sphere", "gaussian"])
+def test_zo_estimate_converges_to_the_gradient_of_a_quadratic(kind):
+    f, x, grad = quadratic()
+
+    def error(q):
+        seeds = [derive_seed(7, f"q{j}") for j in range(q)]
+        (est,) = zo.zo_gradient(f, [x], 1e-4, seeds, kind)
+        return float((est - grad).norm() / grad.norm())
+    errors = [error(q) for q in (100, 1600, 25600)]
+    assert errors[0] > errors[1] > errors[2]
+    assert errors[2] < 0.05
+
+
+def test_sphere_directions_have_radius_sqrt_d_and_are_regenerated_from_the_seed():
+    params = [torch.zeros(4, 3, 2), torch.zeros(4, 5)]
+    u = zo.directions(123, params)
+    norms = torch.sqrt(sum(t.flatten(1).pow(2).sum(1) for t in u))
+    assert torch.allclose(norms, torch.full((4,), 11 ** 0.5))
+    again = zo.directions(123, params)
+    assert all(torch.equal(a, b) for a, b in zip(u, again))
+    other = zo.directions(124, params)
+    assert not torch.equal(u[0], other[0])
+
+
+SETUP = dict(model={"name": "mlp", "hidden": [16, 8], "cut": 1},
+             partition={"scheme": "iid", "num_clients": 4},
+             participation={"mode": "uniform", "clients_per_round": 2},
+             train={"batch_size": 8, "local_steps": 1, "local_epochs": None, "lr": 0.01})
+
+
+def _reference(cfg, rounds):
+    """Paper 001 Algorithm 1 written as a plain per-client loop (same seeds and batches)."""
+    o = cfg.algorithm.options
+    tau, lam = o.get("tau", 2), 0.005
+    eta_s, eta_g = o.get("server_lr", 0.01), o.get("global_lr", 0.3)
+    env = build_environment(cfg)
+    streams = RandomStreams(cfg.seed)
+    client, server = split(copy.deepcopy(env.model), env.cut)
+    x_all, y_all = env.data.train.x, env.data.train.y
+    for _ in range(rounds):
+        cohort = env.sampler.sample(streams.numpy("participation"))
+        base = int(streams.numpy("zo").integers(2**62))
+        rng = streams.numpy("batches")
+        rows = [batch_plan(env.client_indices[c], 1, 8, rng)[0] for c in cohort.ids]
+        n = cohort.size
+        cp = {k: v.detach() for k, v in client.named_parameters()}
+        sp = {k: v.detach() for k, v in server.named_parameters()}
+        stacked_c = [v.expand(n, *v.shape) for v in cp.values()]
+        stacked_s = [v.expand(n, *v.shape) for v in sp.values()]
+        u_c = zo.directions(derive_seed(base, "client/0/0"), stacked_c)
+        new_c, new_s = [], []
+        for m in range(n):
+            x, y = x_all[rows[m]], y_all[rows[m]]
+
+            def client_out(scale):
+                p = {k: v + scale * u[m] for (k, v), u in zip(cp.items(), u_c)}
+                return functional_call(client, p, (x,))
+
+            def loss(params, h):
+                return F.cross_entropy(functional_call(server, params, (h,)), y)
+            h, hp, hm = client_out(0.0), client_out(lam), client_out(-lam)
+            s = dict(sp)
+            for i in range(tau):
+                u_s = zo.directions(derive_seed(base, f"server/{i}/0"), stacked_s)
+                plus = {k: v + lam * u[m] for (k, v), u in zip(s.items(), u_s)}
+                minus = {k: v - lam * u[m] for (k, v), u in zip(s.items(), u_s)}
+                coef = (loss(plus, h) - loss(minus, h)) / (2 * lam)
+                s = {k: v - eta_s * coef * u[m] for (k, v), u in zip(s.items(), u_s)}
+            delta = loss(s, hp) - loss(s, hm)
+            new_c.append({k: v - cfg.train.lr * delta / (2 * lam) * u[m]
+                          for (k, v), u in zip(cp.items(), u_c)})
+            new_s.append(s)
+        w = torch.tensor(cohort.weights, dtype=torch.float32)
+        with torch.no_grad():
+            for module, old, new in ((client, cp, new_c), (server, sp, new_s)):
+                for k, p in module.named_parameters():
+                    delta = sum(w[m] * (new[m][k] - old[k]) for m in range(n))
+                    p.copy_(old[k] + eta_g * delta)
+    return {**client.state_dict(), **server.state_dict()}
+
+
+@pytest.mark.parametrize("tau", [1, 2, 3])
+def test_musplitfed_matches_the_algorithm_box(tau):
+    cfg = digits_config(algorithm={"name": "musplitfed", "tau": tau}, rounds=2, **SETUP)
+    got = run_experiment(cfg, write=False).state["model"]
+    want = _reference(cfg, 2)
+    for k in want:
+        assert torch.allclose(got[k], want[k], atol=1e-6), k
+
+
+def test_ledger_three_activations_up_one_scalar_down_per_client():
+    cfg = digits_config(algorithm={"name": "musplitfed"}, rounds=1, **SETUP)
+    res = run_experiment(cfg, write=False)
+    env = build_environment(cfg)
+    rec = res.records[-1]
+    per_client_acts = 8 * 16 * 4                       # B x cut width x float32
+    assert rec["participants"] == 2
+    assert rec["bytes_up/activations"] == 2 * 3 * per_client_acts
+    assert rec["bytes_down/scalars"] == 2 * 4
+    assert rec["bytes_up/labels"] == 2 * 8 * 8
+    assert "bytes_down/activation_grads" not in rec
+    client, _ = split(env.model, env.cut)
+    client_bytes = sum(v.numel() * v.element_size() for v in client.state_dict().values())
+    assert rec["bytes_down/model"] == rec["bytes_up/model"] == 2 * client_bytes
+
+
+def test_small_lambda_many_directions_approach_the_first_order_client_update():
+    setup = dict(SETUP, model={"name": "mlp", "hidden": [4, 8], "cut": 1},
+                 participation={"mode": "full"}, partition={"scheme": "iid", "num_clients": 1})
+    common = {"server_order": "first", "global_lr": 1.0, "smoothing": 1e-3}
+    first = run_experiment(digits_config(
+        algorithm={"name": "musplitfed", "client_order": "first", **common}, rounds=1,
+        **setup), write=False).state["model"]
+    zeroth = run_experiment(digits_config(
+        algorithm={"name": "musplitfed", "directions": 3000, **common}, rounds=1,
+        **setup), write=False).state["model"]
+    start = build_environment(digits_config(**setup)).model.state_dict()
+    key = "fc1.1.weight"
+    d_first = (first[key] - start[key]).flatten()
+    d_zeroth = (zeroth[key] - start[key]).flatten()
+    cos = F.cosine_similarity(d_first, d_zeroth, dim=0)
+    assert cos > 0.9, float(cos)
+    assert float((d_zeroth - d_first).norm() / d_first.norm()) < 0.5
+    for k in first:                                  # the server side is first-order in both
+        if not k.startswith("fc1"):
+            assert torch.allclose(first[k], zeroth[k], atol=1e-6), k
+
+
+def test_zeroth_order_round_uses_no_autograd_graph():
+    cfg = digits_config(algorithm={"name": "musplitfed"}, rounds=1, **SETUP)
+    env = build_environment(cfg)
+    from splitfed.experiment import build_algorithm
+    algo = build_algorithm(cfg)
+    state = algo.init_state(env)
+    env.ledger.round = 1
+    new, _ = algo.round(env, state, 1, env.sampler.sample(env.streams.numpy("participation")))
+    assert all(not v.requires_grad for v in new["model"].values())
+    assert not np.allclose(new["model"]["fc1.1.weight"].numpy(),
+                           state["model"]["fc1.1.weight"].numpy())
