@@ -2,7 +2,6 @@
 
 import copy
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -197,7 +196,7 @@ def test_raw_inputs_never_cross_the_transport(name):
                                                   "activation_grads"}
     assert kinds == allowed
     raw = env.data.train.x.flatten(1)
-    for kind, _, tensors in env.transport.sent:
+    for _, _, tensors in env.transport.sent:
         for t in tensors:
             assert tuple(t.shape[-3:]) != tuple(env.data.input_shape)
             if t.is_floating_point() and t.dim() >= 2 and t.shape[-1] == raw.shape[1]:
