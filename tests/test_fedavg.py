@@ -2,29 +2,13 @@
 
 import numpy as np
 import torch
+from helpers import digits_config
 
 from splitfed.config import build_config
 from splitfed.engine.batches import batch_plan, local_step_counts
 from splitfed.experiment import build_environment, run_experiment
 from splitfed.rng import RandomStreams
 from splitfed.transport import payload_bytes
-
-
-def digits_config(**over):
-    raw = {"name": "t", "rounds": 2, "progress": False, "seed": 3,
-           "algorithm": {"name": "fedavg"},
-           "data": {"name": "digits"},
-           "partition": {"scheme": "iid", "num_clients": 3},
-           "model": {"name": "mlp", "hidden": [32]},
-           "train": {"batch_size": 8, "local_steps": 2, "local_epochs": None, "lr": 0.1},
-           "participation": {"mode": "full"}}
-    for key, value in over.items():
-        section, _, field = key.partition("__")
-        if field:
-            raw.setdefault(section, {})[field] = value
-        else:
-            raw[section] = value
-    return build_config(raw)
 
 
 def final_params(result):

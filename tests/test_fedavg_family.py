@@ -5,32 +5,15 @@ from collections import OrderedDict
 import numpy as np
 import pytest
 import torch
+from helpers import digits_config
 
 from splitfed.algorithms.fedavg import FedAvg
 from splitfed.algorithms.fedopt import FedOpt
 from splitfed.algorithms.scaffold import Scaffold
-from splitfed.config import build_config
 from splitfed.engine.batches import batch_plan, local_step_counts
 from splitfed.experiment import build_environment, run_experiment
 from splitfed.models.blocks import BlockModel
 from splitfed.rng import RandomStreams
-
-
-def digits_config(**over):
-    raw = {"name": "t", "rounds": 2, "progress": False, "seed": 3,
-           "algorithm": {"name": "fedavg"},
-           "data": {"name": "digits"},
-           "partition": {"scheme": "iid", "num_clients": 3},
-           "model": {"name": "mlp", "hidden": [32]},
-           "train": {"batch_size": 8, "local_steps": 2, "local_epochs": None, "lr": 0.1},
-           "participation": {"mode": "full"}}
-    for key, value in over.items():
-        section, _, field = key.partition("__")
-        if field:
-            raw.setdefault(section, {})[field] = value
-        else:
-            raw[section] = value
-    return build_config(raw)
 
 
 HETERO = dict(partition={"scheme": "dirichlet", "num_clients": 4, "alpha": 0.5,

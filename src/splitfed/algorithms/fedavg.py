@@ -39,13 +39,6 @@ class FedAvg(Algorithm):
     reference = "McMahan et al. 2017; paper 002 eq. 3 for bernoulli weights"
     Options = FedAvgOptions
 
-    def init_state(self, env) -> dict:
-        return {"model": {k: v.detach().clone() for k, v in env.model.state_dict().items()}}
-
-    def eval_model(self, env, state):
-        env.model.load_state_dict(state["model"])
-        return env.model
-
     def grad_hook(self, env, state, cohort):
         """A local-gradient correction, or None (plain local SGD)."""
         return

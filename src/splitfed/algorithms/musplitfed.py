@@ -105,13 +105,6 @@ class MUSplitFed(Algorithm):
                              "train": {"batch_size": 32, "local_steps": 1,
                                        "local_epochs": None, "lr": 0.02}}
 
-    def init_state(self, env) -> dict:
-        return {"model": {k: v.detach().clone() for k, v in env.model.state_dict().items()}}
-
-    def eval_model(self, env, state):
-        env.model.load_state_dict(state["model"])
-        return env.model
-
     def _seeds(self, base: int, side: str, step: int) -> list[int]:
         return [derive_seed(base, f"{side}/{step}/{j}") for j in range(self.options.directions)]
 

@@ -81,12 +81,8 @@ class SFLV1(Algorithm):
     Options = SFLV1Options
     split = True
 
-    def init_state(self, env) -> dict:
-        return {"model": {k: v.detach().clone() for k, v in env.model.state_dict().items()}}
-
-    def eval_model(self, env, state):
-        env.model.load_state_dict(state["model"])
-        return env.model
+    def server_copies(self, env, cohort) -> int:
+        return cohort.size                # one server-side copy per participating slot
 
     def _chunks(self, env, parts, state, cohort, steps):
         executor = env.executor(parts.client)

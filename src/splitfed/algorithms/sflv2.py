@@ -54,12 +54,7 @@ class SFLV2(Algorithm):
     split = True
 
     def init_state(self, env) -> dict:
-        model = {k: v.detach().clone() for k, v in env.model.state_dict().items()}
-        return {"model": model, "server_opt": None}
-
-    def eval_model(self, env, state):
-        env.model.load_state_dict(state["model"])
-        return env.model
+        return {**super().init_state(env), "server_opt": None}
 
     def round(self, env, state, t, cohort):
         if cohort.is_empty():

@@ -47,13 +47,17 @@ class Algorithm:
         self.options = options if options is not None else self.Options()
 
     def init_state(self, env) -> dict:
-        raise NotImplementedError
+        """Default: the global model (a copy of ``env.model``'s state) under ``"model"``."""
+        return {"model": {k: v.detach().clone() for k, v in env.model.state_dict().items()}}
 
     def round(self, env, state: dict, t: int, cohort) -> tuple[dict, dict[str, float]]:
         raise NotImplementedError
 
     def eval_model(self, env, state: dict) -> nn.Module:
-        raise NotImplementedError
+        """Default: ``env.model`` holding ``state["model"]`` (the global client model composed
+        with the global server model, for split algorithms)."""
+        env.model.load_state_dict(state["model"])
+        return env.model
 
     def server_copies(self, env, cohort) -> int:
         """Copies of the server-side model the main server holds in a round: one for a
