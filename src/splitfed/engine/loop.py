@@ -2,9 +2,11 @@
 
 Each round: sample the participants, let the algorithm run its round, read the round's
 bytes from the ledger, turn the samples it trained on into client and server
-multiply-accumulates, evaluate every ``eval_every`` rounds (and at round 0 and the last
-round), log one record. A non-finite training loss stops the run with status
-``diverged`` at that round.
+multiply-accumulates (``server_samples``, when an algorithm's server trains on fewer
+samples than its clients, defaults to ``samples``), record the server-side model memory
+(``server_param_bytes``: ``algorithm.server_copies`` copies of the server part), evaluate
+every ``eval_every`` rounds (and at round 0 and the last round), log one record. A
+non-finite training loss stops the run with status ``diverged`` at that round.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from tqdm import tqdm
 from splitfed.engine.evaluate import evaluate
 from splitfed.engine.flops import TRAIN_FACTOR, forward_macs
 from splitfed.models import output_shape, split
+from splitfed.transport import payload_bytes
 
 
 def _evaluate(algorithm, env, state) -> dict[str, float]:
@@ -37,6 +40,13 @@ def macs_per_sample(algorithm, env) -> tuple[int, int]:
             TRAIN_FACTOR * forward_macs(server, cut_shape))
 
 
+def server_copy_bytes(algorithm, env) -> int:
+    """Bytes of one copy of the server-side model (parameters and buffers); 0 unsplit."""
+    if not algorithm.split:
+        return 0
+    return payload_bytes(split(env.model, env.cut)[1].state_dict(), per_client=False)
+
+
 def run_rounds(algorithm, env, logger, state: dict | None = None,
                start_round: int = 1) -> tuple[dict, str]:
     """Run rounds ``start_round..config.rounds``; returns the final state and the status."""
@@ -47,6 +57,7 @@ def run_rounds(algorithm, env, logger, state: dict | None = None,
         logger.log({"round": 0, **_evaluate(algorithm, env, state)})
     status = "completed"
     client_macs, server_macs = macs_per_sample(algorithm, env)
+    copy_bytes = server_copy_bytes(algorithm, env)
     bar = tqdm(range(start_round, cfg.rounds + 1), desc=cfg.name, unit="round",
                disable=not cfg.progress, dynamic_ncols=True)
     for t in bar:
@@ -58,7 +69,8 @@ def run_rounds(algorithm, env, logger, state: dict | None = None,
                   **env.ledger.round_totals(t), "round_time_s": time.perf_counter() - t0}
         samples = record.pop("samples", 0)
         record["client_macs"] = samples * client_macs
-        record["server_macs"] = samples * server_macs
+        record["server_macs"] = record.pop("server_samples", samples) * server_macs
+        record["server_param_bytes"] = algorithm.server_copies(env, cohort) * copy_bytes
         loss = record.get("train_loss")
         if loss is not None and not math.isfinite(loss):
             status = "diverged"
