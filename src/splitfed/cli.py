@@ -58,15 +58,17 @@ def _cmd_list(args) -> int:
 
 
 def _cmd_partition(args) -> int:
+    import torch
+
     from splitfed.config import load_config
     from splitfed.data.partition import partition_summary
-    from splitfed.experiment import _load_data, _partition
+    from splitfed.experiment import load_data, make_partition
     from splitfed.rng import RandomStreams
 
     cfg = load_config(args.config, args.overrides)
     streams = RandomStreams(cfg.seed)
-    bundle = _load_data(cfg, streams, __import__("torch").device("cpu"))
-    parts = _partition(cfg, bundle, streams)
+    bundle = load_data(cfg, streams, torch.device("cpu"))
+    parts = make_partition(cfg, bundle, streams)
     print(partition_summary(parts, bundle.train.y.numpy(), bundle.num_classes))
     return 0
 

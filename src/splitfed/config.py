@@ -100,6 +100,32 @@ class AlgorithmConfig:
 
 
 @dataclass
+class ServerDataConfig:
+    """The server's own data for hybrid FL (paper 004): a pool, and D_s^t drawn from it."""
+
+    fraction: float = field(default=0.01, metadata={
+        "gt": 0, "lt": 1, "help": "server pool as a fraction of the training set "
+                                  "(paper 004 Sec. VI: 0.01 for MNIST, 0.05 for CIFAR)"})
+    min_per_class: int = field(default=10, metadata={
+        "ge": 0, "help": "the pool holds at least this many samples per class on average "
+                         "(a floor for small data sets; no effect on MNIST or CIFAR)"})
+    samples_per_round: int | None = field(default=None, metadata={
+        "ge": 1, "help": "m_s: samples of D_s^t, drawn from the pool without replacement "
+                         "every round (null: the whole pool)"})
+    full_batch: bool = field(default=False, metadata={
+        "help": "server gradients (g_s and the E server steps) on the whole D_s^t"})
+    shift_cosine: float | None = field(default=None, metadata={
+        "gt": 0, "le": 1, "help": "class-distribution shift: cosine similarity of the "
+                                  "pool's class distribution to the training set's "
+                                  "(paper 004 Fig. 7: 0.95; null: IID)"})
+    disjoint: bool = field(default=True, metadata={
+        "help": "remove the pool from the training set before partitioning it"})
+    always: bool = field(default=False, metadata={
+        "help": "build the pool also for algorithms that use no server data, so that "
+                "baselines (fedavg, scaffold) get the hybrid runs' client data"})
+
+
+@dataclass
 class RunConfig:
     name: str = field(default="run", metadata={"help": "run name (prefix of the run dir)"})
     seed: int = 0
@@ -114,6 +140,7 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     participation: ParticipationConfig = field(default_factory=ParticipationConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
+    server_data: ServerDataConfig = field(default_factory=ServerDataConfig)
 
 
 _OPEN_SECTIONS = {"data": DataConfig, "partition": PartitionConfig, "model": ModelConfig,

@@ -17,11 +17,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from splitfed.algorithms import get_algorithm
+from splitfed.algorithms import ALGORITHMS, get_algorithm
 from splitfed.config import RunConfig
 from splitfed.configtools import dump_yaml, from_dict
 from splitfed.data import load_dataset
 from splitfed.data.partition import PARTITIONERS, partition, partition_summary
+from splitfed.data.server_data import build_server_data
 from splitfed.engine.env import Environment
 from splitfed.engine.loop import run_rounds
 from splitfed.engine.participation import make_sampler
@@ -56,7 +57,7 @@ def _device(name: str) -> torch.device:
     return dev
 
 
-def _load_data(cfg: RunConfig, streams: RandomStreams, device: torch.device):
+def load_data(cfg: RunConfig, streams: RandomStreams, device: torch.device):
     d = cfg.data
     bundle = load_dataset(d.name, d.data_dir, rng=streams.numpy("data"),
                           limit_train=d.limit_train, limit_test=d.limit_test, **d.options)
@@ -65,7 +66,9 @@ def _load_data(cfg: RunConfig, streams: RandomStreams, device: torch.device):
     return bundle
 
 
-def _partition(cfg: RunConfig, bundle, streams: RandomStreams) -> list[np.ndarray]:
+def make_partition(cfg: RunConfig, bundle, streams: RandomStreams,
+               exclude: np.ndarray | None = None) -> list[np.ndarray]:
+    """The clients' index arrays; ``exclude`` (the server's pool) is taken out first."""
     p = cfg.partition
     if p.scheme == "natural":
         if bundle.natural_partition is None:
@@ -75,7 +78,8 @@ def _partition(cfg: RunConfig, bundle, streams: RandomStreams) -> list[np.ndarra
         if len(parts) != p.num_clients:
             raise ConfigError(f"partition.num_clients: the natural partition of {bundle.name} "
                               f"has {len(parts)} clients, got {p.num_clients}")
-        return [np.asarray(i, dtype=np.int64) for i in parts]
+        parts = [np.asarray(i, dtype=np.int64) for i in parts]
+        return parts if exclude is None else [i[~np.isin(i, exclude)] for i in parts]
     if p.scheme in PARTITIONERS:
         allowed = [n for n in inspect.signature(PARTITIONERS[p.scheme]).parameters
                    if n not in ("labels", "num_clients", "rng")]
@@ -84,7 +88,21 @@ def _partition(cfg: RunConfig, bundle, streams: RandomStreams) -> list[np.ndarra
                 raise ConfigError(f"partition.{key}: not an option of scheme {p.scheme!r}; "
                                   f"options: {', '.join(allowed) or 'none'}")
     labels = bundle.train.y.cpu().numpy()
-    return partition(labels, p.num_clients, p.scheme, streams.numpy("partition"), **p.options)
+    keep = np.arange(len(labels))
+    if exclude is not None:
+        keep = np.setdiff1d(keep, exclude)
+    parts = partition(labels[keep], p.num_clients, p.scheme, streams.numpy("partition"),
+                      **p.options)
+    return [keep[i] for i in parts]
+
+
+def _server_data(cfg: RunConfig, bundle, streams: RandomStreams):
+    """The server's pool (paper 004) if the algorithm uses server data, else None."""
+    algorithm = ALGORITHMS.get(cfg.algorithm.name)
+    if not (getattr(algorithm, "needs_server_data", False) or cfg.server_data.always):
+        return None
+    return build_server_data(cfg.server_data, bundle.train, bundle.num_classes,
+                             streams.numpy("server_pool"))
 
 
 def _build_model(cfg: RunConfig, bundle, streams: RandomStreams):
@@ -100,8 +118,10 @@ def build_environment(cfg: RunConfig) -> Environment:
     """Load data, partition it, build the model and engine parts; validates everything."""
     streams = RandomStreams(cfg.seed)
     device = _device(cfg.engine.device)
-    bundle = _load_data(cfg, streams, device)
-    parts = _partition(cfg, bundle, streams)
+    bundle = load_data(cfg, streams, device)
+    server = _server_data(cfg, bundle, streams)
+    pool = server.pool if server is not None and cfg.server_data.disjoint else None
+    parts = make_partition(cfg, bundle, streams, exclude=pool)
     model, cut = _build_model(cfg, bundle, streams)
     model.to(device)
     pc = cfg.participation
@@ -114,7 +134,7 @@ def build_environment(cfg: RunConfig) -> Environment:
     ledger = Ledger(len(parts))
     return Environment(config=cfg, data=bundle, client_indices=parts, model=model, cut=cut,
                        sampler=sampler, transport=InProcessTransport(ledger), ledger=ledger,
-                       streams=streams, device=device)
+                       streams=streams, device=device, server_data=server)
 
 
 def build_algorithm(cfg: RunConfig):

@@ -31,6 +31,7 @@ class Environment:
     ledger: Ledger
     streams: RandomStreams
     device: torch.device
+    server_data: Any = None          # splitfed.data.server_data.ServerData (hybrid FL)
 
     @property
     def num_clients(self) -> int:

@@ -1,0 +1,241 @@
+"""FedCLG (paper 004, Bian et al., Sec. IV, Algorithm 1): FedCLG-C (eq. 10) and FedCLG-S
+(eq. 11), hybrid FL whose server gradient corrects the partial-participation error.
+
+Each round t (Algorithm 1) the server draws D_s^t, samples S_t and computes, before the
+clients start, a server gradient at the global model (line 4)
+
+    g^s_t = grad f_s(x_t, zeta_s)   (a minibatch of D_s^t; all of D_s^t with
+                                     ``server_data.full_batch``).
+
+Every sampled client i has its own gradient at x_t, g^i_t = grad f_i(x_t, zeta_i).
+
+- FedCLG-C (eq. 10): the server broadcasts g^s_t with x_t; client i sets
+  c_i = g^s_t - g^i_t and takes K_i corrected steps from x_t,
+
+      x^i_{t,k+1} = x^i_{t,k} - eta (g^i_{t,k} + c_i),   k = 0, ..., K_i - 1,
+
+  at EVERY local step (some public code applies c_i once per epoch; the paper does
+  not). The server aggregates as eq. 4 and trains on D_s^t as eq. 5.
+- FedCLG-S (eq. 11): clients run plain local SGD (eq. 3) and upload Delta^i_t =
+  x^i_{t,K} - x_t together with g^i_t; the server aggregates
+
+      x^s_{t+1} = x_t + eta_g sum_{i in S_t} w_i (Delta^i_t - K_i eta (g^s_t - g^i_t)),
+
+  then trains on D_s^t as eq. 5. Signs as printed: Delta is x_K - x_t (Sec. III-A), and
+  Delta^i - K eta (g^s - g^i) = -eta sum_k (g^i_{t,k} + g^s - g^i), the FedCLG-C step
+  without the drift (eq. 62 of Appendix C). The text after eq. 11 calls eta_g "the
+  learning rate for the server's local training": a typo, it is the global rate of
+  Algorithm 1 line 1 (``global_lr``).
+
+Decisions (SPEC and what the paper leaves open):
+
+- g^i_t (option ``client_gradient``): "first_batch" (default) is the gradient of the
+  client's first local minibatch at x_t, i.e. g^i_t = g^i_{t,0}: eq. 10 writes both as
+  grad f_i(x_t, zeta_i), and a client gets it for free from its first step. With it the
+  first corrected step of FedCLG-C is exactly x_t - eta g^s_t. "fresh_batch" draws a
+  separate minibatch (stream ``client_gradients``) and "full" uses all the client's data
+  (grad f_i(x_t)); both cost the client one more pass (added to ``samples``). In this
+  simulation g^i_t is computed for the whole cohort in one batched pass of stacked copies
+  at x_t, without stepping (:func:`stacked_gradients`); the first local batch is the one
+  the executor will draw (a copy of the ``batches`` stream).
+- eta = ``env.lr(t)``, gamma = ``env.lr(t, server_lr)`` (Sec. VI decay); K_i is client i's
+  own step count (``train.local_steps``, or ceil(D_i / B) * ``train.local_epochs``); the
+  paper's 1/M is w_i = 1/M (``participation.weighting=uniform`` or equal data sizes, as in
+  Sec. VI); by default w_i are FedAvg's data-size weights (a_i / q_i under bernoulli), in
+  both the model delta and the correction of eq. 11.
+- Corrections act on parameters only: g^s, g^i and c_i have no BatchNorm buffers, and
+  buffers are averaged like parameters (FedAvg). The gradient passes run in training
+  mode on throw-away copies, so x_t's running statistics are untouched by them.
+- The correction is added to the minibatch gradient before the optimizer (as SCAFFOLD's):
+  with ``train.weight_decay`` / ``train.momentum`` the decay / momentum acts on the
+  corrected gradient. The paper assumes plain SGD (the default).
+- Communication (``model`` kind, parameter-sized): FedCLG-C broadcasts g^s_t with x_t
+  (bytes_down/model = 2x FedAvg's for a model without buffers); FedCLG-S uploads g^i_t with
+  the model (bytes_up/model = 2x). ``with_replacement``: every slot has its own first
+  batch, so its own g^i_t and c_i.
+- A round with an empty cohort computes no g^s_t, keeps x_t and trains the server.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from splitfed.algorithms.clgsgd import CLGSGD, HybridOptions
+from splitfed.engine.batches import batch_plan
+from splitfed.engine.executor import DEFAULT_SAMPLES_PER_CALL
+from splitfed.engine.stacked import StackedModel
+
+_CORR = "_fedclg_corrections"     # round-scoped keys, removed before the round returns
+_CHUNK = "_fedclg_chunk"
+
+
+@dataclass
+class FedCLGOptions(HybridOptions):
+    client_gradient: Literal["first_batch", "fresh_batch", "full"] = field(
+        default="first_batch", metadata={
+            "help": "g_i at x_t: the first local minibatch, a fresh one, or all client data"})
+
+
+def stacked_gradients(module, start, x: torch.Tensor, y: torch.Tensor,
+                      rows: list[np.ndarray], chunk_size: int) -> dict[str, torch.Tensor]:
+    """Gradients of the mean cross-entropy on each ``rows[s]`` at ``start``, [S, ...] per
+    parameter: one batched forward/backward of stacked copies per chunk, no step.
+
+    Row sets of unequal length are padded by cycling each set, the padding weighted 0
+    (the gradient is exact; BatchNorm batch statistics then include the repeats).
+    """
+    names = [n for n, _ in module.named_parameters()]
+    out: dict[str, list[torch.Tensor]] = {n: [] for n in names}
+    for lo in range(0, len(rows), chunk_size):
+        part = rows[lo:lo + chunk_size]
+        width = max(len(r) for r in part)
+        idx = torch.from_numpy(np.stack([np.resize(r, width) for r in part])).to(x.device)
+        model = StackedModel(module, start, len(part))
+        logits = model.forward(x[idx])
+        ce = F.cross_entropy(logits.flatten(0, 1), y[idx].flatten(),
+                             reduction="none").view(len(part), width)
+        if all(len(r) == width for r in part):
+            losses = ce.mean(1)
+        else:
+            w = torch.zeros_like(ce)
+            for j, r in enumerate(part):
+                w[j, :len(r)] = 1.0 / len(r)
+            losses = (ce * w).sum(1)
+        grads = torch.autograd.grad(losses.sum(), [model.state[n] for n in names])
+        for n, g in zip(names, grads):
+            out[n].append(g)
+    return {n: torch.cat(v) for n, v in out.items()}
+
+
+class _FedCLG(CLGSGD):
+    """The round of Algorithm 1: g^s at x_t, the clients' g^i, the variant's correction."""
+
+    Options = FedCLGOptions
+
+    def client_round(self, env, state, t, cohort, rows):
+        if cohort.is_empty():
+            return state, {}
+        x_t = state["model"]
+        batch = self.server_gradient_batch(env, rows)
+        g_s = self.server_gradient(env, x_t, batch)
+        g_i, extra_samples = self.client_gradients(env, x_t, cohort)
+        extra = self.round_state(env, t, cohort, g_s, g_i)
+        new, metrics = super().client_round(env, {**state, **extra}, t, cohort, rows)
+        for key in extra:
+            new.pop(key, None)
+        metrics["samples"] = metrics.get("samples", 0) + extra_samples
+        metrics["server_samples"] = len(batch)
+        return new, metrics
+
+    def round_state(self, env, t, cohort, g_s, g_i) -> dict:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ gradients at x_t
+
+    def server_gradient_batch(self, env, rows: np.ndarray) -> np.ndarray:
+        """zeta_s: a minibatch of D_s^t (``server_data`` stream), or D_s^t (full batch)."""
+        if self._server(env).full_batch:
+            return rows
+        return batch_plan(rows, 1, self.server_batch_size(env),
+                          env.streams.numpy("server_data"))[0]
+
+    def server_gradient(self, env, x_t, batch: np.ndarray) -> dict[str, torch.Tensor]:
+        """g^s_t = grad f_s(x_t, zeta_s) (Algorithm 1 line 4), parameters only."""
+        server = self._server(env)
+        g = stacked_gradients(env.model, x_t, server.x, server.y, [batch], 1)
+        return {n: v[0] for n, v in g.items()}
+
+    def client_gradients(self, env, x_t, cohort) -> tuple[dict[str, torch.Tensor], int]:
+        """g^i_t per cohort slot, [S, ...] per parameter, and the extra samples it cost."""
+        mode, tr = self.options.client_gradient, env.config.train
+        ids = cohort.ids
+        executor = env.executor(env.model)
+        chunk = executor.chunk_size
+        if mode == "first_batch":
+            rng = copy.deepcopy(env.streams.numpy("batches"))
+            rows = [plan[0] for plan in executor.plans(ids, env.local_steps(ids), rng)]
+            extra = 0
+        elif mode == "fresh_batch":
+            rng = env.streams.numpy("client_gradients")
+            rows = [batch_plan(env.client_indices[c], 1, tr.batch_size, rng)[0] for c in ids]
+            extra = len(ids) * tr.batch_size
+        else:
+            rows = [env.client_indices[c] for c in ids]
+            extra = int(sum(len(r) for r in rows))
+            width = max(len(r) for r in rows)
+            chunk = env.config.engine.chunk_size or max(1, DEFAULT_SAMPLES_PER_CALL // width)
+        grads = stacked_gradients(env.model, x_t, env.data.train.x, env.data.train.y,
+                                  rows, chunk)
+        return grads, extra
+
+
+class FedCLGC(_FedCLG):
+    """FedCLG-C (paper 004 eq. 10): c_i = g^s - g^i added at every local step."""
+
+    name = "fedclg_c"
+    reference = "Bian et al. (paper 004), FedCLG-C, Algorithm 1 and eq. 10"
+
+    def round_state(self, env, t, cohort, g_s, g_i) -> dict:
+        g_s = env.transport.broadcast("model", cohort.ids, g_s)
+        corrections = {n: g_s[n].unsqueeze(0) - g_i[n] for n in g_i}
+        chunks = env.executor(env.model).chunks(env.local_steps(cohort.ids))
+        return {_CORR: corrections, _CHUNK: {"chunks": chunks, "at": 0}}
+
+    def grad_hook(self, env, state, cohort):
+        """g + c_i for the active slots of the chunk the executor is training."""
+        corrections, pos = state[_CORR], state[_CHUNK]
+        cache: dict[tuple[int, int], list[torch.Tensor]] = {}
+
+        def corrected(names, params, grads, client_ids):
+            slots = pos["chunks"][pos["at"]][:len(client_ids)]
+            if not np.array_equal(cohort.ids[slots], client_ids):
+                raise RuntimeError("fedclg_c: the executor's chunks are not the expected ones")
+            key = (pos["at"], len(client_ids))
+            if key not in cache:
+                rows = torch.from_numpy(slots)
+                cache.clear()
+                cache[key] = [corrections[n].index_select(0, rows.to(corrections[n].device))
+                              for n in names]
+            return torch._foreach_add(grads, cache[key])
+        return corrected
+
+    def client_results(self, env, state, t, cohort, chunk):
+        state[_CHUNK]["at"] += 1
+
+
+class FedCLGS(_FedCLG):
+    """FedCLG-S (paper 004 eq. 11): the correction is applied at aggregation."""
+
+    name = "fedclg_s"
+    reference = "Bian et al. (paper 004), FedCLG-S, Algorithm 1 and eq. 11"
+
+    @torch.no_grad()
+    def round_state(self, env, t, cohort, g_s, g_i) -> dict:
+        """eta sum_i w_i K_i (g^s - g^i), in float64, from the uploaded g^i."""
+        g_i = env.transport.upload("model", cohort.ids, g_i)
+        coef = (torch.from_numpy(np.array(cohort.weights, dtype=np.float64))
+                * torch.from_numpy(env.local_steps(cohort.ids).astype(np.float64))
+                * float(env.lr(t)))
+        corrections = {}
+        for n, g in g_i.items():
+            c = coef.to(g.device)
+            corrections[n] = (c.sum() * g_s[n].double()
+                              - torch.tensordot(c, g.double(), dims=1))
+        return {_CORR: corrections}
+
+    @torch.no_grad()
+    def server_update(self, env, state, acc):
+        """x_t + eta_g sum_i w_i Delta_i, minus eta_g eta sum_i w_i K_i (g^s - g^i)."""
+        eta_g = float(self.options.global_lr)
+        out = acc.result(eta_g)
+        if acc.count == 0:
+            return out
+        for n, c in state[_CORR].items():
+            out[n] = (out[n].double() - eta_g * c.to(out[n].device)).to(out[n].dtype)
+        return out
