@@ -223,3 +223,14 @@ def test_run_experiment_refuses_a_non_empty_run_dir(tmp_path):
     with pytest.raises(ConfigError, match="not empty"):
         run_experiment(cfg, run_dir=tmp_path)
     assert [p.name for p in tmp_path.iterdir()] == ["old.txt"]
+
+
+def test_saved_config_missing_newer_fields_still_matches():
+    from splitfed.config import build_config
+    from splitfed.configtools import to_dict
+    from splitfed.study import config_identity
+    cfg = build_config({"data": {"name": "digits"}})
+    saved = to_dict(cfg)
+    del saved["server_data"]                     # a run written before the field existed
+    del saved["train"]["lr_decay"]
+    assert config_identity(saved) == config_identity(cfg)

@@ -374,7 +374,16 @@ def _check_unique(variants: list[Variant]) -> None:
 
 
 def config_identity(cfg: RunConfig | Mapping) -> dict:
-    """A run's config as compared for reuse: YAML-normalised, without out_dir/progress."""
+    """A run's config as compared for reuse: YAML-normalised, without out_dir/progress.
+
+    A saved config is rebuilt first, so that fields added to the config schema since it
+    was written take their defaults instead of counting as a difference.
+    """
+    if not isinstance(cfg, RunConfig):
+        try:
+            cfg = build_config(dict(cfg))
+        except ConfigError:
+            pass
     data = to_dict(cfg) if isinstance(cfg, RunConfig) else dict(cfg)
     data = yaml.safe_load(yaml.safe_dump(data, sort_keys=False))
     return {k: v for k, v in data.items() if k not in ("out_dir", "progress")}
