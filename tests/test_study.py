@@ -98,7 +98,7 @@ def test_curve_and_totals_are_cumulative():
     assert n["bytes_by_kind"] == {"bytes_down/weights": 10, "bytes_up/labels": 8,
                                   "bytes_up/weights": 22}
     assert n["final_test_acc"] == 0.5 and n["best_test_acc"] == 0.5
-    sim = [dict(r, sim_time_s=0.5) if r["round"] else r for r in records]
+    sim = [dict(r, sim_round_s=0.5) if r["round"] else r for r in records]
     assert curve(sim)["time_s"] == [0.0, 1.0] and curve(sim)["time_kind"] == "simulated"
 
 

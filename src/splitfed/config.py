@@ -1,10 +1,10 @@
 """The run configuration: typed dataclasses, loaded from YAML, overridden by ``key=value``.
 
 Sections whose options depend on a chosen component (``data``, ``partition``, ``model``,
-``algorithm``) have a few typed fields of their own; any other key in them is an option
-of the chosen data set / partition scheme / model / algorithm and is validated by that
-component against its own signature or options dataclass, with the dotted key in the
-message. Every shipped config is loaded in a test.
+``algorithm``, ``clock``) have a few typed fields of their own; any other key in them is an
+option of the chosen data set / partition scheme / model / algorithm / clock profile and is
+validated by that component against its own signature or options dataclass, with the
+dotted key in the message. Every shipped config is loaded in a test.
 """
 
 from __future__ import annotations
@@ -126,6 +126,22 @@ class ServerDataConfig:
 
 
 @dataclass
+class ClockConfig:
+    """Simulated time (splitfed.engine.clock; docs/clock.md). Any other key in this
+    section is an option of the chosen profile (e.g. ``client_compute``, ``mean``,
+    ``path``)."""
+
+    profile: str = field(default="fixed", metadata={
+        "help": "fixed | exponential | fedscale | trace (default: fixed speeds, clients "
+                "1e9 MAC/s, uplink 1.25e6 B/s, downlink 5e6 B/s, server 1e11 MAC/s)"})
+    deadline: float | None = field(default=None, metadata={
+        "gt": 0, "help": "round deadline in simulated seconds: clients whose model "
+                         "upload arrives later are dropped from the round (null: none)"})
+    options: dict[str, Any] = field(default_factory=dict, metadata={
+        "help": "profile parameters (speeds, distribution parameters, trace path)"})
+
+
+@dataclass
 class RunConfig:
     name: str = field(default="run", metadata={"help": "run name (prefix of the run dir)"})
     seed: int = 0
@@ -141,10 +157,11 @@ class RunConfig:
     participation: ParticipationConfig = field(default_factory=ParticipationConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     server_data: ServerDataConfig = field(default_factory=ServerDataConfig)
+    clock: ClockConfig = field(default_factory=ClockConfig)
 
 
 _OPEN_SECTIONS = {"data": DataConfig, "partition": PartitionConfig, "model": ModelConfig,
-                  "algorithm": AlgorithmConfig}
+                  "algorithm": AlgorithmConfig, "clock": ClockConfig}
 
 
 def _fold_options(raw: dict) -> dict:

@@ -23,9 +23,11 @@ from splitfed.configtools import dump_yaml, from_dict
 from splitfed.data import load_dataset
 from splitfed.data.partition import PARTITIONERS, partition, partition_summary
 from splitfed.data.server_data import build_server_data
+from splitfed.engine.clock import VirtualClock
 from splitfed.engine.env import Environment
 from splitfed.engine.loop import run_rounds
 from splitfed.engine.participation import make_sampler
+from splitfed.engine.profiles import build_profiles
 from splitfed.errors import ConfigError
 from splitfed.metrics import MetricLogger, best_value, last_value
 from splitfed.models import build_model, resolve_cut
@@ -131,10 +133,20 @@ def build_environment(cfg: RunConfig) -> Environment:
                                weighting=pc.weighting)
     except ConfigError as e:
         raise ConfigError(f"participation.{e}") from None
+    clock = build_clock(cfg, len(parts), streams)
     ledger = Ledger(len(parts))
     return Environment(config=cfg, data=bundle, client_indices=parts, model=model, cut=cut,
-                       sampler=sampler, transport=InProcessTransport(ledger), ledger=ledger,
-                       streams=streams, device=device, server_data=server)
+                       sampler=sampler, transport=InProcessTransport(ledger, clock=clock),
+                       ledger=ledger, streams=streams, device=device, server_data=server,
+                       clock=clock)
+
+
+def build_clock(cfg: RunConfig, num_clients: int, streams: RandomStreams) -> VirtualClock:
+    """The run's virtual clock; its profiles draw only from the ``clock`` stream."""
+    rng = streams.numpy("clock")
+    profiles = build_profiles(cfg.clock.profile, dict(cfg.clock.options), num_clients, rng)
+    return VirtualClock(profiles, rng, deadline=cfg.clock.deadline,
+                        renormalise=cfg.participation.mode != "bernoulli")
 
 
 def build_algorithm(cfg: RunConfig):

@@ -459,15 +459,25 @@ def rounds_to_target(records: list[dict], target: float) -> int | None:
     return None
 
 
+def time_to_target(records: list[dict], target: float) -> float | None:
+    """Simulated seconds (``sim_time_s``, cumulative) at the first evaluation whose test
+    accuracy is >= ``target``; None if never reached or not recorded."""
+    for r in records:
+        acc = _num(r.get("test_acc"))
+        if acc is not None and acc >= target:
+            return 0.0 if r.get("round", 0) == 0 else _num(r.get("sim_time_s"))
+    return None
+
+
 def curve(records: list[dict]) -> dict:
     """Evaluated rounds with test accuracy, cumulative bytes (up + down) and time.
 
-    Time sums ``sim_time_s`` (a per-round simulated duration) when every training round
+    Time sums ``sim_round_s`` (a round's simulated duration) when every training round
     records it, else the measured ``round_time_s``.
     """
     rounds = [r for r in records if r.get("round", 0) > 0]
-    sim = bool(rounds) and all(_num(r.get("sim_time_s")) is not None for r in rounds)
-    time_key = "sim_time_s" if sim else "round_time_s"
+    sim = bool(rounds) and all(_num(r.get("sim_round_s")) is not None for r in rounds)
+    time_key = "sim_round_s" if sim else "round_time_s"
     out: dict = {"round": [], "test_acc": [], "bytes": [], "time_s": [],
                  "time_kind": "simulated" if sim else "wall"}
     total_bytes, total_time = 0, 0.0
@@ -494,6 +504,7 @@ def run_numbers(records: list[dict], target: float | None) -> dict:
     return {"final_test_acc": accs[-1] if accs else None,
             "best_test_acc": max(accs) if accs else None,
             "rounds_to_target": None if target is None else rounds_to_target(records, target),
+            "time_to_target_s": None if target is None else time_to_target(records, target),
             "rounds": max((int(r["round"]) for r in records), default=0),
             "bytes_up": totals.pop("bytes_up", 0), "bytes_down": totals.pop("bytes_down", 0),
             "bytes_by_kind": dict(sorted(totals.items()))}

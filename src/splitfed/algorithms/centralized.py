@@ -5,7 +5,8 @@ on the union of all clients' training data. A "round" is K steps with K = local_
 or ceil(N / B) * local_epochs over the N pooled samples. Batches come from the same
 sampler as the clients' (a stream of shuffled epochs, every batch of exactly B samples),
 so FedAvg with one client holding all data and one local step makes exactly the same step.
-No client exists: nothing crosses the transport.
+No client exists: nothing crosses the transport. Simulated time: every step runs on the
+server's shared lane (docs/clock.md).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import torch.nn.functional as F
 
 from splitfed.engine.algorithm import Algorithm
 from splitfed.engine.batches import batch_plan, local_step_counts
+from splitfed.engine.clock import SERVER
+from splitfed.engine.flops import TRAIN_FACTOR
 
 
 class Centralized(Algorithm):
@@ -48,6 +51,7 @@ class Centralized(Algorithm):
             group["lr"] = env.lr(t)
         total = 0.0
         for rows in torch.from_numpy(plan).to(x.device):
+            env.clock.charge(SERVER, model, None, x[rows], passes=TRAIN_FACTOR, stacked=False)
             opt.zero_grad(set_to_none=True)
             loss = F.cross_entropy(model(x[rows]), y[rows])
             loss.backward()

@@ -50,6 +50,10 @@ Decisions (SPEC and this file):
 - Batched: client parts and heads are stacked per chunk. Rounds without uploads train
   one chunk at a time; in upload rounds every chunk's first-step graph waits for the
   sequential server pass.
+- Simulated time (docs/clock.md): the server pass runs on the shared server lane
+  (:func:`~splitfed.engine.split.server_step`); without feedback it overlaps the
+  clients' local steps. With a round deadline a client whose (x_C, x_A) arrive late is
+  left out of both averages; the server keeps its update with that client's upload.
 """
 
 from __future__ import annotations
@@ -60,14 +64,13 @@ from typing import Literal, Optional
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from splitfed.engine.aggregate import DeltaAccumulator
 from splitfed.engine.algorithm import Algorithm
 from splitfed.engine.evaluate import evaluate
 from splitfed.engine.split import (SplitModel, per_client_loss, return_gradients,
-                                   send_activations, sgd)
+                                   send_activations, server_step, sgd)
 from splitfed.engine.stacked import StackedModel
 from splitfed.models.aux import build_aux_head
 from splitfed.rng import derive_seed
@@ -95,10 +98,12 @@ class CSEFSLOptions:
 class _Chunk:
     """One chunk of the cohort: stacked client models and their auxiliary heads."""
 
-    def __init__(self, parts, head, client_start, aux_start, slots, ids, steps, plans, tr):
+    def __init__(self, parts, head, client_start, aux_start, slots, ids, steps, plans, tr,
+                 clock):
         n = len(slots)
         self.slots, self.ids, self.steps, self.plans = slots, ids, steps, plans
-        kw = {"momentum": tr.momentum, "weight_decay": tr.weight_decay}
+        kw = {"momentum": tr.momentum, "weight_decay": tr.weight_decay, "clock": clock,
+              "ids": ids}
         self.client = StackedModel(parts.client, client_start, n, **kw)
         self.aux = StackedModel(head, aux_start, n, **kw)
         self.loss_sum = torch.zeros(n, dtype=torch.float64)
@@ -181,7 +186,7 @@ class CSEFSL(Algorithm):
                                                parts.client_state(state["model"]))
         aux_start = env.transport.broadcast("model", cohort.ids, state["aux"])
         chunks = (_Chunk(parts, head, client_start, aux_start, s, cohort.ids[s], steps[s],
-                         [plans[i] for i in s], tr) for s in executor.chunks(steps))
+                         [plans[i] for i in s], tr, env.clock) for s in executor.chunks(steps))
         server_state, metrics = parts.server_state(state["model"]), {}
         grads: dict[int, torch.Tensor] = {}
         if self.uploads(t):
@@ -193,16 +198,20 @@ class CSEFSL(Algorithm):
             if self.options.server_feedback:
                 grads = {i: return_gradients(env, c.ids[:len(g)], g)
                          for i, (c, g) in enumerate(zip(chunks, g_h))}
-        client_acc = DeltaAccumulator(parts.client_state(state["model"]))
-        aux_acc = DeltaAccumulator(state["aux"])
+        client_acc = DeltaAccumulator(parts.client_state(state["model"]),
+                                      renormalise=env.clock.renormalise)
+        aux_acc = DeltaAccumulator(state["aux"], renormalise=env.clock.renormalise)
         weights = torch.tensor(cohort.weights, dtype=torch.float64)
         losses = torch.zeros(cohort.size, dtype=torch.float64)
         lr = env.lr(t)
         for i, chunk in enumerate(chunks):        # lazily built: one chunk in memory
             chunk.train(env, lr, grads.get(i))
             w = weights[torch.from_numpy(chunk.slots)]
-            client_acc.add(w, env.transport.upload("model", chunk.ids, chunk.client.final()))
-            aux_acc.add(w, env.transport.upload("model", chunk.ids, chunk.aux.final()))
+            client_up = env.transport.upload("model", chunk.ids, chunk.client.final())
+            aux_up = env.transport.upload("model", chunk.ids, chunk.aux.final())
+            keep = env.clock.on_time(chunk.ids)
+            client_acc.add(w, client_up, keep=keep)
+            aux_acc.add(w, aux_up, keep=keep)
             losses[torch.from_numpy(chunk.slots)] = chunk.loss_sum / torch.from_numpy(
                 chunk.steps).to(torch.float64)
         new = {**state, "model": {**client_acc.result(), **server_state},
@@ -233,7 +242,8 @@ class CSEFSL(Algorithm):
         for s in served:
             i, r = where[int(s)]
             h, y = sent[i]
-            loss, grads[i][r] = _serve(server, opt, h[r], y[r], lr)
+            loss, grads[i][r] = server_step(env, server, opt, h[r], y[r], lr,
+                                            chunks[i].ids[r])
             total += float(loss)
         server_state = {k: v.detach().clone() for k, v in server.state_dict().items()}
         return server_state, grads, total / len(served), opt.state_dict()
@@ -245,17 +255,3 @@ class CSEFSL(Algorithm):
         test = env.data.test
         res = evaluate(net, test.x, test.y, env.config.engine.eval_batch_size)
         return {"aux_test_acc": res["test_acc"], "aux_test_loss": res["test_loss"]}
-
-
-def _serve(server: nn.Module, opt, h: torch.Tensor, y: torch.Tensor, lr: float):
-    """One server step on one upload; returns (loss, z_b = grad of the loss w.r.t. h)."""
-    h = h.detach().requires_grad_(True)
-    loss = F.cross_entropy(server(h), y)
-    params = list(server.parameters())
-    *g_params, g_h = torch.autograd.grad(loss, params + [h])
-    for p, g in zip(params, g_params):
-        p.grad = g
-    for group in opt.param_groups:
-        group["lr"] = float(lr)
-    opt.step()
-    return loss.detach(), g_h

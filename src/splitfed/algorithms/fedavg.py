@@ -12,7 +12,9 @@ with-replacement participation, and w_n = a_n / q_n under bernoulli participatio
 
 SPEC decisions: plain SGD by default (momentum/weight decay are options of ``train``);
 client optimizer state is fresh each round; BatchNorm buffers are averaged like
-parameters; an empty cohort keeps the model.
+parameters; an empty cohort keeps the model. With a round deadline (docs/clock.md) the
+clients whose model arrives late are left out and the others' weights renormalised
+(bernoulli: just left out).
 
 The hooks ``grad_hook`` (a correction of the local gradient), ``client_results`` (what
 the server does with each chunk of clients' final states) and ``server_update`` (what the
@@ -57,7 +59,7 @@ class FedAvg(Algorithm):
         tr = env.config.train
         executor = env.executor(env.model)
         received = env.transport.broadcast("model", cohort.ids, state["model"])
-        acc = DeltaAccumulator(state["model"])
+        acc = DeltaAccumulator(state["model"], renormalise=env.clock.renormalise)
         losses = torch.zeros(cohort.size, dtype=torch.float64)
         weights = torch.tensor(cohort.weights, dtype=torch.float64)
         steps = env.local_steps(cohort.ids)
@@ -68,7 +70,8 @@ class FedAvg(Algorithm):
                                     rng=env.streams.numpy("batches"),
                                     grad_hook=self.grad_hook(env, state, cohort)):
             uploaded = env.transport.upload("model", chunk.client_ids, chunk.state)
-            acc.add(weights[torch.from_numpy(chunk.slots)], uploaded)
+            acc.add(weights[torch.from_numpy(chunk.slots)], uploaded,
+                    keep=env.clock.on_time(chunk.client_ids))
             losses[torch.from_numpy(chunk.slots)] = chunk.loss.to(torch.float64).cpu()
             self.client_results(env, state, t, cohort, chunk)
         new_state = {**state, "model": self.server_update(env, state, acc)}

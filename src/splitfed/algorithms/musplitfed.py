@@ -30,6 +30,11 @@ step per round by definition: ``train.local_steps``/``local_epochs`` do not appl
 Directions are regenerated from per-round seeds, never stored beyond a step. BatchNorm
 buffers are not perturbed; running statistics are updated only by the unperturbed client
 forward pass. The whole cohort perturbs and evaluates in batched passes (no autograd).
+
+Simulated time (docs/clock.md): every forward pass is charged (B x forward MACs per copy;
+a first-order ablation's backward 2 x more), the clients' on their timelines and the
+server copies' on per-client server lanes; the ZO update itself costs no MACs. With a
+round deadline a client whose model arrives late is left out of both aggregations.
 """
 
 from __future__ import annotations
@@ -43,6 +48,8 @@ import torch
 from splitfed.engine import zo
 from splitfed.engine.aggregate import DeltaAccumulator
 from splitfed.engine.algorithm import Algorithm
+from splitfed.engine.clock import CLIENT, SERVER_COPY
+from splitfed.engine.flops import TRAIN_FACTOR
 from splitfed.engine.split import SplitModel, per_client_loss, return_gradients
 from splitfed.engine.stacked import stack_copies
 from splitfed.models.cohort import cohort_forward
@@ -62,13 +69,15 @@ class MUSplitFedOptions:
 
 
 class _Side:
-    """Stacked parameters and buffers of one side of the cut for the whole cohort."""
+    """Stacked parameters and buffers of one side of the cut for the whole cohort; every
+    pass is charged to the clock (``role``: the clients, or their server lanes)."""
 
-    def __init__(self, module, start, n):
+    def __init__(self, module, start, n, clock, ids, role):
         self.module = module
         self.names = [k for k, _ in module.named_parameters()]
         self.state = stack_copies({k: start[k] for k in module.state_dict()}, n, ())
         self.buffers = [k for k in self.state if k not in self.names]
+        self.clock, self.ids, self.role = clock, ids, role
 
     @property
     def params(self) -> list[torch.Tensor]:
@@ -78,6 +87,7 @@ class _Side:
         """Batched forward with ``params`` (default: the current ones); buffers are only
         written when ``update_stats``."""
         params = self.params if params is None else params
+        self.clock.charge(self.role, self.module, self.ids, x)
         bufs = {k: (self.state[k] if update_stats else self.state[k].clone())
                 for k in self.buffers}
         return cohort_forward(self.module, {**dict(zip(self.names, params)), **bufs}, x,
@@ -86,6 +96,7 @@ class _Side:
     def first_order_grads(self, x, y=None, grad_out=None):
         params = [p.detach().requires_grad_(True) for p in self.params]
         out = self.forward(x, params)
+        self.clock.charge(self.role, self.module, self.ids, x, passes=TRAIN_FACTOR - 1)
         if grad_out is None:
             return torch.autograd.grad(per_client_loss(out, y).sum(), params)
         return torch.autograd.grad(out, params, grad_out)
@@ -121,8 +132,9 @@ class MUSplitFed(Algorithm):
         rows = torch.from_numpy(rows[:, 0]).to(env.device)
         x, y = env.data.train.x[rows], env.data.train.y[rows]
         start = env.transport.broadcast("model", ids, parts.client_state(state["model"]))
-        client = _Side(parts.client, start, n)
-        server = _Side(parts.server, parts.server_state(state["model"]), n)
+        client = _Side(parts.client, start, n, env.clock, ids, CLIENT)
+        server = _Side(parts.server, parts.server_state(state["model"]), n, env.clock, ids,
+                       SERVER_COPY)
         lam, c_seeds = o.smoothing, self._seeds(base, "client", 0)
         h = client.forward(x, update_stats=True)
         sent = [h]
@@ -138,10 +150,11 @@ class MUSplitFed(Algorithm):
         self._client_step(env, client, server, received, y_s, ids, c_seeds, x, env.lr(t))
         up = env.transport.upload("model", ids, client.state)
         weights = torch.tensor(cohort.weights, dtype=torch.float64)
-        c_acc = DeltaAccumulator(parts.client_state(state["model"]))
-        s_acc = DeltaAccumulator(parts.server_state(state["model"]))
-        c_acc.add(weights, up)
-        s_acc.add(weights, server.state)
+        renorm, keep = env.clock.renormalise, env.clock.on_time(ids)
+        c_acc = DeltaAccumulator(parts.client_state(state["model"]), renormalise=renorm)
+        s_acc = DeltaAccumulator(parts.server_state(state["model"]), renormalise=renorm)
+        c_acc.add(weights, up, keep=keep)
+        s_acc.add(weights, server.state, keep=keep)
         model = {**c_acc.result(o.global_lr), **s_acc.result(o.global_lr)}
         return ({**state, "model": model},
                 {"train_loss": float(losses.mean()), "samples": n * tr.batch_size})

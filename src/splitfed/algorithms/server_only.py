@@ -31,7 +31,8 @@ SPEC decisions: plain SGD by default; ``train.momentum`` and ``train.weight_deca
 apply to the server, whose momentum buffer persists across rounds
 (``state["server_momentum"]``). BatchNorm layers train in training mode and their buffers
 are updated by the server's forward passes. The server's compute is reported as
-``server_samples`` (and ``server_loss``, the mean loss of its steps).
+``server_samples`` (and ``server_loss``, the mean loss of its steps); in simulated time it
+runs on the server's shared lane after the round's client models have arrived.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ import torch.nn.functional as F
 
 from splitfed.engine.algorithm import Algorithm
 from splitfed.engine.batches import batch_plan, local_step_counts
+from splitfed.engine.clock import SERVER
 from splitfed.engine.stacked import StackedModel
 from splitfed.errors import ConfigError
 
@@ -129,7 +131,8 @@ class ServerTraining:
         plan = self.server_batches(env, rows, steps)
         tr, server = env.config.train, self._server(env)
         model = StackedModel(env.model, state["model"], 1, momentum=tr.momentum,
-                             weight_decay=tr.weight_decay)
+                             weight_decay=tr.weight_decay, clock=env.clock,
+                             ids=np.zeros(0, dtype=np.int64), role=SERVER)  # no client
         names = model.param_names
         if "server_momentum" in state:
             model.opt.buffers = [state["server_momentum"][n].unsqueeze(0).clone()

@@ -20,6 +20,11 @@ model (tested). ``server_period`` sets tau_tilde; it must divide K (uniform
 batched (stacked parameters, grouped convolutions), and so do the server copies: each
 chunk of clients is served by one batched pass over its stacked server copies.
 Server step size: ``server_lr`` (default: the client rate ``train.lr``).
+
+Simulated time (docs/clock.md): each server copy runs on its client's own server lane.
+With a round deadline, a client whose model arrives late is left out of the final
+aggregation of both sides (its server copy too); the mid-round server averages of
+``server_period`` include every copy.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import torch
 
 from splitfed.engine.aggregate import DeltaAccumulator
 from splitfed.engine.algorithm import Algorithm
+from splitfed.engine.clock import SERVER_COPY
 from splitfed.engine.split import (SplitModel, per_client_loss, return_gradients,
                                    send_activations)
 from splitfed.engine.stacked import StackedModel
@@ -51,12 +57,13 @@ class _Chunk:
     """One chunk of the cohort: stacked client models and their stacked server copies."""
 
     def __init__(self, parts: SplitModel, client_start, server_start, slots, ids, steps,
-                 plans, tr):
+                 plans, tr, clock):
         n = len(slots)
         self.slots, self.ids, self.steps, self.plans = slots, ids, steps, plans
-        kw = {"momentum": tr.momentum, "weight_decay": tr.weight_decay}
+        kw = {"momentum": tr.momentum, "weight_decay": tr.weight_decay, "clock": clock,
+              "ids": ids}
         self.client = StackedModel(parts.client, client_start, n, **kw)
-        self.server = StackedModel(parts.server, server_start, n, **kw)
+        self.server = StackedModel(parts.server, server_start, n, role=SERVER_COPY, **kw)
         self.loss_sum = torch.zeros(n, dtype=torch.float64)
 
     def iterate(self, env, k: int, lr: float, server_lr: float) -> None:
@@ -92,7 +99,8 @@ class SFLV1(Algorithm):
         server_start = parts.server_state(state["model"])
         for slots in executor.chunks(steps):
             yield _Chunk(parts, client_start, server_start, slots, cohort.ids[slots],
-                         steps[slots], [plans[s] for s in slots], env.config.train)
+                         steps[slots], [plans[s] for s in slots], env.config.train,
+                         env.clock)
 
     def round(self, env, state, t, cohort):
         if cohort.is_empty():
@@ -123,13 +131,15 @@ class SFLV1(Algorithm):
                 if (k + 1) % period == 0 and k + 1 < steps[0]:
                     server_global = self._average_servers(chunks, weights, server_global)
             done = [self._finish_chunk(env, c) for c in chunks]
-        client_acc = DeltaAccumulator(parts.client_state(state["model"]))
-        server_acc = DeltaAccumulator(server_global)
+        renorm = env.clock.renormalise
+        client_acc = DeltaAccumulator(parts.client_state(state["model"]), renormalise=renorm)
+        server_acc = DeltaAccumulator(server_global, renormalise=renorm)
         losses = torch.zeros(cohort.size, dtype=torch.float64)
         for chunk, uploaded in done:
             w = weights[torch.from_numpy(chunk.slots)]
-            client_acc.add(w, uploaded)
-            server_acc.add(w, chunk.server.final())
+            keep = env.clock.on_time(chunk.ids)
+            client_acc.add(w, uploaded, keep=keep)
+            server_acc.add(w, chunk.server.final(), keep=keep)
             losses[torch.from_numpy(chunk.slots)] = chunk.loss_sum / torch.from_numpy(
                 chunk.steps).to(torch.float64)
         model = {**client_acc.result(), **server_acc.result()}

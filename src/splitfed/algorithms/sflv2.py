@@ -20,6 +20,11 @@ iterations before the next client starts (clients in a random order), as the Spl
 reference code does. Client forward and backward passes run batched over the cohort; the
 server is sequential by definition. Server optimizer state (momentum) persists across
 rounds; ``server_lr`` defaults to ``train.lr``.
+
+Simulated time (docs/clock.md): the server's steps
+(:func:`~splitfed.engine.split.server_step`) run on its shared lane in the order above.
+With a round deadline, a client whose model arrives late is left out of the client-side
+aggregation; the server keeps every update it made with that client's activations.
 """
 
 from __future__ import annotations
@@ -29,12 +34,11 @@ from typing import Literal, Optional
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from splitfed.engine.aggregate import DeltaAccumulator
 from splitfed.engine.algorithm import Algorithm
 from splitfed.engine.split import (SplitModel, participation_probability, return_gradients,
-                                   send_activations, sgd)
+                                   send_activations, server_step, sgd)
 from splitfed.engine.stacked import StackedModel
 
 
@@ -76,7 +80,8 @@ class SFLV2(Algorithm):
             groups = executor.chunks(steps)
         else:
             groups = [np.array([s]) for s in rng.permutation(cohort.size)]
-        clients = [StackedModel(parts.client, client_start, len(g), **kw) for g in groups]
+        clients = [StackedModel(parts.client, client_start, len(g), clock=env.clock,
+                                ids=cohort.ids[g], **kw) for g in groups]
         losses = torch.zeros(cohort.size, dtype=torch.float64)
         x_all, y_all = env.data.train.x, env.data.train.y
 
@@ -97,7 +102,8 @@ class SFLV2(Algorithm):
                 i, r = served[pos]
                 j, _, _, h, y = sent[i]
                 slot = int(groups[j][r])
-                loss, grads[i][r] = self._serve(server, opt, h[r], y[r], server_lr[slot])
+                loss, grads[i][r] = server_step(env, server, opt, h[r], y[r],
+                                                server_lr[slot], cohort.ids[slot])
                 losses[slot] += float(loss)
             for (j, a, acts, _, _), g_h in zip(sent, grads):
                 down = return_gradients(env, cohort.ids[groups[j][:a]], g_h)
@@ -110,28 +116,16 @@ class SFLV2(Algorithm):
             for j, g in enumerate(groups):
                 for k in range(int(steps[g[0]])):
                     iterate([j], k)
-        acc = DeltaAccumulator(parts.client_state(state["model"]))
+        acc = DeltaAccumulator(parts.client_state(state["model"]),
+                               renormalise=env.clock.renormalise)
         weights = torch.tensor(cohort.weights, dtype=torch.float64)
         for g, client in zip(groups, clients):
             uploaded = env.transport.upload("model", cohort.ids[g], client.final())
-            acc.add(weights[torch.from_numpy(g)], uploaded)
+            acc.add(weights[torch.from_numpy(g)], uploaded,
+                    keep=env.clock.on_time(cohort.ids[g]))
         model = {**acc.result(), **{k: v.detach().clone()
                                    for k, v in server.state_dict().items()}}
         losses /= torch.from_numpy(steps).to(torch.float64)
         return ({**state, "model": model, "server_opt": opt.state_dict()},
                 {"train_loss": float(losses.mean()),
                  "samples": int(steps.sum()) * tr.batch_size})
-
-    @staticmethod
-    def _serve(server, opt, h, y, lr):
-        """One server step on one client's batch; returns (loss, cut-layer gradient)."""
-        h = h.detach().requires_grad_(True)
-        loss = F.cross_entropy(server(h), y)
-        params = [p for p in server.parameters()]
-        *g_params, g_h = torch.autograd.grad(loss, params + [h])
-        for p, g in zip(params, g_params):
-            p.grad = g
-        for group in opt.param_groups:
-            group["lr"] = float(lr)
-        opt.step()
-        return loss.detach(), g_h

@@ -19,6 +19,12 @@ its own device), the server's persists across clients and rounds. Transfers per 
 the client-side model down (request) and up (hand-over), activations and labels up and
 cut-layer gradients down at every step. SL is sequential by definition: the cohort is not
 batched, each step runs one plain forward/backward of batch B.
+
+Simulated time (docs/clock.md): the server's steps run on its shared lane, and client
+i's turn starts when client i-1's model has reached the server. With a round deadline, a
+client whose turn would start after it does not run; a client whose hand-over arrives
+after it is dropped: the round keeps the client-side model of the last hand-over made in
+time, while the server keeps the updates it made with the late client.
 """
 
 from __future__ import annotations
@@ -27,11 +33,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from splitfed.engine.algorithm import Algorithm
 from splitfed.engine.batches import batch_plan
-from splitfed.engine.split import SplitModel, return_gradients, send_activations, sgd
+from splitfed.engine.flops import TRAIN_FACTOR
+from splitfed.engine.split import (SplitModel, client_compute, return_gradients,
+                                   send_activations, server_step, sgd, take_turn)
 
 
 @dataclass
@@ -62,34 +69,42 @@ class SL(Algorithm):
         steps = env.local_steps(order)
         rng = env.streams.numpy("batches")
         x_all, y_all = env.data.train.x, env.data.train.y
-        losses = []
+        losses, samples = [], 0
+        handed = parts.client_state(start)       # the last hand-over made in time
         for cid, k_steps in zip(order, steps):
             ids = np.array([cid])
-            received = env.transport.broadcast("model", ids, client.state_dict())
+            plan = torch.from_numpy(batch_plan(env.client_indices[cid], int(k_steps),
+                                               tr.batch_size, rng)).to(env.device)
+            received = take_turn(env, cid, client.state_dict())
+            if received is None:                 # the turn would start after the deadline
+                continue
             client.load_state_dict(received)
             client_opt = torch.optim.SGD(client.parameters(), lr=env.lr(t), momentum=tr.momentum,
                                          weight_decay=tr.weight_decay)
-            plan = torch.from_numpy(batch_plan(env.client_indices[cid], int(k_steps),
-                                               tr.batch_size, rng)).to(env.device)
             total = 0.0
             for rows in plan:
-                acts = client(x_all[rows])
+                x = x_all[rows]
+                client_compute(env, client, cid, x)
+                acts = client(x)
                 h, y = send_activations(env, ids, acts.unsqueeze(0), y_all[rows].unsqueeze(0))
-                server_opt.zero_grad(set_to_none=True)
-                loss = F.cross_entropy(server(h[0]), y[0])
-                loss.backward()
-                server_opt.step()
+                loss, g_h = server_step(env, server, server_opt, h[0], y[0], env.lr(t), cid)
+                g_acts = return_gradients(env, ids, g_h.unsqueeze(0))[0]
                 client_opt.zero_grad(set_to_none=True)
-                acts.backward(return_gradients(env, ids, h.grad)[0])
+                client_compute(env, client, cid, x, passes=TRAIN_FACTOR - 1)
+                acts.backward(g_acts)
                 client_opt.step()
-                total += float(loss.detach())
+                total += float(loss)
             env.transport.upload("model", ids, {k: v.unsqueeze(0) for k, v in
                                                 client.state_dict().items()})
+            if env.clock.on_time(ids)[0]:
+                handed = {k: v.detach().clone() for k, v in client.state_dict().items()}
             losses.append(total / int(k_steps))
+            samples += int(k_steps) * tr.batch_size
         eta_g = self.options.global_lr
-        last = {**client.state_dict(), **server.state_dict()}
+        last = {**handed, **server.state_dict()}
         model = {k: (v + eta_g * (last[k] - v)) if v.is_floating_point() else last[k].clone()
                  for k, v in start.items()}
-        return ({**state, "model": model, "server_opt": server_opt.state_dict()},
-                {"train_loss": float(np.mean(losses)),
-                 "samples": int(steps.sum()) * tr.batch_size})
+        metrics = {"samples": samples}
+        if losses:
+            metrics["train_loss"] = float(np.mean(losses))
+        return {**state, "model": model, "server_opt": server_opt.state_dict()}, metrics

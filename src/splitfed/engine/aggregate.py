@@ -7,28 +7,48 @@ not sum to one; the delta form keeps the update unbiased. The global learning ra
 
 SPEC: BatchNorm buffers are averaged like parameters. Integer buffers
 (``num_batches_tracked``) take the maximum over the cohort.
+
+Dropped clients (a round deadline, :mod:`splitfed.engine.clock`): ``add(..., keep=mask)``
+leaves out the slots whose mask is False. With ``renormalise`` (every participation mode
+but bernoulli) the kept slots' weights are scaled by (sum of all weights offered) / (sum
+of the kept weights), i.e. renormalised over the kept clients; under bernoulli the
+dropped clients' terms are simply zero. Nothing dropped: exactly the plain aggregate.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
+import numpy as np
 import torch
 
 
 class DeltaAccumulator:
     """Streams the weighted sum of client deltas, one chunk of clients at a time."""
 
-    def __init__(self, reference: Mapping[str, torch.Tensor]):
+    def __init__(self, reference: Mapping[str, torch.Tensor], *, renormalise: bool = False):
         self.reference = dict(reference)
         self._sum = {k: torch.zeros_like(v, dtype=torch.float64 if v.is_floating_point()
                                           else v.dtype) for k, v in self.reference.items()}
         self._count = 0
+        self.renormalise = renormalise
+        self._offered = 0.0
+        self._kept = 0.0
 
     @torch.no_grad()
-    def add(self, weights: torch.Tensor, stacked: Mapping[str, torch.Tensor]) -> None:
-        """``weights`` [C] and per-name tensors [C, ...] of the clients' new values."""
+    def add(self, weights: torch.Tensor, stacked: Mapping[str, torch.Tensor],
+            keep=None) -> None:
+        """``weights`` [C] and per-name tensors [C, ...] of the clients' new values;
+        ``keep`` [C] (bool, optional): which of them to aggregate."""
         w = weights.to(torch.float64)
+        self._offered += float(w.sum())
+        if keep is not None and not np.all(keep):
+            rows = torch.from_numpy(np.flatnonzero(keep))
+            w = w[rows]
+            stacked = {k: stacked[k][rows.to(stacked[k].device)] for k in self.reference}
+        self._kept += float(w.sum())
+        if len(w) == 0:
+            return
         for k, ref in self.reference.items():
             x = stacked[k]
             if ref.is_floating_point():
@@ -42,10 +62,17 @@ class DeltaAccumulator:
     def count(self) -> int:
         return self._count
 
+    def _scale(self) -> float:
+        """1, or the renormalisation over the kept clients when some were dropped."""
+        if self.renormalise and self._kept != self._offered and self._kept > 0:
+            return self._offered / self._kept
+        return 1.0
+
     def delta(self) -> dict[str, torch.Tensor]:
         """sum_s w_s (x_s - x) per float tensor, in the reference dtype."""
-        return {k: self._sum[k].to(v.dtype) for k, v in self.reference.items()
-                if v.is_floating_point()}
+        scale = self._scale()
+        return {k: (self._sum[k] * scale if scale != 1.0 else self._sum[k]).to(v.dtype)
+                for k, v in self.reference.items() if v.is_floating_point()}
 
     @torch.no_grad()
     def result(self, global_lr: float = 1.0) -> dict[str, torch.Tensor]:
@@ -53,9 +80,10 @@ class DeltaAccumulator:
         if self._count == 0:
             return {k: v.clone() for k, v in self.reference.items()}
         out = {}
+        step = global_lr * self._scale()
         for k, ref in self.reference.items():
             if ref.is_floating_point():
-                out[k] = (ref.to(torch.float64) + global_lr * self._sum[k]).to(ref.dtype)
+                out[k] = (ref.to(torch.float64) + step * self._sum[k]).to(ref.dtype)
             else:
                 out[k] = torch.maximum(ref, self._sum[k])
         return out

@@ -14,7 +14,9 @@ import torch
 from torch import nn
 
 from splitfed.engine.batches import local_step_counts
+from splitfed.engine.clock import VirtualClock
 from splitfed.engine.executor import ClientExecutor
+from splitfed.engine.profiles import fixed
 from splitfed.rng import RandomStreams
 from splitfed.transport import Ledger, Transport
 
@@ -32,6 +34,14 @@ class Environment:
     streams: RandomStreams
     device: torch.device
     server_data: Any = None          # splitfed.data.server_data.ServerData (hybrid FL)
+    clock: VirtualClock | None = None  # simulated time; default: fixed default speeds
+
+    def __post_init__(self):
+        if self.clock is None:
+            rng = np.random.default_rng(0)
+            self.clock = VirtualClock(fixed(self.num_clients, rng), rng)
+        if getattr(self.transport, "clock", None) is None:
+            self.transport.clock = self.clock
 
     @property
     def num_clients(self) -> int:
@@ -59,4 +69,4 @@ class Environment:
         """A batched executor training copies of ``module`` on the clients' data."""
         return ClientExecutor(module, self.data.train.x, self.data.train.y,
                               self.client_indices, batch_size=self.config.train.batch_size,
-                              chunk_size=self.config.engine.chunk_size)
+                              chunk_size=self.config.engine.chunk_size, clock=self.clock)

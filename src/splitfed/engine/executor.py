@@ -43,8 +43,9 @@ class ClientExecutor:
 
     def __init__(self, module: nn.Module, x: torch.Tensor, y: torch.Tensor,
                  client_indices: Sequence[np.ndarray], *, batch_size: int,
-                 chunk_size: int | None = None):
+                 chunk_size: int | None = None, clock=None):
         self.module = module
+        self.clock = clock                # charges the clients' compute (None: not timed)
         self.x, self.y = x, y
         self.client_indices = [np.asarray(i, dtype=np.int64) for i in client_indices]
         self.batch_size = int(batch_size)
@@ -79,7 +80,7 @@ class ClientExecutor:
                      grad_hook) -> ChunkResult:
         n = len(slots)
         model = StackedModel(self.module, start, n, momentum=momentum,
-                             weight_decay=weight_decay)
+                             weight_decay=weight_decay, clock=self.clock, ids=ids)
         device = self.x.device
         loss_sum = torch.zeros(n, device=device)
         for k in range(int(steps[0])):

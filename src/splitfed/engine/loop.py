@@ -7,6 +7,12 @@ samples than its clients, defaults to ``samples``), record the server-side model
 (``server_param_bytes``: ``algorithm.server_copies`` copies of the server part), evaluate
 every ``eval_every`` rounds (and at round 0 and the last round), log one record. A
 non-finite training loss stops the run with status ``diverged`` at that round.
+
+The virtual clock (``env.clock``, :mod:`splitfed.engine.clock`) opens each round for the
+sampled cohort (taking out clients a trace marks unavailable) and closes it after the
+algorithm's round: every record has ``sim_round_s`` (simulated seconds of the round),
+``sim_time_s`` (cumulative), ``slowest_client`` (the participant that finished last) and
+``dropped`` (clients dropped by the deadline or unavailable).
 """
 
 from __future__ import annotations
@@ -63,10 +69,11 @@ def run_rounds(algorithm, env, logger, state: dict | None = None,
     for t in bar:
         env.ledger.round = t
         t0 = time.perf_counter()
-        cohort = env.sampler.sample(env.streams.numpy("participation"))
+        cohort = env.clock.begin_round(env.sampler.sample(env.streams.numpy("participation")))
         state, metrics = algorithm.round(env, state, t, cohort)
         record = {"round": t, "participants": int(cohort.size), **metrics,
-                  **env.ledger.round_totals(t), "round_time_s": time.perf_counter() - t0}
+                  **env.ledger.round_totals(t), **env.clock.end_round(),
+                  "round_time_s": time.perf_counter() - t0}
         samples = record.pop("samples", 0)
         record["client_macs"] = samples * client_macs
         record["server_macs"] = record.pop("server_samples", samples) * server_macs

@@ -4,6 +4,11 @@ A split algorithm keeps one global model state (the full model's ``state_dict``)
 client side is the first ``env.cut`` blocks, the server side the rest, and their keys
 partition the model's keys. Everything that crosses the cut goes through the transport:
 activations and labels up, cut-layer gradients down. Raw inputs never do.
+
+The primitives here also keep the virtual clock (:mod:`splitfed.engine.clock`): the
+single server model's step (:func:`server_step`) runs on the shared server lane, a
+sequential client's passes (:func:`client_compute`) on its own timeline, and an SL turn
+(:func:`take_turn`) starts only if the clock lets it.
 """
 
 from __future__ import annotations
@@ -17,6 +22,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from splitfed.engine.clock import CLIENT as CLOCK_CLIENT
+from splitfed.engine.clock import SERVER as CLOCK_SERVER
+from splitfed.engine.flops import TRAIN_FACTOR
 from splitfed.models import split
 
 
@@ -71,6 +79,45 @@ def send_activations(env, ids: np.ndarray, acts: torch.Tensor,
 def return_gradients(env, ids: np.ndarray, grads: torch.Tensor) -> torch.Tensor:
     """Download the cut-layer gradients [C, B, ...] to the clients."""
     return env.transport.download("activation_grads", ids, grads)
+
+
+def server_step(env, server: nn.Module, opt: torch.optim.Optimizer, h: torch.Tensor,
+                y: torch.Tensor, lr: float, client_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One step of the single server model on one client's batch ``h`` [B, ...] (SL,
+    SFL-V2, CSE-FSL's server pass) at step size ``lr``; returns (loss, cut-layer gradient).
+
+    Charged to the shared server lane: it starts when both the lane is free and
+    ``client_id``'s upload has arrived, and costs a forward and a backward pass.
+    """
+    env.clock.charge(CLOCK_SERVER, server, [client_id], h, passes=TRAIN_FACTOR,
+                     stacked=False)
+    h = h.detach().requires_grad_(True)
+    loss = F.cross_entropy(server(h), y)
+    params = list(server.parameters())
+    *g_params, g_h = torch.autograd.grad(loss, params + [h])
+    for p, g in zip(params, g_params):
+        p.grad = g
+    for group in opt.param_groups:
+        group["lr"] = float(lr)
+    opt.step()
+    return loss.detach(), g_h
+
+
+def client_compute(env, module: nn.Module, client_id: int, x: torch.Tensor,
+                   passes: int = 1) -> None:
+    """Charge ``passes`` forward passes of a single client's ``module`` over its batch
+    ``x`` [B, ...] to that client's timeline (SL: 1 for a forward, 2 for a backward)."""
+    env.clock.charge(CLOCK_CLIENT, module, [client_id], x, passes=passes, stacked=False)
+
+
+def take_turn(env, client_id: int, client_state: Mapping[str, torch.Tensor]
+              ) -> dict[str, torch.Tensor] | None:
+    """SL: the client requests the latest client-side model and receives it; None (and
+    nothing sent) when its turn would start after the round's deadline."""
+    ids = np.array([client_id])
+    if not env.clock.can_start(ids)[0]:
+        return None
+    return env.transport.broadcast("model", ids, client_state)
 
 
 def per_client_loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

@@ -9,6 +9,11 @@ hyperparameters) for :func:`~splitfed.models.cohort.cohort_forward`.
 Copies may run different numbers of steps: the copies still working are always a prefix
 ``[:a]`` (callers order them by decreasing step count), and forward/step act on prefix
 views, leaving the finished copies untouched.
+
+With a ``clock`` and the copies' client ``ids``, every forward charges B x forward MACs
+per active copy and every step 2 x forward MACs (the backward pass) to the simulated
+timeline of its ``role``: the clients' own devices (``"client"``) or the per-client
+server lanes of server-side copies (``"server_copy"``); see :mod:`splitfed.engine.clock`.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from splitfed.engine.flops import TRAIN_FACTOR
 from splitfed.engine.optim import StackedSGD
 from splitfed.models.cohort import cohort_forward
 
@@ -41,9 +47,13 @@ def stack_copies(start: Mapping[str, torch.Tensor], n: int,
 
 class StackedModel:
     def __init__(self, module: nn.Module, start: Mapping[str, torch.Tensor], n: int, *,
-                 momentum: float = 0.0, weight_decay: float = 0.0):
+                 momentum: float = 0.0, weight_decay: float = 0.0, clock=None,
+                 ids: np.ndarray | None = None, role: str = "client"):
         self.module = module
         self.n = int(n)
+        self.clock = clock if ids is not None else None
+        self.ids, self.role = ids, role
+        self._macs = 0
         self.param_names = [k for k, _ in module.named_parameters()]
         keys = module.state_dict().keys()
         self.state = stack_copies({k: start[k] for k in keys}, self.n, self.param_names)
@@ -56,6 +66,8 @@ class StackedModel:
         """Outputs of the first ``a`` copies (all by default) on ``x`` [a, B, ...]."""
         a = self.n if a is None else a
         self._views = {k: (t if a == self.n else t[:a]) for k, t in self.state.items()}
+        if self.clock is not None:
+            self._macs = self.clock.charge(self.role, self.module, self.ids[:a], x)
         return cohort_forward(self.module, self._views, x, training=training)
 
     def step(self, outputs: torch.Tensor, grad_outputs: torch.Tensor | None = None, *,
@@ -76,6 +88,8 @@ class StackedModel:
         if hook is not None:
             p_grads = hook(self.param_names, params, p_grads, ids)
         self.opt.step(params, p_grads, lr)
+        if self.clock is not None:
+            self.clock.compute(self.role, self.ids[:a], (TRAIN_FACTOR - 1) * self._macs)
         self._views = None
         return extra
 

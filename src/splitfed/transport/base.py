@@ -8,6 +8,9 @@ Payloads are tensors or flat ``{name: tensor}`` mappings. A *per-client* payload
 leading cohort dimension (one slot per entry of ``client_ids``); its bytes are charged to
 each client separately. A *broadcast* payload is the same for every receiver and is
 charged once per receiver.
+
+A transport built with a clock (``splitfed.engine.clock.VirtualClock``) also charges
+every transfer's bytes to the simulated timelines of the clients involved.
 """
 
 from __future__ import annotations
@@ -45,8 +48,9 @@ def payload_bytes(payload: Payload, per_client: bool) -> int:
 class Transport:
     """Moves payloads between clients and servers and records them in a :class:`Ledger`."""
 
-    def __init__(self, ledger: Ledger):
+    def __init__(self, ledger: Ledger, clock=None):
         self.ledger = ledger
+        self.clock = clock
 
     def _check(self, kind: str, direction: str) -> None:
         if kind not in KINDS:
@@ -64,7 +68,10 @@ class Transport:
                 if t.dim() == 0 or t.shape[0] != len(ids):
                     raise ValueError(f"per-client {kind} payload has leading dim "
                                      f"{tuple(t.shape)[:1]}, expected {len(ids)} clients")
-        self.ledger.record(kind, direction, ids, payload_bytes(payload, per_client))
+        nbytes = payload_bytes(payload, per_client)
+        self.ledger.record(kind, direction, ids, nbytes)
+        if self.clock is not None:
+            self.clock.transfer(kind, direction, ids, nbytes)
         return self._deliver(kind, direction, ids, payload)
 
     def upload(self, kind: str, client_ids, payload: Payload) -> Payload:

@@ -1,0 +1,285 @@
+"""The virtual clock: simulated seconds, advanced by the engine and never by algorithms.
+
+One clock per run (``env.clock``). The round loop opens a round with
+:meth:`VirtualClock.begin_round` and closes it with :meth:`VirtualClock.end_round`; in
+between, the engine charges it on the message path and in its compute primitives:
+
+- the transport charges every transfer (kind, direction, client ids, bytes);
+- :class:`~splitfed.engine.stacked.StackedModel` charges its forward passes (B x forward
+  MACs per copy) and backward steps (2 x forward MACs) to the clients' timelines (role
+  ``client``) or to per-client server lanes (role ``server_copy``, SFL-V1's copies);
+- :func:`~splitfed.engine.split.server_step` (SL, SFL-V2, CSE-FSL) charges the shared
+  server lane; :func:`~splitfed.engine.split.client_compute` charges SL's client passes.
+
+Data-flow timelines. A round starting at ``start = now`` keeps, for every participant c,
+a timeline ``t[c]`` (from ``start`` plus the profile's start delay), and server lanes: one
+shared lane for sequential server work and one lane per client for parallel server
+copies, all starting at ``start``:
+
+- client compute: ``t[c] += macs * slowdown[c] / compute[c]``;
+- upload from c: ``t[c] += bytes / uplink[c]``; it arrives at ``arrival[c] = t[c]``;
+- server work for c on a lane: ``lane = max(lane, arrival[c]) + macs / server_compute``;
+  c's reply is ready at ``reply[c] = lane``. The server's own work (centralized
+  training, hybrid FL's server epochs) runs on the shared lane once the latest model
+  upload of the round has arrived (``start`` if none);
+- download to c: ``t[c] = max(t[c], depart) + bytes / downlink[c]``, where ``depart`` is
+  ``reply[c]`` for per-client replies (activation gradients, scalars) and, for a model,
+  the latest model upload that has arrived so far this round (``start`` if none): the
+  server sends its newest model, which makes SL's hand-over through the server
+  sequential;
+- the round ends when the last participant's last message has completed and every lane
+  is idle: ``end = max(lanes, message completions)``; ``sim_round_s = end - start``.
+
+Parallel client work therefore waits for the slowest participant, sequential server
+work adds up, and work overlaps only where the data flow lets it. Aggregation is free.
+A client id that occurs twice in a cohort (``with_replacement``) is one device: both
+slots run on its one timeline, one after the other.
+
+Deadline (``clock.deadline`` seconds after the round's start): a participant whose last
+model upload arrives after ``start + deadline`` is dropped: :meth:`on_time` (asked by
+the aggregation) says so and its update is not aggregated (the kept clients' weights are
+renormalised, except under bernoulli participation), and the round ends at
+``min(end, start + deadline)`` (without a dropped client it ends at ``end``: the
+deadline never cuts the server's own work). :meth:`can_start` (asked by SL's
+:func:`~splitfed.engine.split.take_turn`) refuses a turn that would start after the
+deadline. Dropped clients and clients a trace marks unavailable at the round's start
+(taken out of the cohort by :meth:`begin_round`) are counted in ``dropped``.
+
+For asynchronous algorithms (GAS) :class:`EventQueue` orders events by simulated time;
+:meth:`client_time` and :meth:`arrival_time` read the timelines the engine keeps.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import weakref
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from splitfed.engine.flops import forward_macs
+from splitfed.engine.participation import Cohort
+from splitfed.engine.profiles import Profiles
+
+CLIENT = "client"             # work on a client's own device
+SERVER = "server"             # the server's single model: the shared lane, in call order
+SERVER_COPY = "server_copy"   # a per-client server copy: that client's own server lane
+
+
+class VirtualClock:
+    """Simulated time of a run: ``now`` and the open round's timelines (module doc)."""
+
+    def __init__(self, profiles: Profiles, rng: np.random.Generator, *,
+                 deadline: float | None = None, renormalise: bool = True):
+        self.profiles = profiles
+        self.rng = rng
+        self.deadline = deadline
+        #: renormalise the kept clients' aggregation weights when some are dropped
+        self.renormalise = renormalise
+        self.now = 0.0
+        self._macs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        n = profiles.num_clients
+        self._scale = np.ones(n)
+        self._open(np.arange(n, dtype=np.int64), 0.0, np.zeros(n))
+
+    # ------------------------------------------------------------------ rounds
+
+    def begin_round(self, cohort: Cohort) -> Cohort:
+        """Open a round at ``now`` for ``cohort``; returns the cohort of the clients
+        available at its start (all of them unless a trace says otherwise)."""
+        start = self.now
+        scale, delay = self.profiles.draw(self.rng)
+        ok = self.profiles.available(cohort.ids, start)
+        unavailable = int(np.unique(cohort.ids[~ok]).size)
+        if not ok.all():
+            w = cohort.weights[ok]
+            if self.renormalise and w.sum() > 0:
+                w = w / w.sum()
+            cohort = Cohort(cohort.ids[ok], w)
+        self._scale = scale
+        self._open(cohort.ids, start, delay)
+        self._unavailable = unavailable
+        return cohort
+
+    def end_round(self) -> dict[str, Any]:
+        """Close the round: ``sim_round_s``, ``sim_time_s`` (cumulative),
+        ``slowest_client`` (the participant whose last message completed last) and
+        ``dropped``."""
+        start, ids = self._start, self._ids
+        end = max(start, self._shared)
+        slowest = None
+        if ids.size:
+            last = self._last[ids]
+            end = max(end, float(self._lane[ids].max()), float(last.max()))
+            if last.max() > start:
+                slowest = int(ids[int(np.argmax(last))])
+        if self.deadline is not None and self._dropped:
+            end = min(end, start + self.deadline)
+        self.now = end
+        return {"sim_round_s": end - start, "sim_time_s": end, "slowest_client": slowest,
+                "dropped": len(self._dropped) + self._unavailable}
+
+    def _open(self, ids: np.ndarray, start: float, delay: np.ndarray) -> None:
+        n = self.profiles.num_clients
+        self._start = float(start)
+        self._ids = np.unique(np.asarray(ids, dtype=np.int64))
+        self._t = np.full(n, self._start) + delay
+        self._arrival = self._t.copy()
+        self._reply = self._t.copy()
+        self._last = np.full(n, self._start)
+        self._model_up = np.full(n, self._start)
+        self._lane = np.full(n, self._start)
+        self._shared = self._start
+        self._latest_model = self._start
+        self._dropped: set[int] = set()
+        self._unavailable = 0
+
+    # ------------------------------------------------------------------ charges
+
+    def macs(self, module: nn.Module, sample_shape) -> int:
+        """Forward MACs of one sample of ``sample_shape`` through ``module`` (cached)."""
+        per = self._macs.get(module)
+        if per is None:
+            per = self._macs[module] = {}
+        macs = per.get(sample_shape)
+        if macs is None:
+            shape = tuple(int(s) for s in sample_shape)
+            macs = per[shape] = forward_macs(module, shape)
+        return macs
+
+    def charge(self, role: str, module: nn.Module, ids, x: torch.Tensor, *,
+               passes: int = 1, stacked: bool = True) -> int:
+        """Charge ``passes`` forward passes of ``module`` over the batch ``x`` to ``ids``
+        (``x``: [copies, B, ...] when ``stacked``, else [B, ...]); returns the MACs of one
+        pass of one copy."""
+        lead = 2 if stacked else 1
+        macs = x.shape[lead - 1] * self.macs(module, x.shape[lead:])
+        self.compute(role, ids, passes * macs)
+        return macs
+
+    def compute(self, role: str, ids, macs) -> None:
+        """Charge ``macs`` MACs (per id) of ``role`` work done for the clients ``ids``."""
+        ids = _ids(ids)
+        if role == CLIENT:
+            p = self.profiles
+            np.add.at(self._t, ids, macs * self._scale[ids] / p.compute[ids])
+        elif role == SERVER_COPY:
+            self._after(self._lane, ids, self._arrival[ids],
+                        macs / self.profiles.server_compute)
+            self._reply[ids] = self._lane[ids]
+        elif role == SERVER:
+            dt = macs / self.profiles.server_compute
+            if ids.size == 0:             # the server's own work: on its newest model
+                self._shared = max(self._shared, self._latest_model) + float(np.sum(dt))
+                return
+            dts = np.broadcast_to(dt, ids.shape).tolist() if np.ndim(dt) else [dt] * ids.size
+            for c, d in zip(ids.tolist(), dts):
+                self._shared = max(self._shared, float(self._arrival[c])) + d
+                self._reply[c] = self._shared
+        else:
+            raise ValueError(f"unknown role {role!r}; roles: {CLIENT}, {SERVER}, "
+                             f"{SERVER_COPY}")
+
+    def transfer(self, kind: str, direction: str, ids, nbytes: int) -> None:
+        """Charge a transfer of ``nbytes`` to (``down``) or from (``up``) each of ``ids``."""
+        ids = _ids(ids)
+        if ids.size == 0:
+            return
+        p = self.profiles
+        if direction == "up":
+            np.add.at(self._t, ids, nbytes / p.uplink[ids])
+            done = self._t[ids]
+            self._arrival[ids] = done
+            self._reply[ids] = done
+            if kind == "model":
+                self._model_up[ids] = done
+                self._latest_model = max(self._latest_model, float(done.max()))
+        else:
+            depart = (np.full(ids.shape, self._latest_model) if kind == "model"
+                      else self._reply[ids])
+            self._after(self._t, ids, depart, nbytes / p.downlink[ids])
+        self._last[ids] = self._t[ids]
+
+    @staticmethod
+    def _after(arr: np.ndarray, ids: np.ndarray, ready: np.ndarray, dt) -> None:
+        """``arr[c] = max(arr[c], ready) + dt`` for each id in order (ids may repeat)."""
+        listed = ids.tolist()
+        if len(set(listed)) == len(listed):
+            arr[ids] = np.maximum(arr[ids], ready) + dt
+            return
+        dts = np.broadcast_to(dt, ids.shape).tolist()
+        for c, r, d in zip(listed, np.asarray(ready).tolist(), dts):
+            arr[c] = max(arr[c], r) + d
+
+    # ------------------------------------------------------------------ deadline
+
+    def on_time(self, ids) -> np.ndarray:
+        """Whether each client's last model upload arrived by the deadline; the late
+        ones are counted as dropped. All True without a deadline."""
+        ids = _ids(ids)
+        if self.deadline is None:
+            return np.ones(ids.shape, dtype=bool)
+        ok = self._model_up[ids] <= self._start + self.deadline
+        self._dropped.update(ids[~ok].tolist())
+        return ok
+
+    def can_start(self, ids) -> np.ndarray:
+        """Whether a turn that begins with a model download to each client would begin
+        by the deadline (SL); the refused ones are counted as dropped."""
+        ids = _ids(ids)
+        if self.deadline is None:
+            return np.ones(ids.shape, dtype=bool)
+        begin = np.maximum(self._t[ids], self._latest_model)
+        ok = begin <= self._start + self.deadline
+        self._dropped.update(ids[~ok].tolist())
+        return ok
+
+    # ------------------------------------------------------------------ views
+
+    def client_time(self, ids) -> np.ndarray:
+        """Where each client's timeline stands now (seconds)."""
+        return self._t[_ids(ids)].copy()
+
+    def arrival_time(self, ids) -> np.ndarray:
+        """When each client's last upload reached the server (seconds)."""
+        return self._arrival[_ids(ids)].copy()
+
+    def state(self) -> dict:
+        return {"now": self.now, "rng": self.rng.bit_generator.state}
+
+    def load_state(self, state: dict) -> None:
+        self.now = float(state["now"])
+        self.rng.bit_generator.state = state["rng"]
+
+
+def _ids(ids) -> np.ndarray:
+    if isinstance(ids, np.ndarray) and ids.ndim == 1:
+        return ids
+    if ids is None:
+        return np.zeros(0, dtype=np.int64)
+    return np.atleast_1d(np.asarray(ids, dtype=np.int64))
+
+
+class EventQueue:
+    """Events ordered by simulated time (ties in insertion order), for asynchronous
+    algorithms: ``push(time, item)``, ``pop() -> (time, item)``."""
+
+    def __init__(self):
+        self._heap: list = []
+        self._seq = itertools.count()
+
+    def push(self, time: float, item: Any) -> None:
+        heapq.heappush(self._heap, (float(time), next(self._seq), item))
+
+    def pop(self) -> tuple[float, Any]:
+        time, _, item = heapq.heappop(self._heap)
+        return time, item
+
+    def peek_time(self) -> float | None:
+        return self._heap[0][0] if self._heap else None
+
+    def __len__(self) -> int:
+        return len(self._heap)

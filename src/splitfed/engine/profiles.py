@@ -1,0 +1,262 @@
+"""Client and server profiles: how fast each party computes and talks, and when it is there.
+
+Units: compute in multiply-accumulates per second (MAC/s, the unit of
+:mod:`splitfed.engine.flops`), links in bytes per second, times in seconds. A profile is
+data (:class:`Profiles`); the :class:`~splitfed.engine.clock.VirtualClock` turns the MACs
+and bytes of a round into simulated seconds with it.
+
+Generators (config ``clock.profile``; their keyword arguments are the ``clock`` options):
+
+- ``fixed``: the given speeds, a number (every client) or a list (one per client).
+  Defaults: clients 1e9 MAC/s, uplink 1.25e6 B/s (10 Mbit/s), downlink 5e6 B/s
+  (40 Mbit/s), server 1e11 MAC/s.
+- ``exponential`` (paper 001 Sec. 5, following GAS and Reisizadeh et al. 2022): the
+  fixed speeds, with each client's computation time multiplied every round by an
+  independent draw from an exponential distribution of mean ``mean`` (straggling
+  compute); ``per_round=false`` draws the multiplier once per client (heterogeneous but
+  constant capacities). ``delay_mean`` > 0 adds an exponential delay (seconds) to the
+  start of every participant's round.
+- ``fedscale``: a FedScale-style cost model: per-client compute speed and link rates
+  drawn once from log-normal distributions (medians ``*_median``, log-space standard
+  deviations ``compute_sigma`` and ``bandwidth_sigma``); a sample's time is the MACs of
+  its side of the cut over the speed, a transfer's time its bytes over the rate.
+- ``trace``: a CSV file, one row per client, columns ``client_id``,
+  ``compute_macs_per_s``, ``uplink_bytes_per_s``, ``downlink_bytes_per_s`` and optionally
+  ``available_from`` / ``available_until`` (seconds of simulated time; an empty cell is
+  unbounded). A client is available in a round when ``available_from <= start <
+  available_until`` at the round's start; the clock takes unavailable clients out of the
+  round's cohort and counts them as dropped.
+
+Every random draw comes from the clock's own stream (``streams.numpy("clock")``): at
+construction (``fedscale``, ``exponential`` with ``per_round=false``) and once per round
+for all clients (``exponential``), so timelines are reproducible for a seed and never
+disturb the learning's random streams.
+"""
+
+from __future__ import annotations
+
+import csv
+import inspect
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from splitfed.errors import ConfigError
+
+CLIENT_COMPUTE = 1e9      # MAC/s
+SERVER_COMPUTE = 1e11     # MAC/s
+UPLINK = 1.25e6           # bytes/s (10 Mbit/s)
+DOWNLINK = 5e6            # bytes/s (40 Mbit/s)
+
+
+@dataclass
+class Profiles:
+    """Per-client speeds [N] and the server's speed; optional availability windows."""
+
+    compute: np.ndarray                        # client MAC/s
+    uplink: np.ndarray                         # client -> server bytes/s
+    downlink: np.ndarray                       # server -> client bytes/s
+    server_compute: float                      # MAC/s of the server (of each server lane)
+    available_from: np.ndarray | None = None   # seconds; None: always available
+    available_until: np.ndarray | None = None
+    slowdown_mean: float | None = None         # per-round exponential compute-time factor
+    delay_mean: float | None = None            # per-round exponential start delay (s)
+
+    def __post_init__(self):
+        n = len(self.compute)
+        for name in ("compute", "uplink", "downlink"):
+            v = np.asarray(getattr(self, name), dtype=np.float64).reshape(-1)
+            if v.shape != (n,) or not (np.isfinite(v).all() and (v > 0).all()):
+                raise ValueError(f"{name}: expected {n} positive finite values")
+            setattr(self, name, v)
+        if not (math.isfinite(self.server_compute) and self.server_compute > 0):
+            raise ValueError(f"server_compute: expected a positive number, "
+                             f"got {self.server_compute}")
+        self.server_compute = float(self.server_compute)
+        if self.available_from is not None or self.available_until is not None:
+            lo = np.full(n, -np.inf) if self.available_from is None else self.available_from
+            hi = np.full(n, np.inf) if self.available_until is None else self.available_until
+            self.available_from = np.asarray(lo, dtype=np.float64).reshape(-1)
+            self.available_until = np.asarray(hi, dtype=np.float64).reshape(-1)
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.compute)
+
+    def draw(self, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """One round's compute-time multipliers and start delays, for every client."""
+        n = self.num_clients
+        scale = (rng.exponential(self.slowdown_mean, n) if self.slowdown_mean
+                 else np.ones(n))
+        delay = rng.exponential(self.delay_mean, n) if self.delay_mean else np.zeros(n)
+        return scale, delay
+
+    def available(self, ids: np.ndarray, t: float) -> np.ndarray:
+        """Which of ``ids`` are available at simulated time ``t``."""
+        if self.available_from is None:
+            return np.ones(len(ids), dtype=bool)
+        return (self.available_from[ids] <= t) & (t < self.available_until[ids])
+
+
+def _per_client(value, n: int, name: str) -> np.ndarray:
+    v = np.asarray(value, dtype=np.float64)
+    if v.ndim == 0:
+        v = np.full(n, float(v))
+    if v.shape != (n,):
+        raise ValueError(f"{name}: expected one number or a list of {n} (one per client), "
+                         f"got {len(v)} values")
+    if not (np.isfinite(v).all() and (v > 0).all()):
+        raise ValueError(f"{name}: speeds must be positive and finite")
+    return v
+
+
+def fixed(num_clients: int, rng: np.random.Generator, *, client_compute=CLIENT_COMPUTE,
+          uplink=UPLINK, downlink=DOWNLINK, server_compute: float = SERVER_COMPUTE
+          ) -> Profiles:
+    """The given speeds (numbers or per-client lists); draws nothing."""
+    n = num_clients
+    return Profiles(_per_client(client_compute, n, "client_compute"),
+                    _per_client(uplink, n, "uplink"), _per_client(downlink, n, "downlink"),
+                    float(server_compute))
+
+
+def exponential(num_clients: int, rng: np.random.Generator, *, mean: float = 1.0,
+                per_round: bool = True, delay_mean: float = 0.0,
+                client_compute=CLIENT_COMPUTE, uplink=UPLINK, downlink=DOWNLINK,
+                server_compute: float = SERVER_COMPUTE) -> Profiles:
+    """Computation times scaled by Exp(``mean``) draws (paper 001 Sec. 5; GAS)."""
+    if not (mean > 0 and delay_mean >= 0):
+        raise ValueError(f"mean must be > 0 and delay_mean >= 0, got {mean}, {delay_mean}")
+    p = fixed(num_clients, rng, client_compute=client_compute, uplink=uplink,
+              downlink=downlink, server_compute=server_compute)
+    if per_round:
+        p.slowdown_mean = float(mean)
+    else:
+        p.compute = p.compute / np.maximum(rng.exponential(mean, num_clients), 1e-12)
+    p.delay_mean = float(delay_mean) or None
+    return p
+
+
+def fedscale(num_clients: int, rng: np.random.Generator, *,
+             compute_median: float = CLIENT_COMPUTE, compute_sigma: float = 0.5,
+             uplink_median: float = UPLINK, downlink_median: float = DOWNLINK,
+             bandwidth_sigma: float = 0.8, server_compute: float = SERVER_COMPUTE
+             ) -> Profiles:
+    """Log-normal client speeds and link rates around the given medians, drawn once."""
+    if compute_sigma < 0 or bandwidth_sigma < 0:
+        raise ValueError("compute_sigma and bandwidth_sigma must be >= 0")
+    n = num_clients
+
+    def draw(median, sigma, name):
+        return _per_client(median, n, name) * np.exp(sigma * rng.standard_normal(n))
+    return Profiles(draw(compute_median, compute_sigma, "compute_median"),
+                    draw(uplink_median, bandwidth_sigma, "uplink_median"),
+                    draw(downlink_median, bandwidth_sigma, "downlink_median"),
+                    float(server_compute))
+
+
+TRACE_COLUMNS = ("client_id", "compute_macs_per_s", "uplink_bytes_per_s",
+                 "downlink_bytes_per_s")
+TRACE_OPTIONAL = ("available_from", "available_until")
+
+
+def trace(num_clients: int, rng: np.random.Generator, *, path: str,
+          server_compute: float = SERVER_COMPUTE) -> Profiles:
+    """Per-client speeds and availability windows from a CSV file (see the module doc)."""
+    rows = load_trace(path, num_clients)
+    p = Profiles(rows["compute_macs_per_s"], rows["uplink_bytes_per_s"],
+                 rows["downlink_bytes_per_s"], float(server_compute))
+    if "available_from" in rows or "available_until" in rows:
+        p.available_from = rows.get("available_from", np.full(num_clients, -np.inf))
+        p.available_until = rows.get("available_until", np.full(num_clients, np.inf))
+    return p
+
+
+def load_trace(path: str | Path, num_clients: int) -> dict[str, np.ndarray]:
+    """The trace's columns as arrays indexed by client id; ConfigError naming the file,
+    line and column on anything malformed."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"clock trace {path}: cannot read it ({e.strerror})") from None
+    reader = csv.DictReader(text.splitlines())
+    header = [h.strip() for h in (reader.fieldnames or [])]
+    for col in TRACE_COLUMNS:
+        if col not in header:
+            raise ConfigError(f"clock trace {path}: missing column {col!r}; required "
+                              f"columns: {', '.join(TRACE_COLUMNS)}")
+    for col in header:
+        if col not in TRACE_COLUMNS + TRACE_OPTIONAL:
+            raise ConfigError(f"clock trace {path}: unknown column {col!r}; columns: "
+                              f"{', '.join(TRACE_COLUMNS + TRACE_OPTIONAL)}")
+    reader.fieldnames = header
+    cols = [c for c in TRACE_COLUMNS[1:] + TRACE_OPTIONAL if c in header]
+    out = {c: np.full(num_clients, np.nan) for c in cols}
+    seen = np.zeros(num_clients, dtype=bool)
+    for line, row in enumerate(reader, start=2):
+        where = f"clock trace {path}, line {line}"
+        raw_id = (row.get("client_id") or "").strip()
+        if not raw_id.isdigit() or int(raw_id) >= num_clients:
+            raise ConfigError(f"{where}, column 'client_id': expected a client id in "
+                              f"0..{num_clients - 1}, got {raw_id!r}")
+        cid = int(raw_id)
+        if seen[cid]:
+            raise ConfigError(f"{where}, column 'client_id': client {cid} appears twice")
+        seen[cid] = True
+        for col in cols:
+            out[col][cid] = _trace_number(row.get(col), col, where)
+    if not seen.all():
+        missing = ", ".join(str(i) for i in np.flatnonzero(~seen)[:10])
+        raise ConfigError(f"clock trace {path}, column 'client_id': no row for client(s) "
+                          f"{missing} (the run has {num_clients} clients)")
+    if "available_from" in out and "available_until" in out:
+        bad = np.flatnonzero(out["available_from"] >= out["available_until"])
+        if bad.size:
+            raise ConfigError(f"clock trace {path}, column 'available_until': must be after "
+                              f"available_from (client {int(bad[0])})")
+    return out
+
+
+def _trace_number(cell, col: str, where: str) -> float:
+    text = (cell or "").strip()
+    if col in TRACE_OPTIONAL and text == "":
+        return -np.inf if col == "available_from" else np.inf
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    ok = math.isfinite(value) and (value >= 0 if col in TRACE_OPTIONAL else value > 0)
+    if not ok:
+        kind = "a number >= 0" if col in TRACE_OPTIONAL else "a positive number"
+        raise ConfigError(f"{where}, column {col!r}: expected {kind}, got {text!r}")
+    return value
+
+
+GENERATORS = {"fixed": fixed, "exponential": exponential, "fedscale": fedscale,
+              "trace": trace}
+
+
+def build_profiles(name: str, options: dict, num_clients: int,
+                   rng: np.random.Generator) -> Profiles:
+    """The profiles of generator ``name`` with the ``clock`` section's options."""
+    if name not in GENERATORS:
+        raise ConfigError(f"clock.profile: unknown profile {name!r}; profiles: "
+                          f"{', '.join(GENERATORS)}")
+    gen = GENERATORS[name]
+    allowed = [p for p in inspect.signature(gen).parameters
+               if p not in ("num_clients", "rng")]
+    for key in options:
+        if key not in allowed:
+            raise ConfigError(f"clock.{key}: not an option of profile {name!r}; options: "
+                              f"{', '.join(allowed)}")
+    if name == "trace" and "path" not in options:
+        raise ConfigError("clock.path: the trace profile needs the path of its CSV file")
+    try:
+        return gen(num_clients, rng, **options)
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"clock ({name}): {e}") from None

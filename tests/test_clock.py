@@ -1,0 +1,363 @@
+"""The virtual clock: hand-computed one-round timelines of FedAvg, SL, SFL-V1 and SFL-V2
+with three clients at fixed, distinct speeds, with and without a deadline; determinism;
+speeds change only the times; the profile generators and the trace loader."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from helpers import digits_config
+
+from splitfed.algorithms import ALGORITHMS
+from splitfed.engine.aggregate import DeltaAccumulator
+from splitfed.engine.clock import CLIENT, SERVER_COPY, EventQueue, VirtualClock
+from splitfed.engine.flops import forward_macs
+from splitfed.engine.loop import run_rounds
+from splitfed.engine.participation import Cohort
+from splitfed.engine.profiles import build_profiles, fixed, load_trace
+from splitfed.errors import ConfigError
+from splitfed.experiment import build_algorithm, build_environment
+from splitfed.metrics import MetricLogger
+from splitfed.models import output_shape, split
+from splitfed.rng import RandomStreams
+from splitfed.study import time_to_target
+from splitfed.transport import payload_bytes
+
+B, K = 4, 2
+COMP = [1e5, 2e5, 4e5]          # client MAC/s
+UP = [1e4, 2e4, 5e3]            # bytes/s
+DOWN = [4e4, 1e4, 2e4]
+SERVER = 2e4                    # MAC/s: slow, so that SFL-V2's server lane queues
+SPEEDS = {"client_compute": COMP, "uplink": UP, "downlink": DOWN, "server_compute": SERVER}
+
+
+def config(algorithm, rounds=1, deadline=None, speeds=SPEEDS, profile="fixed", **over):
+    return digits_config(algorithm={"name": algorithm}, rounds=rounds, eval_every=10,
+                         model={"name": "mlp", "hidden": [32, 16], "cut": 1},
+                         train={"batch_size": B, "local_steps": K, "local_epochs": None,
+                                "lr": 0.1},
+                         clock={"profile": profile, "deadline": deadline, **speeds}, **over)
+
+
+def run(cfg):
+    """(env, records, final state, model uploads {client: state}, start model)."""
+    env = build_environment(cfg)
+    start = {k: v.clone() for k, v in env.model.state_dict().items()}
+    uploads: dict[int, dict] = {}
+    upload = env.transport.upload
+
+    def spy(kind, ids, payload):
+        out = upload(kind, ids, payload)
+        if kind == "model":
+            for i, c in enumerate(np.atleast_1d(ids).tolist()):
+                uploads[c] = {k: v[i].clone() for k, v in out.items()}
+        return out
+    env.transport.upload = spy
+    logger = MetricLogger(None)
+    state, _ = run_rounds(build_algorithm(cfg), env, logger)
+    return env, logger.records, state, uploads, start
+
+
+def sizes(env):
+    """Forward MACs per sample (full, client side, server side) and bytes of one transfer
+    (full model, client model, activations of a batch, labels of a batch)."""
+    shape = tuple(env.data.input_shape)
+    client, server = split(env.model, env.cut)
+    cut = output_shape(client, shape)
+    return dict(f=forward_macs(env.model, shape), fc=forward_macs(client, shape),
+                fs=forward_macs(server, cut),
+                M=payload_bytes(env.model.state_dict(), per_client=False),
+                Mc=payload_bytes(client.state_dict(), per_client=False),
+                A=B * math.prod(cut) * 4, L=B * 8)
+
+
+def kept_average(start, uploads, weights, kept, keys):
+    w = {c: weights[c] / sum(weights[k] for k in kept) for c in kept}
+    return {k: start[k] + sum(w[c] * (uploads[c][k] - start[k]) for c in kept) for k in keys}
+
+
+def close(got, want, atol=1e-5):
+    for k in want:
+        assert torch.allclose(got[k], want[k], atol=atol), k
+
+
+def check_round(rec, times, deadline=None):
+    """The round's record against per-client finishing times."""
+    end = max(times)
+    late = [c for c, t in enumerate(times) if deadline is not None and t > deadline]
+    assert rec["sim_round_s"] == pytest.approx(min(end, deadline or end), rel=1e-12)
+    assert rec["sim_time_s"] == pytest.approx(rec["sim_round_s"], rel=1e-12)
+    assert rec["slowest_client"] == int(np.argmax(times))
+    assert rec["dropped"] == len(late)
+    return late
+
+
+def between(times, i):
+    """A deadline halfway between the i-th and (i+1)-th finishing times."""
+    s = sorted(times)
+    return (s[i] + s[i + 1]) / 2
+
+
+# ------------------------------------------------------------------- FedAvg
+
+def fedavg_times(z):
+    return [z["M"] / DOWN[c] + K * 3 * B * z["f"] / COMP[c] + z["M"] / UP[c]
+            for c in range(3)]
+
+
+def test_fedavg_timeline():
+    env, rec, *_ = run(config("fedavg"))
+    times = fedavg_times(sizes(env))
+    check_round(rec[1], times)
+
+
+def test_fedavg_deadline_drops_the_late_client_and_renormalises():
+    env = build_environment(config("fedavg"))
+    times = fedavg_times(sizes(env))
+    deadline = between(times, 1)
+    env, rec, state, uploads, start = run(config("fedavg", deadline=deadline))
+    late = check_round(rec[1], times, deadline)
+    assert late == [int(np.argmax(times))]
+    kept = [c for c in range(3) if c not in late]
+    close(state["model"], kept_average(start, uploads, env.data_sizes, kept, start))
+    _, rec, *_ = run(config("fedavg", deadline=max(times) + 1))   # nobody is late
+    check_round(rec[1], times, max(times) + 1)
+
+
+# ------------------------------------------------------------------- SL
+
+def sl_times(z, order):
+    """Client i's turn starts when client i-1's model has reached the server; the server
+    never queues (one client at a time)."""
+    per_step = {c: (3 * B * z["fc"] / COMP[c] + (z["A"] + z["L"]) / UP[c]
+                    + 3 * B * z["fs"] / SERVER + z["A"] / DOWN[c]) for c in range(3)}
+    done, times = 0.0, [0.0] * 3
+    for c in order:
+        done = done + z["Mc"] / DOWN[c] + K * per_step[c] + z["Mc"] / UP[c]
+        times[c] = done
+    return times
+
+
+def sl_order(cfg):
+    return RandomStreams(cfg.seed).numpy("order").permutation(3)
+
+
+def test_sl_timeline():
+    cfg = config("sl")
+    env, rec, *_ = run(cfg)
+    check_round(rec[1], sl_times(sizes(env), sl_order(cfg)))
+
+
+def test_sl_deadline_skips_late_turns_and_keeps_the_last_timely_hand_over():
+    cfg = config("sl")
+    order = sl_order(cfg)
+    times = sl_times(sizes(build_environment(cfg)), order)
+    deadline = between(times, 0)          # the 1st finishes, the 2nd is late, the 3rd waits
+    cfg = config("sl", deadline=deadline)
+    env, rec, state, uploads, start = run(cfg)
+    assert rec[1]["sim_round_s"] == pytest.approx(deadline, rel=1e-12)
+    assert rec[1]["dropped"] == 2
+    assert set(uploads) == {int(order[0]), int(order[1])}
+    assert env.ledger.per_client(1, "model", "down")[order[2]] == 0   # never started
+    client_keys = list(split(env.model, env.cut)[0].state_dict())
+    close(state["model"], {k: uploads[int(order[0])][k] for k in client_keys}, atol=1e-7)
+
+
+# ------------------------------------------------------------------- SFL-V1
+
+def sflv1_times(z):
+    """Own server lane per client: no queueing, every client on its own."""
+    return [z["Mc"] / DOWN[c] + z["Mc"] / UP[c]
+            + K * (3 * B * z["fc"] / COMP[c] + (z["A"] + z["L"]) / UP[c]
+                   + 3 * B * z["fs"] / SERVER + z["A"] / DOWN[c]) for c in range(3)]
+
+
+def test_sflv1_timeline():
+    env, rec, *_ = run(config("sflv1"))
+    check_round(rec[1], sflv1_times(sizes(env)))
+
+
+def test_sflv1_deadline_aggregates_the_kept_clients_on_both_sides():
+    env = build_environment(config("sflv1"))
+    times = sflv1_times(sizes(env))
+    deadline = between(times, 0)          # two clients are late
+    env, rec, state, _, start = run(config("sflv1", deadline=deadline))
+    late = check_round(rec[1], times, deadline)
+    assert len(late) == 2
+    kept = [c for c in range(3) if c not in late]
+    # SFL-V1 with tau_tilde = tau is FedAvg on the whole model: the kept clients' FedAvg
+    # models, averaged over the kept clients only
+    _, _, _, full, _ = run(config("fedavg"))
+    close(state["model"], kept_average(start, full, env.data_sizes, kept, start))
+
+
+# ------------------------------------------------------------------- SFL-V2
+
+def sflv2_times(z, seed):
+    """One shared server lane, served in a fresh random order every iteration."""
+    rng = RandomStreams(seed).numpy("order")
+    t = [z["Mc"] / DOWN[c] for c in range(3)]
+    lane = 0.0
+    for _ in range(K):
+        arrival = [t[c] + B * z["fc"] / COMP[c] + (z["A"] + z["L"]) / UP[c] for c in range(3)]
+        reply = [0.0] * 3
+        for c in rng.permutation(3):
+            lane = max(lane, arrival[c]) + 3 * B * z["fs"] / SERVER
+            reply[c] = lane
+        t = [max(arrival[c], reply[c]) + z["A"] / DOWN[c] + 2 * B * z["fc"] / COMP[c]
+             for c in range(3)]
+    return [t[c] + z["Mc"] / UP[c] for c in range(3)]
+
+
+def test_sflv2_timeline():
+    cfg = config("sflv2")
+    env, rec, *_ = run(cfg)
+    z = sizes(env)
+    times = sflv2_times(z, cfg.seed)
+    check_round(rec[1], times)
+    # the server queues: the round is longer than with a lane per client (SFL-V1)
+    assert max(times) > max(sflv1_times(z)) + 1e-9
+
+
+def test_sflv2_deadline_drops_client_models_but_keeps_server_updates():
+    cfg = config("sflv2")
+    env, _, free, *_ = run(cfg)
+    times = sflv2_times(sizes(env), cfg.seed)
+    deadline = between(times, 1)
+    env, rec, state, uploads, start = run(config("sflv2", deadline=deadline))
+    late = check_round(rec[1], times, deadline)
+    kept = [c for c in range(3) if c not in late]
+    client_keys, server_keys = (list(m.state_dict()) for m in split(env.model, env.cut))
+    close(state["model"], kept_average(start, uploads, env.data_sizes, kept, client_keys))
+    for k in server_keys:
+        assert torch.equal(state["model"][k], free["model"][k])
+
+
+# ------------------------------------------------------------------- determinism
+
+def sim(records):
+    return [(r["sim_round_s"], r["sim_time_s"], r["slowest_client"], r["dropped"])
+            for r in records[1:]]
+
+
+def test_same_seed_same_timeline_and_the_clock_stream_is_its_own():
+    opts = {"mean": 1.0, "delay_mean": 0.01}
+    a = run(config("sflv2", rounds=2, profile="exponential", speeds=opts))
+    b = run(config("sflv2", rounds=2, profile="exponential", speeds=opts))
+    assert sim(a[1]) == sim(b[1])
+    assert sim(a[1])[0][0] != sim(a[1])[1][0]            # a fresh draw every round
+    c = run(config("sflv2", rounds=2, profile="exponential", speeds=opts, seed=4))
+    assert sim(c[1]) != sim(a[1])
+    fixed = run(config("sflv2", rounds=2))
+    for x, y in zip(a[2]["model"].values(), fixed[2]["model"].values()):
+        assert torch.equal(x, y)                          # draws never touch the learning
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_speeds_change_only_the_times(name):
+    slow = {**SPEEDS, "client_compute": [c / 3 for c in COMP], "uplink": 1e3,
+            "server_compute": SERVER / 2}
+    _, rec1, s1, *_ = run(config(name, rounds=2))
+    _, rec2, s2, *_ = run(config(name, rounds=2, speeds=slow))
+    m1, m2 = ({**s.get("model", {}), **(s["module"].state_dict() if "module" in s else {})}
+              for s in (s1, s2))
+    for k in m1:
+        assert torch.equal(m1[k], m2[k])
+    assert all(r2["sim_round_s"] > r1["sim_round_s"] for r1, r2 in zip(rec1[1:], rec2[1:]))
+    drop = ("sim_round_s", "sim_time_s", "slowest_client", "round_time_s")
+    assert ([{k: v for k, v in r.items() if k not in drop} for r in rec1]
+            == [{k: v for k, v in r.items() if k not in drop} for r in rec2])
+
+
+# ------------------------------------------------------------------- profiles
+
+def test_generators_are_deterministic_for_a_seed():
+    def draw(name, opts, seed):
+        rng = np.random.default_rng(seed)
+        p = build_profiles(name, opts, 5, rng)
+        return np.concatenate([p.compute, p.uplink, p.downlink, *p.draw(rng)])
+    for name, opts in [("exponential", {"mean": 2.0, "delay_mean": 0.5}),
+                       ("exponential", {"per_round": False}), ("fedscale", {})]:
+        assert np.array_equal(draw(name, opts, 1), draw(name, opts, 1))
+        assert not np.array_equal(draw(name, opts, 1), draw(name, opts, 2))
+    with pytest.raises(ConfigError, match="clock.speed"):
+        build_profiles("fixed", {"speed": 1}, 3, np.random.default_rng(0))
+    with pytest.raises(ConfigError, match="3 .one per client"):
+        build_profiles("fixed", {"uplink": [1, 2]}, 3, np.random.default_rng(0))
+
+
+TRACE = ("client_id,compute_macs_per_s,uplink_bytes_per_s,downlink_bytes_per_s,"
+         "available_from,available_until\n"
+         "0,1e5,1e4,4e4,,\n1,2e5,2e4,1e4,1e9,\n2,4e5,5e3,2e4,0,\n")
+
+
+def test_trace_profile_speeds_and_availability(tmp_path):
+    path = tmp_path / "trace.csv"
+    path.write_text(TRACE)
+    rows = load_trace(path, 3)
+    assert rows["compute_macs_per_s"].tolist() == COMP
+    assert rows["available_from"][1] == 1e9 and rows["available_until"][0] == np.inf
+    env, rec, *_ = run(config("fedavg", profile="trace",
+                              speeds={"path": str(path), "server_compute": SERVER}))
+    assert [r["dropped"] for r in rec[1:]] == [1] and rec[1]["participants"] == 2
+    assert env.ledger.per_client(1, "model", "down")[1] == 0  # client 1 is never there
+    times = fedavg_times(sizes(env))
+    assert rec[1]["sim_round_s"] == pytest.approx(max(times[0], times[2]), rel=1e-12)
+
+
+@pytest.mark.parametrize("text,column", [
+    ("client_id,compute_macs_per_s,uplink_bytes_per_s\n0,1,1\n", "downlink_bytes_per_s"),
+    (TRACE.replace("2e5", "fast"), "compute_macs_per_s"),
+    (TRACE.replace("5e3", "-5"), "uplink_bytes_per_s"),
+    (TRACE.replace("\n2,", "\n1,"), "client_id"),
+    (TRACE.replace("\n2,4e5,5e3,2e4,0,\n", "\n"), "client_id"),
+    (TRACE.replace("available_until", "until"), "until"),
+    (TRACE.replace(",1e9,", ",x,"), "available_from"),
+])
+def test_trace_loader_refuses_malformed_files(tmp_path, text, column):
+    path = tmp_path / "bad.csv"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load_trace(path, 3)
+    assert str(path) in str(err.value) and repr(column) in str(err.value)
+
+
+# ------------------------------------------------------------------- the rest
+
+def test_event_queue_orders_by_time_then_insertion():
+    q = EventQueue()
+    for t, item in [(2.0, "b"), (1.0, "a"), (2.0, "c")]:
+        q.push(t, item)
+    assert q.peek_time() == 1.0 and len(q) == 3
+    assert [q.pop()[1] for _ in range(3)] == ["a", "b", "c"]
+
+
+def test_time_to_target_reads_the_cumulative_simulated_time():
+    records = [{"round": 0, "test_acc": 0.1}, {"round": 1, "sim_time_s": 2.0},
+               {"round": 2, "sim_time_s": 5.0, "test_acc": 0.6}]
+    assert time_to_target(records, 0.5) == 5.0 and time_to_target(records, 0.9) is None
+
+
+def test_a_repeated_client_runs_its_slots_one_after_the_other():
+    rng = np.random.default_rng(0)
+    clock = VirtualClock(fixed(2, rng, client_compute=10.0, uplink=1.0, downlink=2.0,
+                               server_compute=5.0), rng)
+    clock.begin_round(Cohort([0, 0, 1], [0.25, 0.25, 0.5]))
+    clock.compute(CLIENT, [0, 0, 1], 10)                  # 1 s per slot
+    clock.transfer("activations", "up", [0, 0, 1], 3)     # 3 s per slot
+    assert clock.arrival_time([0, 1]).tolist() == [8.0, 4.0]
+    clock.compute(SERVER_COPY, [0, 0, 1], 10)             # 2 s per slot, own lanes
+    clock.transfer("activation_grads", "down", [0, 0, 1], 2)
+    assert clock.client_time([0, 1]).tolist() == [14.0, 7.0]
+    rec = clock.end_round()
+    assert (rec["sim_round_s"], rec["slowest_client"], rec["dropped"]) == (14.0, 0, 0)
+
+
+def test_dropped_slots_renormalise_except_under_bernoulli():
+    ref = {"w": torch.zeros(2)}
+    new = {"w": torch.tensor([[1.0, 1.0], [3.0, 3.0], [5.0, 5.0]])}
+    for renormalise, want in [(True, 2.0), (False, 1.0)]:
+        acc = DeltaAccumulator(ref, renormalise=renormalise)
+        acc.add(torch.tensor([0.25, 0.25, 0.5]), new, keep=np.array([True, True, False]))
+        assert torch.allclose(acc.result()["w"], torch.full((2,), want))
