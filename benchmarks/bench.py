@@ -1,0 +1,417 @@
+"""Throughput benchmark: splitfed's algorithms against centralized training and a
+per-client loop, side by side on one workload (LeNet-5, 1x28x28, 10 classes, batch 32 per
+client, K local steps, C clients, plain SGD lr 0.01).
+
+    python -m benchmarks.bench --clients 100 --local-steps 5 --out docs/results/bench.json
+    python -m benchmarks.bench --scaling --out docs/results/scaling.json
+
+Samples per round are ``C * K * 32``; samples/s is that over the median round time
+(evaluation never runs). Every variant runs one warm-up round, then ``--repeats`` rounds
+interleaved round-robin (the starting variant rotates each repeat), so machine noise hits
+all variants alike. Peak memory is measured separately: each variant runs its warm-up
+and one round alone in a fresh subprocess, whose peak RSS (VmHWM) is reported; "+MB" is
+the growth of that peak over the same process right after importing torch and making
+the data, i.e. what the variant itself added.
+
+Flower (optional): FedAvg on Flower's simulation engine runs in its own subprocess with
+an interpreter that has ``flwr[simulation]`` (``--flower-python``, default: this one), after
+the interleaved variants (its Ray processes would disturb them); its peak memory is the
+sampled RSS sum of its whole process tree (driver, Ray daemons and workers). See
+docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+from benchmarks.variants import VARIANTS
+from benchmarks.workload import FASHION_DIR, Workload
+
+ROOT = Path(__file__).resolve().parent.parent
+LIMITS = ("central_big", "central_big_cl")
+FLOWER = "flower_fedavg"
+LABELS = {FLOWER: "FedAvg, Flower simulation engine (Ray)"}
+
+
+# ---------------------------------------------------------------- machine
+
+
+def load_average() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+#: environment variables that change CPU throughput (thread wait policy, allocator)
+PERF_ENV = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME",
+            "MKL_NUM_THREADS", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "LD_PRELOAD")
+
+
+def machine_info() -> dict:
+    return {"torch": torch.__version__, "python": platform.python_version(),
+            "threads": torch.get_num_threads(), "cpus": os.cpu_count(),
+            "cpu_model": cpu_model(), "platform": platform.platform(),
+            "env": {k: os.environ[k] for k in PERF_ENV if k in os.environ}}
+
+
+def rss_peak_mb() -> float:
+    """This process's peak RSS (VmHWM). Not ``ru_maxrss``: Linux keeps that across
+    fork/exec, so a fresh subprocess would report its parent's peak."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
+
+
+# ---------------------------------------------------------------- timing
+
+
+def time_variants(w: Workload, names: list[str], repeats: int, log) -> dict[str, dict]:
+    """Warm-up round each, then ``repeats`` round-robin rounds; per-variant round times."""
+    variants = {}
+    for name in names:
+        v = VARIANTS[name](w)
+        t0 = time.perf_counter()
+        v.setup()
+        v.round()
+        log(f"  {name}: set up and warmed up in {time.perf_counter() - t0:.1f} s")
+        variants[name] = v
+    times = {name: [] for name in names}
+    for r in range(repeats):
+        order = names[r % len(names):] + names[:r % len(names)]
+        for name in order:
+            gc.collect()
+            t0 = time.perf_counter()
+            variants[name].round()
+            times[name].append(time.perf_counter() - t0)
+        log(f"  repeat {r + 1}/{repeats}: "
+            + ", ".join(f"{n} {times[n][-1]:.2f}s" for n in names))
+    del variants
+    gc.collect()
+    return {name: summarize(w, ts, VARIANTS[name].label) for name, ts in times.items()}
+
+
+def summarize(w: Workload, times: list[float], label: str) -> dict:
+    med = statistics.median(times)
+    return {"label": label, "round_s": [round(t, 4) for t in times],
+            "median_round_s": round(med, 4),
+            "samples_per_s": round(w.samples_per_round / med, 1)}
+
+
+# ---------------------------------------------------------------- memory
+
+
+def workload_args(w: Workload) -> list[str]:
+    args = ["--clients", str(w.clients), "--local-steps", str(w.local_steps),
+            "--batch", str(w.batch), "--lr", str(w.lr), "--seed", str(w.seed),
+            "--threads", str(torch.get_num_threads())]
+    return args + (["--real"] if w.real else [])
+
+
+def memory_probe(w: Workload, name: str) -> dict:
+    """Run in a fresh process: the variant's warm-up and one round; peak RSS."""
+    base = rss_peak_mb()
+    v = VARIANTS[name](w)
+    v.setup()
+    v.round()
+    v.round()
+    peak = rss_peak_mb()
+    return {"peak_mb": round(peak, 1), "delta_mb": round(peak - base, 1)}
+
+
+def measure_memory(w: Workload, name: str) -> dict:
+    cmd = [sys.executable, "-m", "benchmarks.bench", "--memory-probe", name, *workload_args(w)]
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=_env())
+    if out.returncode != 0:
+        return {"error": out.stderr.strip().splitlines()[-1:] or ["failed"]}
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _env() -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    return env
+
+
+# ---------------------------------------------------------------- Flower
+
+
+def flower_python(choice: str | None) -> tuple[str | None, str]:
+    """The interpreter to run Flower with, or None and why not."""
+    python = choice or sys.executable
+    probe = subprocess.run([python, "-c", "import flwr, ray, torch; print(flwr.__version__)"],
+                           capture_output=True, text=True, env=_env())
+    if probe.returncode != 0:
+        last = (probe.stderr.strip().splitlines() or ["unknown error"])[-1]
+        return None, (f"flwr[simulation] is not importable by {python} ({last}); install it "
+                      f"with `pip install -e .[bench]` or pass --flower-python")
+    return python, f"flwr {probe.stdout.strip()} ({python})"
+
+
+class TreeRss:
+    """Peak of the summed RSS of a process and all its descendants, sampled."""
+
+    def __init__(self, pid: int, every: float = 0.25):
+        self.pid, self.every, self.peak_kb = pid, every, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        while not self._stop.wait(self.every):
+            self.peak_kb = max(self.peak_kb, _tree_rss_kb(self.pid))
+
+    def stop(self) -> float:
+        self._stop.set()
+        self._thread.join()
+        return self.peak_kb / 1024.0
+
+
+def _tree_rss_kb(root: int) -> int:
+    children: dict[int, list[int]] = {}
+    rss: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            status = Path(f"/proc/{entry}/status").read_text()
+        except OSError:
+            continue
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        pid = int(entry)
+        children.setdefault(int(fields.get("PPid", "0").strip()), []).append(pid)
+        rss[pid] = int(fields.get("VmRSS", "0 kB").split()[0])
+    total, todo = 0, [root]
+    while todo:
+        pid = todo.pop()
+        total += rss.get(pid, 0)
+        todo.extend(children.get(pid, []))
+    return total
+
+
+def run_flower(w: Workload, python: str, repeats: int, num_cpus: float, log) -> dict:
+    with tempfile.TemporaryDirectory(prefix="splitfed-bench-") as tmp:
+        data, out = Path(tmp) / "workload.pt", Path(tmp) / "flower.json"
+        w.save(data)
+        cmd = [python, "-m", "benchmarks.flower_fedavg", "--data", str(data), "--rounds",
+               str(repeats + 1), "--num-cpus", str(num_cpus), "--out", str(out)]
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+        mem = TreeRss(proc.pid)
+        output, _ = proc.communicate()
+        peak = mem.stop()
+        if proc.returncode != 0 or not out.exists():
+            tail = " | ".join(output.strip().splitlines()[-3:])
+            return {"label": LABELS[FLOWER], "error": f"exit {proc.returncode}: {tail}"}
+        res = json.loads(out.read_text())
+    rounds = [res["round_s"][k] for k in sorted(res["round_s"], key=int)]
+    log(f"  {FLOWER}: {len(rounds)} rounds in {time.perf_counter() - t0:.1f} s "
+        f"(warm-up {rounds[0]:.2f} s)")
+    summary = summarize(w, rounds[1:], LABELS[FLOWER])
+    summary.update({"peak_mb": round(peak, 1), "flwr": res["flwr"],
+                    "num_cpus_per_client": res["num_cpus_per_client"],
+                    "note": "run after the interleaved variants; peak_mb is the process tree"})
+    return summary
+
+
+# ---------------------------------------------------------------- tables
+
+
+def add_ratios(results: dict[str, dict]) -> dict:
+    """Ratios to the limit (best centralized big batch), to batch 32, to the peer loop."""
+    sps = {n: r["samples_per_s"] for n, r in results.items() if "samples_per_s" in r}
+    limits = [n for n in LIMITS if n in sps]
+    refs = {"x_limit": max((sps[n] for n in limits), default=None),
+            "x_b32": sps.get("central_b32"), "x_peer": sps.get("peer_loop")}
+    for r in results.values():
+        for key, ref in refs.items():
+            if "samples_per_s" in r and ref:
+                r[key] = round(r["samples_per_s"] / ref, 3)
+    return {"limit_variant": max(limits, key=sps.get) if limits else None}
+
+
+def table(workload: dict, results: dict[str, dict]) -> str:
+    head = (f"C={workload['clients']} K={workload['local_steps']} B={workload['batch']}: "
+            f"{workload['samples_per_round']} samples/round, {torch.get_num_threads()} threads")
+    rows = [("variant", "samples/s", "x limit", "x b32", "x peer", "peak MB", "+MB")]
+    notes = []
+    for name, r in results.items():
+        if "samples_per_s" not in r:
+            status = "error" if "error" in r else "skipped"
+            rows.append((name, status, "", "", "", "", ""))
+            notes.append(f"{name} {status}: {r.get('error') or r.get('skipped')}")
+            continue
+        rows.append((name, f"{r['samples_per_s']:,.0f}",
+                     *(f"{r[k]:.2f}" if k in r else "-" for k in ("x_limit", "x_b32", "x_peer")),
+                     *(f"{r[k]:.0f}" if k in r else "-" for k in ("peak_mb", "delta_mb"))))
+    widths = [max(len(str(row[i])) for row in rows) for i in range(7)]
+    lines = [head]
+    for i, row in enumerate(rows):
+        cells = [str(c).ljust(widths[0]) if j == 0 else str(c).rjust(widths[j])
+                 for j, c in enumerate(row)]
+        lines.append("  ".join(cells).rstrip())
+        if i == 0:
+            lines.append("  ".join("-" * n for n in widths))
+    return "\n".join(lines + notes)
+
+
+def scaling_table(blocks: list[dict]) -> str:
+    names = list(dict.fromkeys(n for b in blocks for n in b["results"]))
+    cs = [b["workload"]["clients"] for b in blocks]
+    rows = [("us/sample", *(f"C={c}" for c in cs), f"C={cs[-1]} / C={cs[0]}")]
+    for name in names:
+        cost = []
+        for b in blocks:
+            r = b["results"].get(name, {})
+            cost.append(1e6 / r["samples_per_s"] if r.get("samples_per_s") else None)
+        ratio = f"{cost[-1] / cost[0]:.2f}" if cost[0] and cost[-1] else "-"
+        rows.append((name, *(f"{c:.1f}" if c else "-" for c in cost), ratio))
+    widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
+    lines = []
+    for i, row in enumerate(rows):
+        lines.append("  ".join(str(c).ljust(widths[0]) if j == 0 else str(c).rjust(widths[j])
+                               for j, c in enumerate(row)).rstrip())
+        if i == 0:
+            lines.append("  ".join("-" * n for n in widths))
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- driver
+
+
+def run_block(w: Workload, args, flower: tuple[str | None, str], log) -> dict:
+    log(f"C={w.clients} K={w.local_steps}: {w.samples_per_round} samples per round")
+    names = [n for n in args.variants if n in VARIANTS]
+    block = {"workload": w.describe(), "load_before": load_average()}
+    results = time_variants(w, names, args.repeats, log)
+    if args.memory:
+        for name in names:
+            results[name].update(measure_memory(w, name))
+    if FLOWER in args.variants:
+        python, why = flower
+        if python is None:
+            results[FLOWER] = {"label": LABELS[FLOWER], "skipped": why}
+            log(f"  {FLOWER}: skipped: {why}")
+        elif w.clients > args.flower_max_clients:
+            why = (f"C={w.clients} > --flower-max-clients {args.flower_max_clients}: "
+                   f"Flower's per-client overhead makes one round take minutes")
+            results[FLOWER] = {"label": LABELS[FLOWER], "skipped": why}
+            log(f"  {FLOWER}: skipped: {why}")
+        else:
+            results[FLOWER] = run_flower(w, python, args.repeats, args.flower_cpus, log)
+    block.update(add_ratios(results))
+    block["results"] = results
+    block["load_after"] = load_average()
+    return block
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--clients", "-C", type=int, default=100)
+    ap.add_argument("--local-steps", "-K", type=int, default=5)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--lr", type=float, default=0.01)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--repeats", "-R", type=int, default=3)
+    ap.add_argument("--real", action="store_true",
+                    help=f"real Fashion-MNIST samples from {FASHION_DIR} (default: random)")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    ap.add_argument("--variants", default=",".join([*VARIANTS, FLOWER]),
+                    help="comma-separated subset of: " + ", ".join([*VARIANTS, FLOWER]))
+    ap.add_argument("--no-memory", dest="memory", action="store_false",
+                    help="skip the per-variant peak-memory subprocesses")
+    ap.add_argument("--no-flower", action="store_true", help="skip the Flower variant")
+    ap.add_argument("--flower-python", default=None,
+                    help="interpreter with flwr[simulation] (default: this one)")
+    ap.add_argument("--flower-cpus", type=float, default=1.0,
+                    help="Ray CPUs per Flower client actor")
+    ap.add_argument("--flower-max-clients", type=int, default=100)
+    ap.add_argument("--scaling", action="store_true",
+                    help="run C in --scaling-clients at a fixed --scaling-samples per round")
+    ap.add_argument("--scaling-clients", default="10,100,1000")
+    ap.add_argument("--scaling-samples", type=int, default=32000)
+    ap.add_argument("--out", default=None, help="write the results as JSON here")
+    ap.add_argument("--quiet", action="store_true")
+    ap.add_argument("--memory-probe", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    unknown = set(args.variants) - {*VARIANTS, FLOWER}
+    if unknown:
+        ap.error(f"unknown variants {sorted(unknown)}")
+    if args.no_flower and FLOWER in args.variants:
+        args.variants.remove(FLOWER)
+    return args
+
+
+def main(argv=None) -> dict | None:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    make = lambda c, k: Workload(c, k, args.batch, args.lr, args.seed, args.real)  # noqa: E731
+    if args.memory_probe:
+        print(json.dumps(memory_probe(make(args.clients, args.local_steps), args.memory_probe)))
+        return None
+    log = (lambda *a: None) if args.quiet else (lambda msg: print(msg, flush=True))
+    report = {"command": " ".join(["python -m benchmarks.bench", *(argv or sys.argv[1:])]),
+              "machine": machine_info(), "load_start": load_average(),
+              "repeats": args.repeats}
+    log(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {cpu_model()}, "
+        f"load average {report['load_start']}")
+    flower = flower_python(args.flower_python) if FLOWER in args.variants else (None, "")
+    if args.scaling:
+        blocks = []
+        for c in (int(x) for x in args.scaling_clients.split(",")):
+            k, rest = divmod(args.scaling_samples, c * args.batch)
+            if k < 1 or rest:
+                raise SystemExit(f"--scaling-samples {args.scaling_samples} is not a multiple "
+                                 f"of C * batch = {c * args.batch}")
+            blocks.append(run_block(make(c, k), args, flower, log))
+        report["scaling"] = blocks
+    else:
+        report.update(run_block(make(args.clients, args.local_steps), args, flower, log))
+        blocks = [report]
+    report["load_end"] = load_average()
+    print()
+    for b in blocks:
+        print(table(b["workload"], b["results"]))
+        print()
+    if args.scaling:
+        print(f"cost per sample (microseconds) at {args.scaling_samples} samples per round")
+        print(scaling_table(blocks))
+        print()
+    print(f"load average: start {report['load_start']}, end {report['load_end']}")
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+        print(f"wrote {args.out}")
+    return report
+
+
+if __name__ == "__main__":
+    main()

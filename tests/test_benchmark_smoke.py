@@ -1,0 +1,45 @@
+"""The throughput benchmark runs end to end at a tiny size (no timing assertions)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from benchmarks.bench import FLOWER, LIMITS
+from benchmarks.variants import VARIANTS
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _bench(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "benchmarks.bench", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_benchmark_tiny_run_reports_every_variant(tmp_path):
+    out = tmp_path / "bench.json"
+    # one thread: on a busy 2-core CI machine two threads per process can stall badly
+    proc = _bench("--clients", "4", "--local-steps", "1", "--repeats", "1", "--threads", "1",
+                  "--no-flower", "--no-memory", "--quiet", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(out.read_text())
+    results = report["results"]
+    assert set(results) == set(VARIANTS) and FLOWER not in results
+    for name, r in results.items():
+        assert r["samples_per_s"] > 0, name
+        assert len(r["round_s"]) == 1
+        assert r["x_peer"] > 0 and r["x_b32"] > 0 and r["x_limit"] > 0
+    assert report["limit_variant"] in LIMITS
+    assert report["workload"]["samples_per_round"] == 4 * 1 * 32
+    for key in ("torch", "threads", "cpu_model"):
+        assert key in report["machine"]
+    assert len(report["load_start"]) == 3 and len(report["load_end"]) == 3
+    assert "splitfed_fedavg" in proc.stdout and "samples/s" in proc.stdout
+
+
+def test_memory_probe_reports_peak_rss():
+    proc = _bench("--memory-probe", "splitfed_sflv2", "--clients", "2", "--local-steps", "1",
+                  "--threads", "1")
+    assert proc.returncode == 0, proc.stderr
+    probe = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert probe["peak_mb"] > 0 and probe["delta_mb"] >= 0
