@@ -12,6 +12,7 @@ optional: without it CIFAR-10 uses its built-in names and CIFAR-100 has ``classe
 
 from __future__ import annotations
 
+import io
 import pickle
 from pathlib import Path
 
@@ -49,8 +50,11 @@ class _SafeUnpickler(pickle.Unpickler):
 def read_pickle(path: Path) -> dict:
     """The dict in a CIFAR pickle (bytes keys); DataError naming the file if it is corrupt."""
     try:
-        with open(path, "rb") as f:
-            obj = _SafeUnpickler(f, encoding="bytes").load()
+        raw = Path(path).read_bytes()
+    except OSError as e:
+        raise DataError(f"{path}: cannot read ({e})") from e
+    try:
+        obj = _SafeUnpickler(io.BytesIO(raw), encoding="bytes").load()
     except Exception as e:  # corrupt pickles raise many types (EOFError, UnpicklingError, ...)
         raise DataError(f"{path}: corrupt pickle ({type(e).__name__}: {e})") from e
     if not isinstance(obj, dict):
@@ -58,37 +62,56 @@ def read_pickle(path: Path) -> dict:
     return obj
 
 
-def _read_batch(path: Path, label_keys: list[bytes]) -> tuple[np.ndarray, list[np.ndarray]]:
+def _read_batch(path: Path, label_keys: list[bytes],
+                num_classes: list[int]) -> tuple[np.ndarray, list[np.ndarray]]:
     batch = read_pickle(path)
     missing = [k for k in [b"data", *label_keys] if k not in batch]
     if missing:
-        raise DataError(f"{path}: missing keys {missing}; has {sorted(batch)}")
-    data = np.asarray(batch[b"data"])
+        has = sorted(repr(k) for k in batch)
+        raise DataError(f"{path}: missing keys {missing}; has {', '.join(has) or 'none'}")
+    try:
+        data = np.asarray(batch[b"data"])
+    except (TypeError, ValueError) as e:  # ragged nested lists
+        raise DataError(f"{path}: b'data' is not an array ({e})") from e
     if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3072:
         raise DataError(f"{path}: b'data' must be uint8 [n, 3072], got {data.dtype} {data.shape}")
-    labels = [np.asarray(batch[k]) for k in label_keys]
-    for k, y in zip(label_keys, labels):
+    labels = []
+    for k, n in zip(label_keys, num_classes):
+        y = labels_tensor(batch[k], n, f"{path} {k!r}").numpy()
         if y.shape != (len(data),):
             raise DataError(f"{path}: {k!r} has shape {y.shape}, expected ({len(data)},)")
+        labels.append(y)
     return data.reshape(-1, 3, 32, 32), labels
 
 
 def _read_split(paths, label_keys, num_classes):
-    parts = [_read_batch(p, label_keys) for p in paths]
+    parts = [_read_batch(p, label_keys, num_classes) for p in paths]
     x = np.concatenate([d for d, _ in parts])
+    if len(x) == 0:
+        raise DataError(f"{', '.join(str(p) for p in paths)}: no images (b'data' is empty)")
     ys = [np.concatenate([ls[i] for _, ls in parts]) for i in range(len(label_keys))]
-    for i, n in enumerate(num_classes):
-        labels_tensor(ys[i], n, ", ".join(str(p) for p in paths))
     return x, ys
 
 
-def _meta_names(dirs, name: str, key: bytes) -> list[str] | None:
+def _meta_names(dirs, name: str, key: bytes, num_classes: int) -> list[str] | None:
     for d in dirs:
-        if (Path(d) / name).is_file():
-            names = read_pickle(Path(d) / name).get(key)
-            return None if names is None else [n.decode() if isinstance(n, bytes) else str(n)
-                                               for n in names]
+        path = Path(d) / name
+        if path.is_file():
+            names = read_pickle(path).get(key)
+            if names is None:
+                return None
+            if not isinstance(names, (list, tuple)) or len(names) != num_classes:
+                raise DataError(f"{path}: {key!r} must list {num_classes} class names, got "
+                                f"{type(names).__name__} {_preview(names)}; fix or delete "
+                                "the file (it is optional)")
+            return [n.decode(errors="replace") if isinstance(n, bytes) else str(n)
+                    for n in names]
     return None
+
+
+def _preview(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _bundle(name, xtr, ytr, xte, yte, num_classes, classes) -> DataBundle:
@@ -115,7 +138,7 @@ def load_cifar10(data_dir: str | None, rng: np.random.Generator) -> DataBundle:
     test_paths = [find_file("test_batch", dirs, how_to)]
     xtr, (ytr,) = _read_split(train_paths, [b"labels"], [10])
     xte, (yte,) = _read_split(test_paths, [b"labels"], [10])
-    classes = _meta_names(dirs, "batches.meta", b"label_names") or list(CIFAR10_CLASSES)
+    classes = _meta_names(dirs, "batches.meta", b"label_names", 10) or list(CIFAR10_CLASSES)
     return _bundle("cifar10", xtr, ytr, xte, yte, 10, classes)
 
 
@@ -134,5 +157,5 @@ def load_cifar100(data_dir: str | None, rng: np.random.Generator,
     key = f"{label_mode}_labels".encode()
     xtr, (ytr,) = _read_split([find_file("train", dirs, how_to)], [key], [n])
     xte, (yte,) = _read_split([find_file("test", dirs, how_to)], [key], [n])
-    classes = _meta_names(dirs, "meta", f"{label_mode}_label_names".encode())
+    classes = _meta_names(dirs, "meta", f"{label_mode}_label_names".encode(), n)
     return _bundle("cifar100", xtr, ytr, xte, yte, n, classes)

@@ -97,8 +97,21 @@ def standardise(train_x: torch.Tensor, test_x: torch.Tensor) -> tuple[torch.Tens
 
 
 def labels_tensor(labels: np.ndarray, num_classes: int, source: str) -> torch.Tensor:
-    """Int64 label tensor; DataError naming ``source`` if any label is outside [0, num_classes)."""
-    y = np.asarray(labels).astype(np.int64, copy=False)
+    """Int64 label tensor; DataError naming ``source`` if the labels are not a 1-D array of
+    whole numbers or any label is outside [0, num_classes)."""
+    try:
+        y = np.asarray(labels)
+    except (TypeError, ValueError) as e:  # ragged lists
+        raise DataError(f"{source}: labels are not a flat list of integers ({e})") from e
+    if y.ndim != 1:
+        raise DataError(f"{source}: labels must be one integer per sample, got shape {y.shape}")
+    whole = np.issubdtype(y.dtype, np.integer) or (
+        np.issubdtype(y.dtype, np.floating) and bool(np.all(np.isfinite(y)))
+        and bool(np.all(y == np.round(y))))
+    if y.size and not whole:
+        raise DataError(f"{source}: labels must be integers, got dtype {y.dtype} "
+                        f"(e.g. {y.ravel()[0]!r})")
+    y = y.astype(np.int64, copy=False)
     if y.size and (y.min() < 0 or y.max() >= num_classes):
         raise DataError(
             f"{source}: labels out of range [0, {num_classes}): found min {y.min()}, max {y.max()}"
@@ -119,10 +132,10 @@ def limit_bundle(
         if limit is None:
             continue
         if isinstance(limit, bool) or not isinstance(limit, (int, np.integer)) or limit < 1:
-            raise ConfigError(f"{field} must be a positive integer or None, got {limit!r}")
+            raise ConfigError(f"data.{field}: must be a positive integer or null, got {limit!r}")
         if limit > len(split):
             raise ConfigError(
-                f"{field}={limit} exceeds the {len(split)} samples of {bundle.name!r}"
+                f"data.{field}: {limit} exceeds the {len(split)} samples of {bundle.name!r}"
             )
         picks[field] = np.sort(rng.choice(len(split), size=int(limit), replace=False))
     if "limit_train" in picks:

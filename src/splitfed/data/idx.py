@@ -8,6 +8,7 @@ accepted here), the number of dimensions ``d``, then ``d`` uint32 sizes, then th
 from __future__ import annotations
 
 import gzip
+import math
 import zlib
 from pathlib import Path
 
@@ -62,7 +63,7 @@ def read_idx(path: str | Path) -> np.ndarray:
     if len(data) < header:
         raise DataError(f"{path}: truncated IDX header ({ndim} dims need {header} bytes)")
     dims = tuple(int(d) for d in np.frombuffer(data, dtype=">u4", count=ndim, offset=4))
-    expected = int(np.prod(dims, dtype=np.int64))
+    expected = math.prod(dims)  # Python ints: no overflow for absurd header dims
     if len(data) - header != expected:
         raise DataError(
             f"{path}: IDX dims {dims} need {expected} data bytes, file has {len(data) - header}"
@@ -81,6 +82,8 @@ def _read_split(dirs: list[Path], split: str, how_to: str) -> tuple[np.ndarray, 
         raise DataError(f"{lbl_path}: expected 1 IDX dim [N], got {labels.shape}")
     if len(images) != len(labels):
         raise DataError(f"{img_path} has {len(images)} images but {lbl_path} has {len(labels)}")
+    if len(images) == 0 or min(images.shape[1:]) == 0:
+        raise DataError(f"{img_path}: no image data (IDX dims {images.shape})")
     return images, labels_tensor(labels, 10, str(lbl_path))
 
 

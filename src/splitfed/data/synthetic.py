@@ -26,16 +26,23 @@ from splitfed.data.datasets import ArrayDataset, DataBundle
 from splitfed.errors import ConfigError
 
 
-def _check(alpha, beta, num_devices, dim, num_classes, test_fraction) -> None:
+def _check(alpha, beta, num_devices, dim, num_classes, test_fraction, iid) -> None:
     for name, value in (("alpha", alpha), ("beta", beta)):
-        if not np.isfinite(value) or value < 0:
+        if not _is_number(value) or not np.isfinite(value) or value < 0:
             raise ConfigError(f"synthetic: {name} must be a finite number >= 0, got {value!r}")
     for name, value, low in (("num_devices", num_devices, 1), ("dim", dim, 1),
                              ("num_classes", num_classes, 2)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
             raise ConfigError(f"synthetic: {name} must be an integer >= {low}, got {value!r}")
-    if not 0 < test_fraction < 1:
+    if not _is_number(test_fraction) or not 0 < test_fraction < 1:
         raise ConfigError(f"synthetic: test_fraction must be in (0, 1), got {test_fraction!r}")
+    if not isinstance(iid, (bool, np.bool_)):
+        raise ConfigError(f"synthetic: iid must be true or false, got {iid!r}")
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(
+        value, (bool, np.bool_))
 
 
 def _device(rng, n, W, b, v, sd):
@@ -73,7 +80,7 @@ def load_synthetic(data_dir: str | None, rng: np.random.Generator, alpha: float 
                    num_classes: int = 10, test_fraction: float = 0.2,
                    iid: bool = False) -> DataBundle:
     """synthetic(alpha, beta) as a DataBundle with ``natural_partition`` (``data_dir`` unused)."""
-    _check(alpha, beta, num_devices, dim, num_classes, test_fraction)
+    _check(alpha, beta, num_devices, dim, num_classes, test_fraction, iid)
     devices = generate(rng, alpha, beta, num_devices, dim, num_classes, bool(iid))
     n_train = [max(1, int((1 - test_fraction) * len(y))) for _, y in devices]
     xtr = np.concatenate([x[:m] for (x, _), m in zip(devices, n_train)])
