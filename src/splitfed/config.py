@@ -159,6 +159,15 @@ class RunConfig:
     server_data: ServerDataConfig = field(default_factory=ServerDataConfig)
     clock: ClockConfig = field(default_factory=ClockConfig)
 
+    def __post_init__(self):
+        bad = [c for c in ("/", "\\", "\x00") if c in self.name]
+        if not self.name.strip() or self.name in (".", "..") or bad:
+            raise ConfigError(f"name: {self.name!r} must be a non-empty file name without "
+                              "'/', '\\' or NUL (it prefixes the run directory; choose the "
+                              "parent directory with out_dir)")
+        if not self.out_dir or "\x00" in self.out_dir:
+            raise ConfigError(f"out_dir: {self.out_dir!r} is not a usable directory path")
+
 
 _OPEN_SECTIONS = {"data": DataConfig, "partition": PartitionConfig, "model": ModelConfig,
                   "algorithm": AlgorithmConfig, "clock": ClockConfig}
@@ -172,7 +181,11 @@ def _fold_options(raw: dict) -> dict:
         if not isinstance(body, dict):
             continue
         known = {f.name for f in fields(cls)}
-        opts = dict(body.get("options") or {})
+        given = body.get("options")
+        if given is not None and not isinstance(given, dict):
+            raise ConfigError(f"{section}.options: expected a mapping of option names to "
+                              f"values, got {given!r}")
+        opts = dict(given or {})
         folded = {k: v for k, v in body.items() if k in known}
         opts.update({k: v for k, v in body.items() if k not in known})
         folded["options"] = opts

@@ -323,6 +323,11 @@ def load_yaml(path: str | Path) -> dict:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as err:
         raise ConfigError(f"cannot parse {path}: {_yaml_problem(err)}") from err
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"cannot read {path}: not UTF-8 text (byte {err.start}: "
+                          f"{err.reason}); save the file as UTF-8") from err
+    except OSError as err:
+        raise ConfigError(f"cannot read {path}: {err.strerror or err}") from err
     if data is None:
         return {}
     if not isinstance(data, dict):

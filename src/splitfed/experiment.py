@@ -112,6 +112,9 @@ def _build_model(cfg: RunConfig, bundle, streams: RandomStreams):
         torch.manual_seed(derive_seed(streams.seed, "init"))
         model = build_model(cfg.model.name, bundle.input_shape, bundle.num_classes,
                             **cfg.model.options)
+    unsplit = not getattr(ALGORITHMS.get(cfg.algorithm.name), "split", True)
+    if unsplit and cfg.model.cut is None and not model.valid_cuts:
+        return model, None  # a one-block model (mlp with hidden: []) trains unsplit only
     cut = resolve_cut(model, cfg.model.cut)
     return model, cut
 

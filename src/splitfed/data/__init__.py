@@ -61,7 +61,8 @@ def dataset_options(name: str) -> dict[str, object]:
 def _loader(name: str):
     key = str(name).lower().replace("-", "_")
     if key not in DATASETS:
-        raise ConfigError(f"unknown dataset {name!r}; known: {', '.join(dataset_names())}")
+        raise ConfigError(f"data.name: unknown dataset {name!r}; "
+                          f"known: {', '.join(dataset_names())}")
     return DATASETS[key]
 
 
@@ -79,7 +80,7 @@ def load_dataset(name: str, data_dir: str | None = None, *,
     unknown = sorted(set(options) - set(allowed))
     if unknown:
         raise ConfigError(
-            f"unknown option(s) {', '.join(unknown)} for dataset {name!r}; "
+            f"data: unknown option(s) {', '.join(unknown)} for dataset {name!r}; "
             f"allowed: {', '.join(allowed) or 'none'}"
         )
     rng = np.random.default_rng(0) if rng is None else rng

@@ -78,16 +78,24 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, **opt
     :class:`ConfigError` listing what is allowed. Uses torch's global RNG for init.
     """
     if name not in MODELS:
-        raise ConfigError(f"unknown model {name!r}; known models: {', '.join(model_names())}")
+        raise ConfigError(f"model.name: unknown model {name!r}; "
+                          f"known models: {', '.join(model_names())}")
     unknown = sorted(set(options) - set(model_options(name)))
     if unknown:
         allowed = ", ".join(model_options(name)) or "none"
-        raise ConfigError(f"unknown option(s) {unknown} for model {name}; allowed: {allowed}")
+        raise ConfigError(f"model: unknown option(s) {unknown} for model {name}; "
+                          f"allowed: {allowed}")
     if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
         raise ConfigError(f"num_classes must be a positive int, got {num_classes!r}")
     try:
         model = MODELS[name](tuple(input_shape), num_classes, **options)
     except RuntimeError as e:  # a dry run failed: the input is too small for the model
-        raise ConfigError(f"input_shape {tuple(input_shape)} does not fit {name}: {e}") from e
+        raise ConfigError(f"model.name: input_shape {tuple(input_shape)} of the data does not "
+                          f"fit {name}: {e}") from e
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as e:  # an option of the wrong type
+        raise ConfigError(f"model: bad option value in {options} for model {name}: "
+                          f"{e}") from e
     model.input_shape, model.num_classes = tuple(int(s) for s in input_shape), num_classes
     return model

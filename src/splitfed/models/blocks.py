@@ -54,11 +54,12 @@ class BlockModel(nn.Sequential):
 
 def _cut_error(model: BlockModel, cut) -> ConfigError:
     if not model.valid_cuts:
-        return ConfigError(f"cut={cut!r}: {model.name} has a single block and no valid cut")
+        return ConfigError(f"model.cut={cut!r}: {model.name} has a single block and no valid "
+                           "cut (use it with an unsplit algorithm)")
     listed = ", ".join(f"{k} ({model.cut_descriptions[k]})" for k in model.valid_cuts)
     names = ", ".join(f"'{n}'" for n in model.block_names[:-1])
     return ConfigError(
-        f"cut={cut!r} is not valid for {model.name}; valid cuts: {listed}; "
+        f"model.cut={cut!r} is not valid for {model.name}; valid cuts: {listed}; "
         f"or the name of the last client block: {names}"
     )
 
@@ -120,6 +121,7 @@ def image_shape(model: str, input_shape) -> tuple[int, int, int]:
 
 def scaled(channels: int, width: float) -> int:
     """``channels * width`` rounded, at least 1 (width multipliers of small models)."""
-    if not width > 0:
+    numeric = isinstance(width, (int, float)) and not isinstance(width, bool)
+    if not numeric or not width > 0:
         raise ConfigError(f"width must be > 0, got {width!r}")
     return max(1, round(float(channels * width)))

@@ -18,6 +18,9 @@ from splitfed.models.blocks import BlockModel
 
 
 def mlp(input_shape, num_classes: int, *, hidden=(200, 200)) -> BlockModel:
+    if not isinstance(hidden, (list, tuple)):
+        raise ConfigError(f"mlp: hidden must be a list of positive ints (layer widths), "
+                          f"got {hidden!r}")
     hidden = tuple(hidden)
     if not all(isinstance(h, int) and not isinstance(h, bool) and h > 0 for h in hidden):
         raise ConfigError(f"mlp: hidden must be positive ints, got {hidden!r}")
