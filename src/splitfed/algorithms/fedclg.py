@@ -217,25 +217,31 @@ class FedCLGS(_FedCLG):
 
     @torch.no_grad()
     def round_state(self, env, t, cohort, g_s, g_i) -> dict:
-        """eta sum_i w_i K_i (g^s - g^i), in float64, from the uploaded g^i."""
+        """The uploaded g^i and eta w_i K_i per slot; eq. 11's correction is summed in
+        :meth:`server_update`, over the clients the aggregation kept."""
         g_i = env.transport.upload("model", cohort.ids, g_i)
         coef = (torch.from_numpy(np.array(cohort.weights, dtype=np.float64))
                 * torch.from_numpy(env.local_steps(cohort.ids).astype(np.float64))
                 * float(env.lr(t)))
-        corrections = {}
-        for n, g in g_i.items():
-            c = coef.to(g.device)
-            corrections[n] = (c.sum() * g_s[n].double()
-                              - torch.tensordot(c, g.double(), dims=1))
-        return {_CORR: corrections}
+        return {_CORR: {"g_s": g_s, "g_i": g_i, "coef": coef, "ids": cohort.ids}}
 
     @torch.no_grad()
     def server_update(self, env, state, acc):
-        """x_t + eta_g sum_i w_i Delta_i, minus eta_g eta sum_i w_i K_i (g^s - g^i)."""
+        """x_t + eta_g sum_i w_i Delta_i, minus eta_g eta sum_i w_i K_i (g^s - g^i).
+
+        With a round deadline the sum runs over the kept clients only, with the same
+        renormalised weights as their Delta_i (docs/clock.md): a late client contributes
+        neither its model delta nor its correction term."""
         eta_g = float(self.options.global_lr)
         out = acc.result(eta_g)
         if acc.count == 0:
             return out
-        for n, c in state[_CORR].items():
-            out[n] = (out[n].double() - eta_g * c.to(out[n].device)).to(out[n].dtype)
+        saved = state[_CORR]
+        keep = torch.from_numpy(env.clock.on_time(saved["ids"]))
+        coef = saved["coef"][keep] * acc.scale
+        for n, g in saved["g_i"].items():
+            c = coef.to(g.device)
+            kept = g[keep.to(g.device)].double()
+            corr = c.sum() * saved["g_s"][n].double() - torch.tensordot(c, kept, dims=1)
+            out[n] = (out[n].double() - eta_g * corr.to(out[n].device)).to(out[n].dtype)
         return out

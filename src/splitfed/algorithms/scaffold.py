@@ -44,6 +44,9 @@ Decisions (SPEC and what the paper leaves open):
   control update is the mean of its slots' control deltas, applied once (so
   c = sum_n a_n c_n still holds).
 - A round with an empty cohort keeps x, c and every c_i.
+- With a round deadline (docs/clock.md) a client whose model upload arrives late (its
+  control delta follows it) is dropped from both: x aggregates the kept clients, and
+  only their controls change (c_i and c's term of a late client stay as they were).
 """
 
 from __future__ import annotations
@@ -105,10 +108,11 @@ class Scaffold(FedAvg):
         for name, cn in c.items():
             s = scale.to(cn).view(-1, *([1] * cn.dim()))
             dc[name] = (x[name] - chunk.state[name]) * s - cn
+        on_time = env.clock.on_time(chunk.client_ids)   # as decided for the model upload
         uploaded = env.transport.upload("model", chunk.client_ids, dc)
-        slots = torch.from_numpy(chunk.slots)
+        slots = torch.from_numpy(chunk.slots[on_time])
         for name, rows in state[_ROUND].items():
-            rows[slots.to(rows.device)] = uploaded[name]
+            rows[slots.to(rows.device)] = uploaded[name][torch.from_numpy(on_time)]
 
     @torch.no_grad()
     def _update_controls(self, env, state, cohort, deltas) -> dict:

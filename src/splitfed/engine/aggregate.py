@@ -62,8 +62,12 @@ class DeltaAccumulator:
     def count(self) -> int:
         return self._count
 
-    def _scale(self) -> float:
+    @property
+    def scale(self) -> float:
         """1, or the renormalisation over the kept clients when some were dropped."""
+        return self._scale()
+
+    def _scale(self) -> float:
         if self.renormalise and self._kept != self._offered and self._kept > 0:
             return self._offered / self._kept
         return 1.0

@@ -26,12 +26,15 @@ class Ledger:
 
     def record(self, kind: str, direction: str, client_ids, nbytes) -> None:
         ids = np.asarray(client_ids, dtype=np.int64).reshape(-1)
-        b = np.broadcast_to(np.asarray(nbytes, dtype=np.int64), ids.shape)
         table = self._rounds[self.round]
         key = (kind, direction)
         if key not in table:
             table[key] = np.zeros(self.num_clients, dtype=np.int64)
-        np.add.at(table[key], ids, b)
+        if ids.size == 1 and np.ndim(nbytes) == 0:     # one client: the common SL step
+            table[key][ids[0]] += int(nbytes)
+            return
+        np.add.at(table[key], ids, np.broadcast_to(np.asarray(nbytes, dtype=np.int64),
+                                                   ids.shape))
 
     def round_totals(self, t: int) -> dict[str, int]:
         """``{"bytes_up/activations": n, ..., "bytes_up": total, "bytes_down": total}``."""
