@@ -163,7 +163,11 @@ def _new_run_dir(cfg: RunConfig) -> Path:
     run_dir, i = base, 1
     while run_dir.exists():
         run_dir, i = Path(f"{base}-{i}"), i + 1
-    run_dir.mkdir(parents=True)
+    try:
+        run_dir.mkdir(parents=True)
+    except OSError as e:
+        raise ConfigError(f"out_dir: cannot create the run directory {run_dir} "
+                          f"({e.strerror or e}); choose another out_dir") from e
     return run_dir
 
 
@@ -185,6 +189,7 @@ def run_experiment(cfg: RunConfig, *, write: bool = True,
         _check_empty(run_dir)
     algorithm = build_algorithm(cfg)
     env = build_environment(cfg)
+    algorithm.check(env)
     if not write:
         run_dir = None
     elif run_dir is None:

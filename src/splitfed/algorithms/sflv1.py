@@ -91,6 +91,20 @@ class SFLV1(Algorithm):
     def server_copies(self, env, cohort) -> int:
         return cohort.size                # one server-side copy per participating slot
 
+    def check(self, env) -> None:
+        """server_period must divide every client's K, and the K of any two clients that
+        can share a round must be equal (the condition ``round`` enforces per cohort)."""
+        period = self.options.server_period
+        if period is None:
+            return
+        steps = env.local_steps(np.arange(len(env.client_indices)))
+        pc = env.config.participation
+        single = pc.mode in ("uniform", "with_replacement") and pc.clients_per_round == 1
+        if np.any(steps % period) or (not single and len(set(steps.tolist())) > 1):
+            raise ConfigError(f"algorithm.server_period={period} must divide the number of "
+                              f"local steps, which must be equal for all clients (got "
+                              f"{sorted(set(steps.tolist()))}); use train.local_steps")
+
     def _chunks(self, env, parts, state, cohort, steps):
         executor = env.executor(parts.client)
         plans = executor.plans(cohort.ids, steps, env.streams.numpy("batches"))

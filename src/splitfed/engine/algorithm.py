@@ -46,6 +46,10 @@ class Algorithm:
     def __init__(self, options: Any = None):
         self.options = options if options is not None else self.Options()
 
+    def check(self, env) -> None:
+        """Raise ConfigError if the options cannot work with the built ``env``; called
+        before the run directory is created. Default: nothing to check."""
+
     def init_state(self, env) -> dict:
         """Default: the global model (a copy of ``env.model``'s state) under ``"model"``."""
         return {"model": {k: v.detach().clone() for k, v in env.model.state_dict().items()}}
