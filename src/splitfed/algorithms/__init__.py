@@ -9,6 +9,7 @@ from splitfed.algorithms.clgsgd import CLGSGD
 from splitfed.algorithms.csefsl import CSEFSL
 from splitfed.algorithms.fedavg import FedAvg
 from splitfed.algorithms.fedclg import FedCLGC, FedCLGS
+from splitfed.algorithms.fedlora import FedLoRA
 from splitfed.algorithms.fedopt import FedOpt
 from splitfed.algorithms.fedprox import FedProx
 from splitfed.algorithms.musplitfed import MUSplitFed
@@ -27,6 +28,7 @@ ALGORITHMS = {
     "fedavg": FedAvg,
     "fedclg_c": FedCLGC,
     "fedclg_s": FedCLGS,
+    "fedlora": FedLoRA,
     "fedopt": FedOpt,
     "fedprox": FedProx,
     "musplitfed": MUSplitFed,

@@ -53,13 +53,20 @@ class FedAvg(Algorithm):
         """The new global model from the aggregated client deltas."""
         return acc.result(self.options.global_lr)
 
+    def communicated(self, env, state: dict) -> dict:
+        """The part of the global model sent to and trained by the clients (all of it;
+        FedLoRA: the adapters and the head)."""
+        return state["model"]
+
     def round(self, env, state, t, cohort):
         if cohort.is_empty():
             return state, {}
         tr = env.config.train
         executor = env.executor(env.model)
-        received = env.transport.broadcast("model", cohort.ids, state["model"])
-        acc = DeltaAccumulator(state["model"], renormalise=env.clock.renormalise)
+        sent = self.communicated(env, state)
+        received = env.transport.broadcast("model", cohort.ids, sent)
+        received = {**state["model"], **received}  # clients already hold the rest
+        acc = DeltaAccumulator(sent, renormalise=env.clock.renormalise)
         losses = torch.zeros(cohort.size, dtype=torch.float64)
         weights = torch.tensor(cohort.weights, dtype=torch.float64)
         steps = env.local_steps(cohort.ids)
@@ -69,10 +76,12 @@ class FedAvg(Algorithm):
                                     weight_decay=tr.weight_decay,
                                     rng=env.streams.numpy("batches"),
                                     grad_hook=self.grad_hook(env, state, cohort)):
-            uploaded = env.transport.upload("model", chunk.client_ids, chunk.state)
+            uploaded = env.transport.upload("model", chunk.client_ids,
+                                            {k: chunk.state[k] for k in sent})
             acc.add(weights[torch.from_numpy(chunk.slots)], uploaded,
                     keep=env.clock.on_time(chunk.client_ids))
             losses[torch.from_numpy(chunk.slots)] = chunk.loss.to(torch.float64).cpu()
             self.client_results(env, state, t, cohort, chunk)
-        new_state = {**state, "model": self.server_update(env, state, acc)}
+        new_state = {**state, "model": {**state["model"],
+                                        **self.server_update(env, state, acc)}}
         return new_state, {"train_loss": float(losses.mean()), "samples": samples}

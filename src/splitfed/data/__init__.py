@@ -19,6 +19,7 @@ from splitfed.data.digits import load_digits
 from splitfed.data.idx import load_fashion_mnist, load_mnist, read_idx
 from splitfed.data.partition import PARTITIONERS, partition, partition_stats, partition_summary
 from splitfed.data.synthetic import load_synthetic
+from splitfed.data.text import load_sst2, load_synthetic_text
 from splitfed.errors import ConfigError
 
 DEFAULT_DATASET = "fashion_mnist"
@@ -29,6 +30,8 @@ DATASETS = {
     "cifar100": load_cifar100,
     "digits": load_digits,
     "synthetic": load_synthetic,
+    "sst2": load_sst2,
+    "synthetic_text": load_synthetic_text,
 }
 
 __all__ = [

@@ -54,7 +54,8 @@ class StackedModel:
         self.clock = clock if ids is not None else None
         self.ids, self.role = ids, role
         self._macs = 0
-        self.param_names = [k for k, _ in module.named_parameters()]
+        # frozen parameters (requires_grad False, e.g. a LoRA base) are carried, not trained
+        self.param_names = [k for k, p in module.named_parameters() if p.requires_grad]
         keys = module.state_dict().keys()
         self.state = stack_copies({k: start[k] for k in keys}, self.n, self.param_names)
         self._plain = [self.state[k].detach() for k in self.param_names]

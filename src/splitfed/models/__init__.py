@@ -17,6 +17,7 @@ vgg11          batch_norm, width           3            after the k-th max-pool
 resnet18       width                       2            after residual stage k (paper 002)
 mobilenetv2    width_mult                  1            1: after the stem, k: after group k-1
 mlp            hidden                      1            after hidden layer k
+opt            preset, pretrained, sizes   2            embeddings + decoder blocks 1..k
 =============  ==========================  ===========  ======================================
 """
 
@@ -34,6 +35,7 @@ from splitfed.models.lenet import lenet5
 from splitfed.models.mlp import mlp
 from splitfed.models.mobilenet import mobilenetv2
 from splitfed.models.resnet import resnet18
+from splitfed.models.transformer import opt
 from splitfed.models.vgg import vgg11
 
 MODELS: dict[str, Callable[..., BlockModel]] = {
@@ -43,6 +45,7 @@ MODELS: dict[str, Callable[..., BlockModel]] = {
     "resnet18": resnet18,
     "mobilenetv2": mobilenetv2,
     "mlp": mlp,
+    "opt": opt,
 }
 
 __all__ = [

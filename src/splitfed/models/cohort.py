@@ -43,7 +43,9 @@ composite module may define ``forward_cohort(self, ctx, x)`` that mirrors its ``
 but calls ``ctx.run(self.child, x)`` for each child and works on folded / stacked
 tensors (residual additions need nothing special). Any other module, and inputs of other
 ranks than ``[C, B, F]`` / ``[C, B, Ch, H, W]``, fall back to ``torch.func.vmap`` of
-``functional_call`` with ``randomness="different"``: correct but slow.
+``functional_call`` with ``randomness="different"``: correct but slow. A template with any
+submodule whose class sets ``cohort_per_client = True`` (transformer blocks) runs as one
+``functional_call`` per client on views of the stacked state.
 
 The per-template plan (qualified names, handlers, expected shapes) is cached on first use;
 do not change a template's structure after passing it here.
@@ -95,6 +97,8 @@ def cohort_forward(
     plan = _plan(module)
     plan.check(state, x.shape[0])
     ctx = CohortContext(plan, state, x.shape[0], training)
+    if plan.per_client:
+        return _per_client(ctx, module, x)
     if x.dim() not in (3, 5):
         return _vmapped(ctx, module, x)
     y = ctx.run(module, _fold(x) if x.dim() == 5 else x)
@@ -131,6 +135,7 @@ class _Plan:
                 self.children[id(m)] = list(m)
                 self.pool_first[id(m)] = _pool_first(self.children[id(m)])
         self.shapes = {k: v.shape for k, v in module.state_dict(keep_vars=True).items()}
+        self.per_client = any(getattr(m, "cohort_per_client", False) for m in module.modules())
 
     def check(self, state: Mapping[str, Tensor], n: int) -> None:
         missing = [k for k in self.shapes if k not in state]
@@ -300,6 +305,16 @@ def _fallback(ctx, m, x):
             f"[B, F] or [B, Ch, H, W] per client, got {tuple(y.shape[1:])}"
         )
     return _fold(y) if y.dim() == 5 else y
+
+
+def _per_client(ctx, m, x):
+    """One ``functional_call`` per client: templates with a submodule marked
+    ``cohort_per_client`` (transformer blocks, whose matrix products already fill the
+    machine and whose code is not written for stacked parameters)."""
+    with _mode(m, ctx.training):
+        outs = [functional_call(m, {k: ctx.state[k][c] for k in ctx.plan.shapes}, (x[c],))
+                for c in range(ctx.n)]
+    return outs[0].unsqueeze(0) if ctx.n == 1 else torch.stack(outs)
 
 
 def _vmapped(ctx, m, x):

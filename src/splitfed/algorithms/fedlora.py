@@ -1,0 +1,95 @@
+"""FedLoRA: FedAvg over LoRA adapters (Hu et al. 2022), paper 001 Fig. 4's baseline.
+
+At round 0, LoRA adapters (``peft``; rank r, scaling alpha / r, A random, B zero, so
+the model is unchanged) are injected into the ``targets`` linear layers of the model
+(default: OPT's attention ``q_proj`` and ``v_proj``, as the LoRA paper; in a model
+without them every linear layer outside the head); every other parameter is frozen,
+except the classification head (the model's last block; ``train_head``, default true: a
+classifier for a new task has a fresh head). Each round is FedAvg on the trainable part
+only: the clients receive the adapters and the head, run local SGD on them with the base
+weights fixed, and upload them; the server averages them with eta_g. The frozen base is
+sent to nobody after round 0 (the clients hold it from the start; it is not counted).
+
+Options: ``rank`` (8), ``alpha`` (16), ``lora_dropout`` (0), ``targets`` (module-name
+suffixes), ``train_head``, ``global_lr`` (FedAvg's eta_g). The adapter initialisation
+draws from a seed derived from the run seed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from splitfed.algorithms.fedavg import FedAvg
+from splitfed.errors import ConfigError
+from splitfed.rng import derive_seed
+
+
+@dataclass
+class FedLoRAOptions:
+    global_lr: float = field(default=1.0, metadata={"gt": 0, "help": "eta_g"})
+    rank: int = field(default=8, metadata={"ge": 1, "help": "LoRA rank r"})
+    alpha: float = field(default=16.0, metadata={"gt": 0, "help": "LoRA scaling alpha / r"})
+    lora_dropout: float = field(default=0.0, metadata={"ge": 0, "lt": 1})
+    targets: list[str] | None = field(default=None, metadata={
+        "help": "names (suffixes) of the linear layers that get adapters (null: q_proj "
+                "and v_proj if the model has them, else every linear layer but the head)"})
+    train_head: bool = field(default=True, metadata={
+        "help": "also train (and communicate) the classification head"})
+
+
+def default_targets(model: nn.Module) -> list[str]:
+    """q_proj and v_proj (attention, as the LoRA paper) if the model has them, else the
+    names of every linear layer outside the head (the last block)."""
+    names = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+    attention = sorted({n.rsplit(".", 1)[-1] for n in names} & {"q_proj", "v_proj"})
+    if attention:
+        return attention
+    head = [n for n, _ in model.named_children()][-1] + "."
+    return [n for n in names if not n.startswith(head)]
+
+
+def add_lora(model: nn.Module, rank: int = 8, alpha: float = 16.0, dropout: float = 0.0,
+             targets=None, train_head: bool = True) -> nn.Module:
+    """Inject LoRA adapters into ``model`` in place and freeze everything else (the
+    head excepted when ``train_head``). Idempotent: a model with adapters is returned as is."""
+    if getattr(model, "lora_injected", False):
+        return model
+    try:
+        from peft import LoraConfig, inject_adapter_in_model
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise ConfigError("fedlora needs the 'peft' package: pip install -e '.[llm]'") from e
+    targets = default_targets(model) if targets is None else list(targets)
+    config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout,
+                        target_modules=targets, bias="none")
+    try:
+        inject_adapter_in_model(config, model)
+    except Exception as e:  # peft's NoMatchingPeftModuleError and ValueError
+        raise ConfigError(f"algorithm.targets: {e}") from e
+    head = [n for n, _ in model.named_children()][-1] + "."     # the last block
+    for name, p in model.named_parameters():
+        p.requires_grad_("lora_" in name or (train_head and name.startswith(head)))
+    model.lora_injected = True
+    return model
+
+
+def trainable_keys(model: nn.Module) -> list[str]:
+    return [k for k, p in model.named_parameters() if p.requires_grad]
+
+
+class FedLoRA(FedAvg):
+    name = "fedlora"
+    reference = "FedAvg (McMahan et al. 2017) over LoRA adapters (Hu et al. 2022); paper 001 Fig. 4"
+    Options = FedLoRAOptions
+
+    def init_state(self, env) -> dict:
+        o = self.options
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(derive_seed(env.streams.seed, "lora"))
+            add_lora(env.model, o.rank, o.alpha, o.lora_dropout, o.targets, o.train_head)
+        return super().init_state(env)
+
+    def communicated(self, env, state: dict) -> dict:
+        return {k: state["model"][k] for k in trainable_keys(env.model)}

@@ -1,0 +1,184 @@
+"""Text classification data: SST-2 (GLUE) and a synthetic marker task, as token tensors.
+
+Every sample is one int64 tensor ``[2, L]``: row 0 the token ids (a leading BOS, then the
+text, right-padded with PAD), row 1 the attention mask (1 = token, 0 = padding); the
+input shape is ``(2, L)`` (:mod:`splitfed.models.transformer` reads it). Texts are
+tokenised once, at load time.
+
+Tokenizers. ``tokenizer=<dir>``: a local Hugging Face tokenizer directory
+(``AutoTokenizer.from_pretrained(dir, local_files_only=True)``; e.g. the directory an OPT
+checkpoint was saved to), right padding, truncation at ``max_len``. Otherwise the built-in
+:class:`WordTokenizer`: lower-cased words and punctuation (regex ``\\w+|[^\\w\\s]``), the
+``vocab_size - 4`` most frequent words of the *train* split (ties alphabetical) get ids 4..,
+everything else UNK; ids 0..3 are reserved as in OPT's vocabulary (0 ``<s>``, 1 PAD,
+2 BOS ``</s>``, 3 UNK). Deterministic and offline; it is not OPT's BPE, so with the
+built-in tokenizer a pretrained OPT's embeddings do not match the words (use it with
+random initialisation, or give the checkpoint's tokenizer directory).
+
+SST-2 (Socher et al. 2013, GLUE version): ``data_dir`` holds ``train.tsv`` and
+``dev.tsv`` (tab-separated, header ``sentence<TAB>label``, as GLUE distributes them), or
+the parquet files of the Hugging Face ``glue/sst2`` set (``train-*.parquet`` and
+``validation-*.parquet``, columns ``sentence`` and ``label``; needs pandas and pyarrow).
+GLUE's test split has no labels, so the dev split (872 sentences) is the test set, as in
+paper 001 and MeZO.
+
+Synthetic marker task (offline): random token sequences of random length; label 1 iff the
+marker token occurs (exactly half the samples, one marker at a random position).
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from splitfed.data.datasets import ArrayDataset, DataBundle, labels_tensor
+from splitfed.errors import ConfigError, DataError
+
+PAD, BOS, UNK, FIRST_WORD = 1, 2, 3, 4
+_WORD = re.compile(r"\w+|[^\w\s]")
+
+
+class WordTokenizer:
+    """Deterministic word-level tokenizer built from a list of texts (module docstring)."""
+
+    def __init__(self, texts: Sequence[str], vocab_size: int = 8192):
+        if vocab_size <= FIRST_WORD:
+            raise ConfigError(f"vocab_size must be > {FIRST_WORD}, got {vocab_size}")
+        counts = Counter(w for t in texts for w in self.words(t))
+        ranked = sorted(counts, key=lambda w: (-counts[w], w))[: vocab_size - FIRST_WORD]
+        self.vocab = {w: i for i, w in enumerate(ranked, start=FIRST_WORD)}
+        self.vocab_size = vocab_size
+
+    @staticmethod
+    def words(text: str) -> list[str]:
+        return _WORD.findall(text.lower())
+
+    def encode(self, texts: Sequence[str], max_len: int) -> torch.Tensor:
+        """``[N, 2, max_len]`` ids and mask: BOS, the words (truncated), PAD."""
+        out = np.zeros((len(texts), 2, max_len), dtype=np.int64)
+        out[:, 0] = PAD
+        for i, text in enumerate(texts):
+            ids = [BOS] + [self.vocab.get(w, UNK) for w in self.words(text)]
+            ids = ids[:max_len]
+            out[i, 0, : len(ids)] = ids
+            out[i, 1, : len(ids)] = 1
+        return torch.from_numpy(out)
+
+
+def hf_encode(tokenizer_dir: str, texts: Sequence[str], max_len: int) -> torch.Tensor:
+    """``[N, 2, max_len]`` with a local Hugging Face tokenizer (right padding)."""
+    path = Path(tokenizer_dir)
+    if not path.is_dir():
+        raise ConfigError(f"tokenizer: {path} is not a directory (tokenizers are loaded "
+                          "from local directories only)")
+    try:
+        from transformers import AutoTokenizer
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise ConfigError("tokenizer directories need 'transformers': "
+                          "pip install -e '.[llm]'") from e
+    tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    tok.padding_side = "right"
+    enc = tok(list(texts), padding="max_length", truncation=True, max_length=max_len,
+              return_tensors="pt")
+    return torch.stack([enc["input_ids"], enc["attention_mask"]], dim=1).long()
+
+
+def _read_tsv(path: Path) -> tuple[list[str], np.ndarray]:
+    with open(path, newline="", encoding="utf-8") as f:
+        rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+    if not rows or [c.strip() for c in rows[0][:2]] != ["sentence", "label"]:
+        raise DataError(f"{path}: expected a header 'sentence<TAB>label', "
+                        f"got {rows[0] if rows else 'an empty file'}")
+    bad = [i + 2 for i, r in enumerate(rows[1:]) if len(r) < 2 or not r[1].strip().isdigit()]
+    if bad:
+        raise DataError(f"{path}: malformed rows at lines {bad[:5]}")
+    return [r[0] for r in rows[1:]], np.array([int(r[1]) for r in rows[1:]], dtype=np.int64)
+
+
+def _read_parquet(path: Path) -> tuple[list[str], np.ndarray]:
+    try:
+        import pandas as pd
+    except ImportError as e:
+        raise DataError(f"{path}: reading parquet needs pandas and pyarrow") from e
+    frame = pd.read_parquet(path, columns=["sentence", "label"])
+    return frame["sentence"].astype(str).tolist(), frame["label"].to_numpy(np.int64)
+
+
+def _sst2_split(root: Path, tsv: str, parquet: str) -> tuple[list[str], np.ndarray]:
+    if (root / tsv).is_file():
+        return _read_tsv(root / tsv)
+    found = sorted(root.glob(f"{parquet}*.parquet"))
+    if found:
+        parts = [_read_parquet(p) for p in found]
+        return [t for ts, _ in parts for t in ts], np.concatenate([y for _, y in parts])
+    raise DataError(f"SST-2: neither {root / tsv} nor {root}/{parquet}*.parquet found; "
+                    "download GLUE's SST-2 (train.tsv, dev.tsv) into data.data_dir")
+
+
+def encode(train_texts, test_texts, tokenizer: str | None, max_len: int, vocab_size: int):
+    """Token tensors of both splits (the built-in vocabulary from the train texts)."""
+    if max_len < 2:
+        raise ConfigError(f"max_len must be >= 2, got {max_len}")
+    if tokenizer is not None:
+        return hf_encode(tokenizer, train_texts, max_len), hf_encode(tokenizer, test_texts,
+                                                                       max_len)
+    tok = WordTokenizer(train_texts, vocab_size)
+    return tok.encode(train_texts, max_len), tok.encode(test_texts, max_len)
+
+
+def load_sst2(data_dir: str | None, rng: np.random.Generator, tokenizer: str | None = None,
+              max_len: int = 64, vocab_size: int = 8192) -> DataBundle:
+    """SST-2 from GLUE files in ``data_dir`` (module docstring); dev split as test."""
+    if data_dir is None:
+        raise ConfigError("sst2 needs data.data_dir: a directory with GLUE's SST-2 "
+                          "train.tsv and dev.tsv (or the parquet files)")
+    root = Path(data_dir)
+    train_texts, ytr = _sst2_split(root, "train.tsv", "train")
+    test_texts, yte = _sst2_split(root, "dev.tsv", "validation")
+    xtr, xte = encode(train_texts, test_texts, tokenizer, max_len, vocab_size)
+    train = ArrayDataset(xtr, labels_tensor(ytr, 2, f"{root} train"))
+    test = ArrayDataset(xte, labels_tensor(yte, 2, f"{root} dev"))
+    return DataBundle("sst2", train, test, 2, (2, max_len), ["negative", "positive"])
+
+
+def marker_sequences(rng: np.random.Generator, n: int, seq_len: int, vocab_size: int,
+                     min_len: int, marker: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``n`` samples of the synthetic marker task: ``[n, 2, seq_len]`` and labels."""
+    x = np.full((n, 2, seq_len), 0, dtype=np.int64)
+    x[:, 0] = PAD
+    y = np.zeros(n, dtype=np.int64)
+    y[rng.permutation(n)[: n // 2]] = 1
+    words = np.array([w for w in range(FIRST_WORD, vocab_size) if w != marker])
+    lengths = rng.integers(min_len, seq_len, size=n, endpoint=True)   # with the BOS
+    for i in range(n):
+        k = int(lengths[i])
+        body = rng.choice(words, size=k - 1)
+        if y[i]:
+            body[rng.integers(k - 1)] = marker
+        x[i, 0, :k] = np.concatenate([[BOS], body])
+        x[i, 1, :k] = 1
+    return torch.from_numpy(x), torch.from_numpy(y)
+
+
+def load_synthetic_text(data_dir: str | None, rng: np.random.Generator,
+                        num_train: int = 2000, num_test: int = 500, seq_len: int = 16,
+                        vocab_size: int = 64, min_len: int = 4,
+                        marker: int = FIRST_WORD) -> DataBundle:
+    """The synthetic marker task (module docstring); ``data_dir`` is unused."""
+    if not FIRST_WORD <= marker < vocab_size or vocab_size < FIRST_WORD + 2:
+        raise ConfigError(f"synthetic_text: need {FIRST_WORD} <= marker < vocab_size and "
+                          f"vocab_size >= {FIRST_WORD + 2}; got marker={marker}, "
+                          f"vocab_size={vocab_size}")
+    if not 2 <= min_len <= seq_len:
+        raise ConfigError(f"synthetic_text: need 2 <= min_len <= seq_len, got {min_len}, "
+                          f"{seq_len}")
+    xtr, ytr = marker_sequences(rng, num_train, seq_len, vocab_size, min_len, marker)
+    xte, yte = marker_sequences(rng, num_test, seq_len, vocab_size, min_len, marker)
+    return DataBundle("synthetic_text", ArrayDataset(xtr, ytr), ArrayDataset(xte, yte), 2,
+                      (2, seq_len), ["absent", "present"])

@@ -1,0 +1,274 @@
+"""Decoder-only transformer classifiers (Hugging Face ``transformers``) split at block Lc.
+
+Paper 001 Sec. 5 and Appendix E fine-tune OPT-1.3B (24 decoder blocks) on SST-2 and split
+it after decoder block Lc. Here a Hugging Face sequence-classification model (OPT:
+``OPTForSequenceClassification``) is taken apart into a :class:`BlockModel`:
+
+    block1 = token and position embeddings + decoder block 1
+    block2 .. blockN = decoder blocks 2 .. N
+    head = final layer norm (and projection) + classification layer (``score``)
+
+so a cut ``k`` (1..N) puts the embeddings and the first ``k`` decoder blocks on the client
+and the remaining blocks and the head on the server, as the paper's Lc. The blocks *are*
+the Hugging Face modules (no copies): ``from_hf(model)`` of a loaded model gives the same
+logits as the model's own forward (tested).
+
+Inputs are one integer tensor per sample, ``[2, L]``: row 0 the token ids, row 1 the
+attention mask (1 = token, 0 = right padding; :mod:`splitfed.data.text` makes them). The
+activation between blocks is ``[B, L, H + 1]``: the hidden states with the attention mask
+as one extra channel, so the mask crosses the cut with the smashed data (the server needs
+it; it is counted in the bytes up, 1 / (H + 1) of the payload). The head pools the
+rightmost unpadded position, as ``OPTForSequenceClassification`` does.
+
+Weights: from a local ``save_pretrained`` directory (``pretrained=<dir>``; nothing is ever
+downloaded), else random initialisation from a config: a named ``preset``
+(``tiny``, ``opt-125m``, ``opt-350m``, ``opt-1.3b``) with any of its sizes overridden.
+Dropout is 0 by default (``dropout``): zeroth-order methods compare two forward passes of
+the same batch, which random dropout masks would decorrelate (as MeZO does).
+
+The cohort forward (:mod:`splitfed.models.cohort`) runs these blocks client by client
+(``cohort_per_client``): their matrix products already fill the machine, and Hugging Face
+layers are not written for stacked parameters.
+
+Adding another decoder-only family: a :class:`Family` entry that names its embedding
+module (ids and mask -> hidden states), its decoder layers and its head parts.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from splitfed.errors import ConfigError
+from splitfed.models.blocks import BlockModel
+
+# OPT sizes (Zhang et al. 2022, Table 1; the Hugging Face configs)
+PRESETS = {
+    "tiny": dict(hidden_size=32, num_hidden_layers=4, num_attention_heads=4, ffn_dim=64,
+                 vocab_size=8192, word_embed_proj_dim=None, do_layer_norm_before=True),
+    "opt-125m": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                     ffn_dim=3072, vocab_size=50272, word_embed_proj_dim=None,
+                     do_layer_norm_before=True, max_position_embeddings=2048),
+    "opt-350m": dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
+                     ffn_dim=4096, vocab_size=50272, word_embed_proj_dim=512,
+                     do_layer_norm_before=False, max_position_embeddings=2048),
+    "opt-1.3b": dict(hidden_size=2048, num_hidden_layers=24, num_attention_heads=32,
+                     ffn_dim=8192, vocab_size=50272, word_embed_proj_dim=None,
+                     do_layer_norm_before=True, max_position_embeddings=2048),
+}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+          "float64": torch.float64}
+
+
+def _transformers():
+    try:
+        import transformers
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise ConfigError("transformer models need the 'transformers' package: "
+                          "pip install -e '.[llm]'") from e
+    return transformers
+
+
+def attention_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Additive attention mask [B, 1, L, L]: 0 where query i may attend to key j (j <= i
+    and key j is a token), the dtype's minimum elsewhere."""
+    b, length = mask.shape
+    causal = torch.ones(length, length, dtype=torch.bool, device=mask.device).tril()
+    allowed = causal.unsqueeze(0) & (mask > 0).unsqueeze(1)
+    zero = torch.zeros((), dtype=dtype, device=mask.device)
+    low = torch.full((), torch.finfo(dtype).min, dtype=dtype, device=mask.device)
+    return torch.where(allowed, zero, low).unsqueeze(1)
+
+
+def last_token(mask: torch.Tensor) -> torch.Tensor:
+    """Index of the rightmost position with mask 1 in each row (0 for an empty row)."""
+    positions = torch.arange(mask.shape[-1], device=mask.device)
+    return (positions * (mask > 0)).argmax(-1)
+
+
+def _with_mask(h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return torch.cat([h, mask.unsqueeze(-1).to(h.dtype)], dim=-1)
+
+
+class OPTEmbedding(nn.Module):
+    """Token ids and mask ``[B, 2, L]`` -> hidden states and mask ``[B, L, H + 1]``
+    (OPT: token embedding, optional projection in, learned positions from the mask)."""
+
+    cohort_per_client = True
+
+    def __init__(self, tokens: nn.Embedding, positions: nn.Module, project_in: nn.Module | None):
+        super().__init__()
+        self.tokens, self.positions, self.project_in = tokens, positions, project_in
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ids, mask = x[:, 0].long(), x[:, 1].long()
+        if ids.numel() and int(ids.max()) >= self.tokens.num_embeddings:
+            raise ConfigError(f"token id {int(ids.max())} >= the model's vocab_size "
+                              f"{self.tokens.num_embeddings}: use a tokenizer matching the "
+                              "model, or set model.vocab_size")
+        h = self.tokens(ids)
+        if self.project_in is not None:
+            h = self.project_in(h)
+        h = h + self.positions(mask, 0)
+        return _with_mask(h, mask)
+
+
+class DecoderBlock(nn.Module):
+    """One Hugging Face decoder layer on ``[B, L, H + 1]`` (hidden states and mask)."""
+
+    cohort_per_client = True
+
+    def __init__(self, layer: nn.Module, embedding: nn.Module | None = None):
+        super().__init__()
+        if embedding is not None:
+            self.embed = embedding
+        self.layer = layer
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if hasattr(self, "embed"):
+            x = self.embed(x)
+        h, mask = x[..., :-1], x[..., -1]
+        out = self.layer(h, attention_mask=attention_bias(mask, h.dtype))
+        if isinstance(out, tuple):
+            out = out[0]
+        return _with_mask(out, mask)
+
+
+class ClassifierHead(nn.Module):
+    """``[B, L, H + 1]`` -> logits ``[B, K]`` at the rightmost token: final norm,
+    projection out (if any), classification layer."""
+
+    cohort_per_client = True
+
+    def __init__(self, norm: nn.Module | None, project_out: nn.Module | None, score: nn.Linear):
+        super().__init__()
+        self.norm, self.project_out, self.score = norm, project_out, score
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h, mask = x[..., :-1], x[..., -1]
+        h = h[torch.arange(h.shape[0], device=h.device), last_token(mask)]
+        if self.norm is not None:
+            h = self.norm(h)
+        if self.project_out is not None:
+            h = self.project_out(h)
+        return self.score(h)
+
+
+@dataclass
+class Family:
+    """How to take a Hugging Face sequence classifier of one family apart."""
+
+    embedding: Callable[[nn.Module], nn.Module]
+    layers: Callable[[nn.Module], list[nn.Module]]
+    head: Callable[[nn.Module], nn.Module]
+
+
+def _opt_decoder(m):
+    return m.model.decoder
+
+
+FAMILIES: dict[str, Family] = {
+    "opt": Family(
+        embedding=lambda m: OPTEmbedding(_opt_decoder(m).embed_tokens,
+                                         _opt_decoder(m).embed_positions,
+                                         _opt_decoder(m).project_in),
+        layers=lambda m: list(_opt_decoder(m).layers),
+        head=lambda m: ClassifierHead(_opt_decoder(m).final_layer_norm,
+                                      _opt_decoder(m).project_out, m.score)),
+}
+
+
+def from_hf(hf_model: nn.Module, name: str | None = None) -> BlockModel:
+    """The :class:`BlockModel` over ``hf_model``'s own modules (shared, not copied)."""
+    family = FAMILIES.get(hf_model.config.model_type)
+    if family is None:
+        raise ConfigError(f"model type {hf_model.config.model_type!r} is not supported; "
+                          f"supported: {', '.join(sorted(FAMILIES))}")
+    layers = family.layers(hf_model)
+    blocks = OrderedDict()
+    for i, layer in enumerate(layers, start=1):
+        blocks[f"block{i}"] = DecoderBlock(layer, family.embedding(hf_model) if i == 1 else None)
+    blocks["head"] = family.head(hf_model)
+    n = len(layers)
+    cuts = {k: f"embeddings + decoder blocks 1..{k} on the client" for k in range(1, n + 1)}
+    model = BlockModel(blocks, name=name or hf_model.config.model_type, cut_descriptions=cuts,
+                       default_cut=min(2, n))
+    model.hf_config = hf_model.config
+    return model
+
+
+@contextmanager
+def _default_dtype(dtype: torch.dtype):
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)
+
+
+def opt_config(num_classes: int, max_positions: int, *, preset: str = "tiny", **sizes):
+    """An ``OPTConfig`` for ``preset`` with ``sizes`` (None: the preset's) overridden."""
+    if preset not in PRESETS:
+        raise ConfigError(f"unknown preset {preset!r}; presets: {', '.join(PRESETS)}")
+    values = dict(PRESETS[preset])
+    values.setdefault("max_position_embeddings", max_positions)
+    values.update({k: v for k, v in sizes.items() if v is not None})
+    if values["word_embed_proj_dim"] is None:
+        values["word_embed_proj_dim"] = values["hidden_size"]
+    if values["max_position_embeddings"] < max_positions:
+        raise ConfigError(f"sequences of {max_positions} tokens exceed the model's "
+                          f"{values['max_position_embeddings']} positions")
+    cfg = _transformers().OPTConfig(num_labels=num_classes, pad_token_id=1,
+                                    bos_token_id=2, eos_token_id=2, **values)
+    return cfg
+
+
+def _check_shape(input_shape) -> int:
+    shape = tuple(int(s) for s in input_shape)
+    if len(shape) != 2 or shape[0] != 2 or shape[1] < 1:
+        raise ConfigError(f"transformer classifiers take token ids and an attention mask, "
+                          f"input_shape (2, L); got {shape}")
+    return shape[1]
+
+
+def opt(input_shape, num_classes: int, *, preset: str = "tiny", pretrained: str | None = None,
+        hidden_size: int | None = None, num_layers: int | None = None,
+        num_heads: int | None = None, ffn_dim: int | None = None,
+        vocab_size: int | None = None, max_positions: int | None = None,
+        dropout: float = 0.0, dtype: str = "float32", attention: str = "sdpa") -> BlockModel:
+    """OPT sequence classifier split into embeddings + decoder blocks + head (see module).
+
+    ``pretrained``: a local ``save_pretrained`` directory (its sizes win over the preset;
+    the classification layer is new if the checkpoint has none). ``dtype``: float32,
+    bfloat16, float16. ``attention``: the Hugging Face attention kernel (sdpa, eager).
+    """
+    seq_len = _check_shape(input_shape)
+    if dtype not in DTYPES:
+        raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    tf = _transformers()
+    extra = dict(dropout=dropout, attention_dropout=dropout, layerdrop=0.0)
+    if pretrained is not None:
+        path = Path(pretrained)
+        if not (path / "config.json").is_file():
+            raise ConfigError(f"pretrained: {path} is not a save_pretrained directory "
+                              "(no config.json); models are never downloaded")
+        hf = tf.AutoModelForSequenceClassification.from_pretrained(
+            path, num_labels=num_classes, local_files_only=True, dtype=DTYPES[dtype],
+            attn_implementation=attention, **extra)
+    else:
+        cfg = opt_config(num_classes, max_positions or seq_len, preset=preset,
+                         hidden_size=hidden_size, num_hidden_layers=num_layers,
+                         num_attention_heads=num_heads, ffn_dim=ffn_dim,
+                         vocab_size=vocab_size, **extra)
+        cfg._attn_implementation = attention
+        with _default_dtype(DTYPES[dtype]):
+            hf = tf.OPTForSequenceClassification(cfg)
+    hf.train()
+    return from_hf(hf, name="opt")

@@ -1,0 +1,209 @@
+"""Split transformer classifiers, text data, FedLoRA and client-memory measurement."""
+
+import numpy as np
+import pytest
+import torch
+from helpers import digits_config
+
+pytest.importorskip("transformers")
+
+from splitfed.config import build_config  # noqa: E402
+from splitfed.data import load_dataset  # noqa: E402
+from splitfed.data.text import BOS, PAD, UNK  # noqa: E402
+from splitfed.engine.memory import run_fresh  # noqa: E402
+from splitfed.experiment import build_algorithm, build_environment, run_experiment  # noqa: E402
+from splitfed.models import build_model, split  # noqa: E402
+from splitfed.models.cohort import cohort_forward, stack_states  # noqa: E402
+from splitfed.models.transformer import from_hf, opt_config  # noqa: E402
+
+TINY = {"name": "opt", "hidden_size": 16, "num_layers": 3, "num_heads": 2, "ffn_dim": 32,
+        "vocab_size": 40}
+
+
+def batch(n=5, length=12, vocab=40, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(4, vocab, (n, length), generator=g)
+    mask = torch.ones(n, length, dtype=torch.long)
+    for i, k in enumerate([length, 7, 3, 1, 10][:n]):
+        mask[i, k:] = 0
+    ids[mask == 0] = PAD
+    return ids, mask
+
+
+def hf_tiny(layers=3):
+    import transformers
+    torch.manual_seed(0)
+    cfg = opt_config(2, 12, preset="tiny", hidden_size=16, num_hidden_layers=layers,
+                     num_attention_heads=2, ffn_dim=32, vocab_size=40)
+    return transformers.OPTForSequenceClassification(cfg).eval()
+
+
+@pytest.mark.parametrize("cut", [1, 2, 3])
+def test_client_then_server_equals_the_unsplit_model(cut):
+    hf = hf_tiny()
+    model = from_hf(hf)
+    ids, mask = batch()
+    want = hf(input_ids=ids, attention_mask=mask).logits
+    client, server = split(model, cut)
+    got = server(client(torch.stack([ids, mask], 1)))
+    assert torch.allclose(got, want, atol=1e-5)
+    assert model.valid_cuts == [1, 2, 3]
+    keys = set(client.state_dict()) | set(server.state_dict())
+    assert len(keys) == len(model.state_dict())
+
+
+def test_pretrained_from_a_local_directory(tmp_path):
+    hf = hf_tiny(layers=2)
+    hf.save_pretrained(tmp_path)
+    model = build_model("opt", (2, 12), 2, pretrained=str(tmp_path))
+    ids, mask = batch()
+    model.eval()
+    got = model(torch.stack([ids, mask], 1))
+    assert torch.allclose(got, hf(input_ids=ids, attention_mask=mask).logits, atol=1e-5)
+
+
+def test_cohort_forward_runs_each_client_with_its_own_parameters():
+    model = build_model("opt", (2, 12), 2, **{k: v for k, v in TINY.items() if k != "name"})
+    other = {k: v + 0.01 * torch.randn_like(v) for k, v in model.state_dict().items()}
+    ids, mask = batch()
+    x = torch.stack([ids, mask], 1)
+    out = cohort_forward(model, stack_states([model.state_dict(), other]),
+                         torch.stack([x, x]), training=False)
+    model.eval()
+    assert torch.allclose(out[0], model(x), atol=1e-6)
+    model.load_state_dict(other)
+    assert torch.allclose(out[1], model(x), atol=1e-6)
+
+
+def text_config(algorithm, **over):
+    raw = {"name": "t", "rounds": 2, "progress": False, "seed": 1,
+           "algorithm": algorithm,
+           "data": {"name": "synthetic_text", "num_train": 64, "num_test": 32,
+                    "seq_len": 10, "vocab_size": 40},
+           "partition": {"scheme": "iid", "num_clients": 2},
+           "model": {**TINY, "cut": 1},
+           "train": {"batch_size": 8, "local_steps": 2, "local_epochs": None, "lr": 0.05},
+           "participation": {"mode": "full"}}
+    raw.update(over)
+    return build_config(raw)
+
+
+@pytest.mark.parametrize("algorithm", [{"name": "fedavg"}, {"name": "fedlora", "rank": 2},
+                                       {"name": "musplitfed", "tau": 3}])
+def test_algorithms_run_on_the_split_transformer(algorithm):
+    res = run_experiment(text_config(algorithm), write=False)
+    assert res.status == "completed"
+    assert all(np.isfinite(r["train_loss"]) for r in res.records[1:])
+
+
+def test_mu_split_is_musplitfed_with_one_client():
+    cfg = text_config({"name": "musplitfed", "tau": 2},
+                      partition={"scheme": "iid", "num_clients": 1})
+    res = run_experiment(cfg, write=False)
+    assert res.records[-1]["participants"] == 1
+
+
+def test_zo_client_update_leaves_the_server_copy_untouched():
+    from splitfed.algorithms.musplitfed import _Side
+    from splitfed.engine.split import SplitModel
+
+    cfg = text_config({"name": "musplitfed"})
+    env = build_environment(cfg)
+    algo = build_algorithm(cfg)
+    state = algo.init_state(env)
+    env.ledger.round = 1
+    parts = SplitModel.of(env)
+    ids = np.array([0, 1])
+    x = env.data.train.x[torch.arange(16).view(2, 8)]
+    y = env.data.train.y[torch.arange(16).view(2, 8)]
+    client = _Side(parts.client, parts.client_state(state["model"]), 2, env.clock, ids, "client")
+    server = _Side(parts.server, parts.server_state(state["model"]), 2, env.clock, ids,
+                   "server_copy")
+    server_before = {k: v.clone() for k, v in server.state.items()}
+    client_before = [p.clone() for p in client.params]
+    seeds = algo._seeds(7, "client", 0)
+    with torch.no_grad():
+        from splitfed.engine import zo
+        u = zo.directions(seeds[0], client.params)
+        sent = [client.forward(x)] + [client.forward(x, zo.perturb(client.params, u, s * 0.005))
+                                      for s in (1, -1)]
+        algo._client_step(env, client, server, sent, y, ids, seeds, x, 0.01)
+    assert all(torch.equal(server.state[k], v) for k, v in server_before.items())
+    assert not all(torch.equal(a, b) for a, b in zip(client.params, client_before))
+    shared = parts.server_state(state["model"])          # the global server model, too
+    assert all(torch.equal(shared[k], server_before[k][0]) for k in shared)
+
+
+def test_fedlora_trains_and_sends_only_adapters_and_head():
+    cfg = text_config({"name": "fedlora", "rank": 2})
+    env = build_environment(cfg)
+    algo = build_algorithm(cfg)
+    start = algo.init_state(env)["model"]
+    res = run_experiment(cfg, write=False)
+    end = res.state["model"]
+    assert set(end) == set(start)
+    trained = [k for k in start if not torch.equal(start[k], end[k])]
+    assert trained and all("lora_" in k or k.startswith("head.") for k in trained)
+    assert any("lora_B" in k for k in trained)
+    assert all(torch.equal(start[k], end[k]) for k in start
+               if "lora_" not in k and not k.startswith("head."))
+    sent = sum(v.numel() * v.element_size() for k, v in start.items()
+               if "lora_" in k or k.startswith("head."))
+    assert res.records[-1]["bytes_down/model"] == 2 * sent
+    assert res.records[-1]["bytes_up/model"] == 2 * sent
+
+
+def test_fedlora_defaults_to_every_linear_layer_outside_the_head():
+    cfg = digits_config(algorithm={"name": "fedlora", "rank": 2})
+    res = run_experiment(cfg, write=False)
+    assert any("lora_A" in k for k in res.state["model"])
+
+
+def test_memory_of_a_known_allocation_is_measured_within_ten_percent():
+    r = run_fresh(["--tensor-mb", "128"], timeout=120)
+    assert abs(r["peak_mb"] - 128) / 128 < 0.10, r
+
+
+def write_sst2(root, train_rows, dev_rows):
+    for name, rows in (("train.tsv", train_rows), ("dev.tsv", dev_rows)):
+        lines = ["sentence\tlabel"] + [f"{s}\t{y}" for s, y in rows]
+        (root / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def test_sst2_loader_reads_glue_tsv_files(tmp_path):
+    write_sst2(tmp_path,
+               [("a gripping , funny film ", 1), ("dull and dull", 0),
+                ("it 's a funny , funny movie that never ends well", 1)],
+               [("funny but dull", 1), ("unseen words here", 0)])
+    b = load_dataset("sst2", str(tmp_path), max_len=6, vocab_size=8)
+    assert b.input_shape == (2, 6) and b.num_classes == 2
+    assert b.train.x.shape == (3, 2, 6) and b.test.x.shape == (2, 2, 6)
+    assert b.train.y.tolist() == [1, 0, 1] and b.test.y.tolist() == [1, 0]
+    ids, mask = b.train.x[1]
+    assert ids[0] == BOS and mask.tolist() == [1, 1, 1, 1, 0, 0]
+    assert ids[1] == ids[3] and ids[4] == PAD            # "dull" twice, then padding
+    assert b.train.x[2, 1].tolist() == [1] * 6            # truncated at max_len
+    funny = b.train.x[2, 0, 5]              # "it ' s a funny": the most frequent word
+    assert funny == 4
+    assert b.test.x[1, 0, 1:4].tolist() == [UNK] * 3      # words not in the train split
+
+
+def test_sst2_loader_reads_parquet(tmp_path):
+    pd = pytest.importorskip("pandas")
+    pytest.importorskip("pyarrow")
+    pd.DataFrame({"sentence": ["good", "bad"], "label": [1, 0], "idx": [0, 1]}).to_parquet(
+        tmp_path / "train-00000-of-00001.parquet")
+    pd.DataFrame({"sentence": ["good"], "label": [1], "idx": [0]}).to_parquet(
+        tmp_path / "validation-00000-of-00001.parquet")
+    b = load_dataset("sst2", str(tmp_path), max_len=4)
+    assert b.train.y.tolist() == [1, 0] and len(b.test) == 1
+
+
+def test_synthetic_text_label_is_whether_the_marker_occurs():
+    b = load_dataset("synthetic_text", num_train=200, num_test=50, seq_len=12, vocab_size=30)
+    for split_ in (b.train, b.test):
+        ids, mask = split_.x[:, 0], split_.x[:, 1]
+        has = ((ids == 4) & (mask == 1)).any(1).long()
+        assert torch.equal(has, split_.y)
+        assert (ids[:, 0] == BOS).all() and ((ids == PAD) == (mask == 0)).all()
+    assert int(b.train.y.sum()) == 100
