@@ -8,8 +8,8 @@ client, K local steps, C clients, plain SGD lr 0.01).
 Samples per round are ``C * K * 32``; samples/s is that over the median round time
 (evaluation never runs). Every variant runs one warm-up round, then ``--repeats`` rounds
 interleaved round-robin (the starting variant rotates each repeat), so machine noise hits
-all variants alike. Peak memory is measured separately: each variant runs its warm-up
-and one round alone in a fresh subprocess, whose peak RSS (VmHWM) is reported; "+MB" is
+all variants alike. Peak memory is measured separately: each variant is set up and
+runs one round alone in a fresh subprocess, whose peak RSS (VmHWM) is reported; "+MB" is
 the growth of that peak over the same process right after importing torch and making
 the data, i.e. what the variant itself added.
 
@@ -134,11 +134,10 @@ def workload_args(w: Workload) -> list[str]:
 
 
 def memory_probe(w: Workload, name: str) -> dict:
-    """Run in a fresh process: the variant's warm-up and one round; peak RSS."""
+    """Run in a fresh process: the variant's set-up and one round; peak RSS."""
     base = rss_peak_mb()
     v = VARIANTS[name](w)
     v.setup()
-    v.round()
     v.round()
     peak = rss_peak_mb()
     return {"peak_mb": round(peak, 1), "delta_mb": round(peak - base, 1)}

@@ -13,7 +13,8 @@ Evaluation never runs.
   then a weighted average of the clients' ``state_dict`` s;
 - ``splitfed_*``: splitfed's algorithms, built from a config with ``build_environment``
   and ``build_algorithm`` exactly as ``splitfed run`` builds them; a round is
-  ``algo.round(env, state, t, cohort)`` as in :func:`splitfed.engine.loop.run_rounds`.
+  ``algo.round(env, state, t, cohort)`` as in :func:`splitfed.engine.loop.run_rounds`
+  (MU-SplitFed: K such rounds, one zeroth-order step each, :class:`SplitfedMU`).
 """
 
 from __future__ import annotations
@@ -152,6 +153,20 @@ class Splitfed(Variant):
             clock.end_round()
 
 
+class SplitfedMU(Splitfed):
+    """MU-SplitFed (paper 001) takes one zeroth-order step per client per round, so one
+    benchmark round is K algorithm rounds: the same ``C * K * 32`` samples as the other
+    variants. Its arithmetic differs: three client forwards and 2 tau + 2 server forwards
+    per sample (tau = 2, Table 6), no backward pass."""
+
+    algorithm = "musplitfed"
+    label = "splitfed MU-SplitFed (ZO, tau 2; K rounds of 1 step)"
+
+    def round(self):
+        for _ in range(self.w.local_steps):
+            super().round()
+
+
 def _splitfed(name: str, label: str) -> type[Splitfed]:
     return type(f"Splitfed_{name}", (Splitfed,), {"algorithm": name, "label": label})
 
@@ -165,4 +180,5 @@ VARIANTS: dict[str, type[Variant]] = {
     "splitfed_sflv1": _splitfed("sflv1", "splitfed SFL-V1"),
     "splitfed_sflv2": _splitfed("sflv2", "splitfed SFL-V2"),
     "splitfed_sl": _splitfed("sl", "splitfed SL (sequential)"),
+    "splitfed_musplitfed": SplitfedMU,
 }
