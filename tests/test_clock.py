@@ -254,7 +254,8 @@ def test_same_seed_same_timeline_and_the_clock_stream_is_its_own():
         assert torch.equal(x, y)                          # draws never touch the learning
 
 
-@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+@pytest.mark.parametrize("name", [n for n in sorted(ALGORITHMS)
+                                  if not ALGORITHMS[n].asynchronous])
 def test_speeds_change_only_the_times(name):
     slow = {**SPEEDS, "client_compute": [c / 3 for c in COMP], "uplink": 1e3,
             "server_compute": SERVER / 2}

@@ -12,6 +12,7 @@ from splitfed.algorithms.fedclg import FedCLGC, FedCLGS
 from splitfed.algorithms.fedlora import FedLoRA
 from splitfed.algorithms.fedopt import FedOpt
 from splitfed.algorithms.fedprox import FedProx
+from splitfed.algorithms.gas import GAS
 from splitfed.algorithms.musplitfed import MUSplitFed
 from splitfed.algorithms.scaffold import Scaffold
 from splitfed.algorithms.scaffold_plus import ScaffoldPlus
@@ -31,6 +32,7 @@ ALGORITHMS = {
     "fedlora": FedLoRA,
     "fedopt": FedOpt,
     "fedprox": FedProx,
+    "gas": GAS,
     "musplitfed": MUSplitFed,
     "scaffold": Scaffold,
     "scaffold_plus": ScaffoldPlus,

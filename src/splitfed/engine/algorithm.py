@@ -42,6 +42,9 @@ class Algorithm:
     #: config overrides under which the conformance tests expect this algorithm to learn
     #: their small task (e.g. more rounds for zeroth-order methods); {} for none
     conformance_overrides: ClassVar[dict] = {}
+    #: True when the learned model depends on simulated time (the order of events, GAS);
+    #: the synchronous algorithms' parameters never depend on the speeds
+    asynchronous: ClassVar[bool] = False
 
     def __init__(self, options: Any = None):
         self.options = options if options is not None else self.Options()

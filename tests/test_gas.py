@@ -1,0 +1,190 @@
+"""GAS with zeroth-order clients (paper 001's baseline; SPEC "GAS baseline"): the per-class
+running statistics and the activations generated from them, the order in which the server
+serves uploads (simulated arrival times, hand-computed), the activation buffer, and the
+bytes in the ledger."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from helpers import digits_config
+
+from splitfed.algorithms.gas import empty_stats, generate, update_stats
+from splitfed.engine.flops import forward_macs
+from splitfed.engine.loop import run_rounds
+from splitfed.errors import ConfigError
+from splitfed.experiment import build_algorithm, build_environment
+from splitfed.metrics import MetricLogger
+from splitfed.models import output_shape, split
+from splitfed.transport import payload_bytes
+
+
+def batch(n, shift, seed):
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(n, 2, 3, generator=g) * torch.arange(1.0, 7.0).view(2, 3) + shift
+    y = torch.randint(0, 3, (n,), generator=g)
+    return h, y
+
+
+@pytest.mark.parametrize("covariance", ["diagonal", "full"])
+def test_one_update_keeps_the_class_mean_and_population_variance(covariance):
+    h, y = batch(60, 0.0, 0)
+    stats = empty_stats(4, 6, covariance)
+    update_stats(stats, h, y, weight=5.0)
+    for k in range(3):
+        f = h.flatten(1)[y == k].double()
+        assert torch.allclose(stats["mean"][k].double(), f.mean(0), atol=1e-6)
+        c = f - f.mean(0)
+        cov = c.T @ c / len(f)
+        want = cov if covariance == "full" else cov.diagonal()
+        assert torch.allclose(stats["var"][k].double(), want, atol=1e-5)
+        assert float(stats["weight"][k]) == 5.0 * len(f)
+    assert float(stats["weight"][3]) == 0.0            # never seen
+
+
+def test_newer_batches_weigh_more():
+    """Two server steps with weights 1 and 2: the pooled statistics equal the weighted
+    mean and variance of all samples, each weighted by its step."""
+    (h1, y1), (h2, y2) = batch(50, 0.0, 1), batch(40, 3.0, 2)
+    stats = empty_stats(3, 6)
+    update_stats(stats, h1, y1, 1.0)
+    update_stats(stats, h2, y2, 2.0)
+    h = torch.cat([h1, h2]).flatten(1).double()
+    y = torch.cat([y1, y2])
+    w = torch.cat([torch.full((50,), 1.0), torch.full((40,), 2.0)]).double()
+    for k in range(3):
+        m, wk = y == k, w[y == k]
+        mean = (wk[:, None] * h[m]).sum(0) / wk.sum()
+        var = (wk[:, None] * (h[m] - mean) ** 2).sum(0) / wk.sum()
+        assert torch.allclose(stats["mean"][k].double(), mean, atol=1e-5)
+        assert torch.allclose(stats["var"][k].double(), var, atol=1e-4)
+        # the newer batch pulls the mean more than an unweighted pooling would
+        plain = h[m].mean(0)
+        new = h[m][-int((y2 == k).sum()):].mean(0)
+        assert ((mean - new).norm() < (plain - new).norm())
+
+
+@pytest.mark.parametrize("covariance", ["diagonal", "full"])
+def test_generated_activations_have_the_buffered_mean_and_variance(covariance):
+    h, y = batch(300, 1.0, 3)
+    stats = empty_stats(4, 6, covariance)
+    update_stats(stats, h, y, 1.0)
+    real = torch.tensor([0, 0, 1])                   # two real samples of 0, one of 1
+    n = 20000
+    g, labels = generate(stats, real, n, torch.Generator().manual_seed(0))
+    counts = torch.bincount(labels, minlength=4)
+    assert counts.tolist() == [n - 2, n - 1, n, 0]  # tops up to n; class 3 has no stats
+    for k in range(3):
+        s = g[labels == k].double()
+        var = stats["var"][k].double()
+        sd = (var if covariance == "diagonal" else var.diagonal()).sqrt()
+        tol = 5 * sd / math.sqrt(len(s))             # 5 standard errors of the mean
+        assert ((s.mean(0) - stats["mean"][k].double()).abs() < tol).all()
+        c = s - s.mean(0)
+        cov = c.T @ c / len(s)
+        got = cov if covariance == "full" else cov.diagonal()
+        assert torch.allclose(got, var, rtol=0.06, atol=0.06 * float(sd.max()) ** 2)
+
+
+def test_unknown_covariance_is_refused_naming_the_option():
+    cfg = digits_config(algorithm={"name": "gas", "covariance": "banana"}, **SETUP)
+    with pytest.raises(ConfigError, match="covariance.*diagonal"):
+        build_algorithm(cfg)
+
+
+# ------------------------------------------------------------------ the round
+
+B, K = 4, 2
+COMP = [1e4, 2e5, 4e5]          # client 0 is a straggler
+UP = [1e4, 2e4, 5e4]
+DOWN = [4e4, 1e4, 2e4]
+SETUP = dict(model={"name": "mlp", "hidden": [16, 8], "cut": 1},
+             partition={"scheme": "iid", "num_clients": 3},
+             participation={"mode": "full"},
+             train={"batch_size": B, "local_steps": K, "local_epochs": None, "lr": 0.01})
+
+
+def gas_config(rounds=1, **algo):
+    return digits_config(algorithm={"name": "gas", **algo}, rounds=rounds, eval_every=10,
+                         clock={"profile": "fixed", "client_compute": COMP, "uplink": UP,
+                                "downlink": DOWN, "server_compute": 1e15}, **SETUP)
+
+
+def run_spied(cfg):
+    """Run; returns (env, records, state, served) where served lists (client, time of the
+    upload being answered) at every scalar download, in order."""
+    env = build_environment(cfg)
+    served = []
+    download = env.transport.download
+
+    def spy(kind, ids, payload):
+        if kind == "scalars":
+            c = int(np.atleast_1d(ids)[0])
+            served.append((c, float(env.clock.arrival_time([c])[0])))
+        return download(kind, ids, payload)
+    env.transport.download = spy
+    logger = MetricLogger(None)
+    state, _ = run_rounds(build_algorithm(cfg), env, logger)
+    return env, logger.records, state, served
+
+
+def sizes(env):
+    shape = tuple(env.data.input_shape)
+    client, _ = split(env.model, env.cut)
+    cut = output_shape(client, shape)
+    return dict(fc=forward_macs(client, shape),
+                Mc=payload_bytes(client.state_dict(), per_client=False),
+                A=B * math.prod(cut) * 4, L=B * 8)
+
+
+def test_uploads_are_served_in_order_of_their_simulated_arrival():
+    env, _, _, served = run_spied(gas_config())
+    z = sizes(env)
+    step = [3 * B * z["fc"] / COMP[c] + (3 * z["A"] + z["L"]) / UP[c] for c in range(3)]
+    want = []
+    for c in range(3):                   # the server is (almost) free: 1e15 MAC/s
+        first = z["Mc"] / DOWN[c] + step[c]
+        want += [(first, c), (first + 4 / DOWN[c] + step[c], c)]
+    want.sort()
+    assert [c for c, _ in served] == [c for _, c in want]
+    assert [t for _, t in served] == pytest.approx([t for t, _ in want], rel=1e-6)
+    # asynchronous: the fast clients' second steps come before the straggler's first
+    assert [c for c, _ in served][-2:] == [0, 0]
+
+
+def test_ledger_has_the_bytes_that_were_sent():
+    env, rec, _, _ = run_spied(gas_config())
+    z = sizes(env)
+    t = 1
+    for c in range(3):
+        assert env.ledger.per_client(t, "activations", "up")[c] == K * 3 * z["A"]
+        assert env.ledger.per_client(t, "labels", "up")[c] == K * z["L"]
+        assert env.ledger.per_client(t, "scalars", "down")[c] == K * 4
+        assert env.ledger.per_client(t, "model", "down")[c] == z["Mc"]
+        assert env.ledger.per_client(t, "model", "up")[c] == z["Mc"]
+    assert env.ledger.per_client(t, "activation_grads", "down").sum() == 0
+    assert rec[-1]["bytes_up"] == 3 * (K * (3 * z["A"] + z["L"]) + z["Mc"])
+
+
+def test_the_buffer_steps_every_buffer_size_uploads_and_keeps_the_rest():
+    _, rec, state, _ = run_spied(gas_config())         # 6 uploads, buffer of 3 clients
+    assert rec[1]["server_steps"] == 2 and state["buffer"] is None
+    _, rec, state, _ = run_spied(gas_config(rounds=2, buffer_size=4))
+    assert rec[1]["server_steps"] == 1                  # 6 uploads: one step, 2 kept
+    assert rec[2]["server_steps"] == 2                  # 2 + 6 uploads: two steps
+    assert state["buffer"] is None and state["server_steps"] == 3
+    _, _, state, _ = run_spied(gas_config(buffer_size=5))
+    assert state["buffer"]["h"].shape[0] == 1
+
+
+def test_server_batch_is_topped_up_to_the_batch_size_per_class():
+    # one step per round of 6 uploads x 4 real samples; every seen class is topped to 4
+    env, rec, state, _ = run_spied(gas_config(buffer_size=6))
+    counts = state["stats"]["weight"].long()            # step 1 weighs 1: n_k per class
+    assert counts.sum() == 24
+    topped = sum(max(0, B - int(n)) for n in counts if n > 0)
+    assert topped > 0
+    _, rec_off, _, _ = run_spied(gas_config(buffer_size=6, generate=False))
+    # the loop reports server MACs = samples of the server's steps x MACs per sample
+    assert rec[1]["server_macs"] * 24 == rec_off[1]["server_macs"] * (24 + topped)
