@@ -12,7 +12,8 @@ from torch.func import functional_call
 from splitfed.engine import zo
 from splitfed.engine.batches import batch_plan
 from splitfed.experiment import build_environment, run_experiment
-from splitfed.models import split
+from splitfed.engine.flops import forward_macs
+from splitfed.models import output_shape, split
 from splitfed.rng import RandomStreams, derive_seed
 
 
@@ -168,3 +169,40 @@ def test_zeroth_order_round_uses_no_autograd_graph():
     assert all(not v.requires_grad for v in new["model"].values())
     assert not np.allclose(new["model"]["fc1.1.weight"].numpy(),
                            state["model"]["fc1.1.weight"].numpy())
+
+
+# ------------------------------------------------------------------ adaptive tau (eq. 12)
+
+def _adaptive_config(ratio_target, **algo):
+    """Two clients at fixed, distinct speeds; the server speed is chosen so that
+    t_straggler / t_server is ``ratio_target`` (t_server: one ZO step of one copy)."""
+    setup = dict(SETUP, partition={"scheme": "iid", "num_clients": 2},
+                 participation={"mode": "full"})
+    env = build_environment(digits_config(**setup))
+    client, server = split(env.model, env.cut)
+    shape = tuple(env.data.input_shape)
+    cut = output_shape(client, shape)
+    fc, fs = forward_macs(client, shape), forward_macs(server, cut)
+    mc = sum(v.numel() * v.element_size() for v in client.state_dict().values())
+    b, acts, labels = 8, 8 * 16 * 4, 8 * 8
+    comp, up, down = [1e5, 4e4], [2e4, 1e4], [5e4, 5e4]
+    arrival = [mc / down[c] + 3 * b * fc / comp[c] + (3 * acts + labels) / up[c]
+               for c in range(2)]
+    t_straggler = max(arrival)                  # client 1, by hand
+    server_compute = ratio_target * 2 * b * fs / t_straggler
+    clock = {"profile": "fixed", "client_compute": comp, "uplink": up, "downlink": down,
+             "server_compute": server_compute}
+    return digits_config(algorithm={"name": "musplitfed", "adaptive_tau": True, **algo},
+                         rounds=2, clock=clock, **setup), setup
+
+
+@pytest.mark.parametrize("ratio,cap,want", [(3.5, 8, 3), (3.5, 2, 2), (0.4, 8, 1),
+                                            (5.2, 8, 5)])
+def test_adaptive_tau_is_straggler_time_over_server_step_time(ratio, cap, want):
+    cfg, setup = _adaptive_config(ratio, max_tau=cap)
+    res = run_experiment(cfg, write=False)
+    assert [r["tau"] for r in res.records[1:]] == [want, want]
+    fixed = run_experiment(digits_config(algorithm={"name": "musplitfed", "tau": want},
+                                         rounds=2, **setup), write=False)
+    for k, v in fixed.state["model"].items():
+        assert torch.equal(res.state["model"][k], v), k

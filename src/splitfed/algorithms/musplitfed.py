@@ -22,7 +22,9 @@ SPEC decisions and options: ``directions`` q > 1 averages q estimates (the clien
 sends 2q + 1 activation tensors and receives q scalars); ``direction_kind`` gaussian;
 ``client_order``/``server_order`` "first" replace a side's ZO estimate by the true
 gradient (ablation: a first-order client receives the cut-layer gradient instead of the
-scalars). tau = 1 is vanilla SplitFed with ZO (paper 001's baseline). eta_c is
+scalars). tau = 1 is vanilla SplitFed with ZO (paper 001's baseline). ``adaptive_tau``
+sets tau every round by eq. (12), tau = t_straggler / t_server, read from the virtual
+clock (rounded down, at least 1, at most ``max_tau``; every record has ``tau``). eta_c is
 ``train.lr`` (Table 6: 0.005); eta_s ``server_lr`` (0.01); eta_g ``global_lr`` (0.3);
 lambda ``smoothing`` (0.005). Aggregation weights w_m are the engine's (a_n / sum a by
 default; the paper uses 1/M, which ``participation.weighting=uniform`` gives). One local
@@ -66,6 +68,9 @@ class MUSplitFedOptions:
     direction_kind: Literal["sphere", "gaussian"] = "sphere"
     client_order: Literal["zeroth", "first"] = "zeroth"
     server_order: Literal["zeroth", "first"] = "zeroth"
+    adaptive_tau: bool = field(default=False, metadata={
+        "help": "tau = t_straggler / t_server from the clock every round (eq. 12)"})
+    max_tau: int = field(default=8, metadata={"ge": 1, "help": "cap of the adaptive tau"})
 
 
 class _Side:
@@ -146,7 +151,8 @@ class MUSplitFed(Algorithm):
         received = [env.transport.upload("activations", ids, a) for a in sent]
         y_s = env.transport.upload("labels", ids, y)
         h_s = received[0]
-        losses = self._server_steps(server, h_s, y_s, base)
+        tau = self._adaptive_tau(env, ids, parts.server, h_s) if o.adaptive_tau else o.tau
+        losses = self._server_steps(server, h_s, y_s, base, tau)
         self._client_step(env, client, server, received, y_s, ids, c_seeds, x, env.lr(t))
         up = env.transport.upload("model", ids, client.state)
         weights = torch.tensor(cohort.weights, dtype=torch.float64)
@@ -157,13 +163,28 @@ class MUSplitFed(Algorithm):
         s_acc.add(weights, server.state, keep=keep)
         model = {**c_acc.result(o.global_lr), **s_acc.result(o.global_lr)}
         return ({**state, "model": model},
-                {"train_loss": float(losses.mean()), "samples": n * tr.batch_size})
+                {"train_loss": float(losses.mean()), "samples": n * tr.batch_size,
+                 "tau": tau})
 
-    def _server_steps(self, server: _Side, h, y, base: int) -> torch.Tensor:
+    def _adaptive_tau(self, env, ids, server_module, h) -> int:
+        """Paper 001 eq. (12): tau = t_straggler / t_server, rounded down, in [1, max_tau].
+
+        t_straggler: seconds from the round's start (``clock.now`` while a round is open)
+        until the last participant's activations and labels have reached the server;
+        t_server: seconds of one server update of one client's copy on its lane (2 q
+        forward passes of the batch, or a forward and a backward when first-order)."""
+        o = self.options
+        passes = TRAIN_FACTOR if o.server_order == "first" else 2 * o.directions
+        macs = h.shape[1] * env.clock.macs(server_module, tuple(h.shape[2:]))
+        t_server = passes * macs / env.clock.profiles.server_compute
+        t_straggler = float(env.clock.arrival_time(ids).max()) - env.clock.now
+        return int(min(o.max_tau, max(1, np.floor(t_straggler / t_server))))
+
+    def _server_steps(self, server: _Side, h, y, base: int, tau: int) -> torch.Tensor:
         """tau server updates on the unperturbed activations; returns the first losses."""
         o = self.options
         first = None
-        for i in range(o.tau):
+        for i in range(tau):
             if o.server_order == "first":
                 with torch.enable_grad():
                     grads = server.first_order_grads(h, y)
