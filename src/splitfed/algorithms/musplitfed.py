@@ -52,9 +52,9 @@ from splitfed.engine.aggregate import DeltaAccumulator
 from splitfed.engine.algorithm import Algorithm
 from splitfed.engine.clock import CLIENT, SERVER_COPY
 from splitfed.engine.flops import TRAIN_FACTOR
+from splitfed.engine.placement import cohort_forward_here
 from splitfed.engine.split import SplitModel, per_client_loss, return_gradients
 from splitfed.engine.stacked import stack_copies
-from splitfed.models.cohort import cohort_forward
 from splitfed.rng import derive_seed
 
 
@@ -95,8 +95,10 @@ class _Side:
         self.clock.charge(self.role, self.module, self.ids, x)
         bufs = {k: (self.state[k] if update_stats else self.state[k].clone())
                 for k in self.buffers}
-        return cohort_forward(self.module, {**dict(zip(self.names, params)), **bufs}, x,
-                              training=True)
+        # only the copies hosted in this process run (all of them in one process)
+        return cohort_forward_here(self.role, self.ids, self.module,
+                                   {**dict(zip(self.names, params)), **bufs}, x,
+                                   write_back=self.buffers if update_stats else ())
 
     def first_order_grads(self, x, y=None, grad_out=None):
         params = [p.detach().requires_grad_(True) for p in self.params]

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from splitfed.engine import placement
 from splitfed.engine.batches import batch_plan
 from splitfed.engine.stacked import GradHook, StackedModel
 
@@ -71,10 +72,14 @@ class ClientExecutor:
         client_ids = np.asarray(client_ids, dtype=np.int64)
         steps = np.asarray(steps, dtype=np.int64)
         plans = self.plans(client_ids, steps, rng)
+        place = placement.current()
         for slots in self.chunks(steps):
-            yield self._train_chunk(start, slots, client_ids[slots], steps[slots],
-                                    [plans[s] for s in slots], lr, momentum,
-                                    weight_decay, grad_hook)
+            chunk = self._train_chunk(start, slots, client_ids[slots], steps[slots],
+                                      [plans[s] for s in slots], lr, momentum,
+                                      weight_decay, grad_hook)
+            if place is not None:         # the losses were computed where clients live
+                chunk.loss = place.collect(chunk.client_ids, chunk.loss)
+            yield chunk
 
     def _train_chunk(self, start, slots, ids, steps, plans, lr, momentum, weight_decay,
                      grad_hook) -> ChunkResult:

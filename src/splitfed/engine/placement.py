@@ -10,8 +10,10 @@ which clients; the engine's compute primitives ask it what to compute here:
   (``local_slots``) and shows placeholders (zeros) for the others;
 - :class:`~splitfed.engine.executor.ClientExecutor` hands each chunk's training losses
   to the server (``collect``), since on the server they were computed elsewhere;
-- :func:`~splitfed.engine.split.server_step` and
-  :func:`~splitfed.engine.split.client_forward` run only where their side is hosted.
+- :func:`~splitfed.engine.split.server_step`, :func:`~splitfed.engine.split.
+  client_forward` / :func:`~splitfed.engine.split.client_backward` (SL's sequential
+  client) and :func:`cohort_forward_here` (batched passes outside a stacked model,
+  MU-SplitFed) run only where their side is hosted.
 
 Tensors cross between ranks only through the transport (``env.transport``); a
 placeholder never leaves the rank that made it.
@@ -19,16 +21,25 @@ placeholder never leaves the rank that made it.
 
 from __future__ import annotations
 
+import weakref
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 import numpy as np
 import torch
+from torch import nn
+
+from splitfed.models.cohort import cohort_forward
 
 
 class Placement(Protocol):
     def local_slots(self, role: str, ids: np.ndarray) -> np.ndarray:
         """Positions in ``ids`` whose ``role`` work (``client``, ``server``,
         ``server_copy``) this process computes, ascending."""
+
+    def stacked_class(self, role: str, ids) -> type:
+        """The :class:`~splitfed.engine.stacked.StackedModel` class for copies of
+        ``role`` for ``ids``: itself when all are computed here."""
 
     def serves(self, client_id: int) -> bool:
         """Whether this process runs the single server model's step for ``client_id``."""
@@ -49,3 +60,50 @@ def install(placement: Placement | None) -> None:
     """Install (or, with None, remove) this process's placement."""
     global _current
     _current = placement
+
+
+def hosted(role: str, ids) -> np.ndarray | None:
+    """Positions in ``ids`` computed in this process; None when that is all of them."""
+    place = _current
+    if place is None:
+        return None
+    ids = np.atleast_1d(np.asarray(ids, dtype=np.int64))
+    rows = place.local_slots(role, ids)
+    return None if len(rows) == len(ids) else rows
+
+
+def cohort_forward_here(role: str, ids, module: nn.Module, state: Mapping[str, torch.Tensor],
+                        x: torch.Tensor, *, training: bool = True,
+                        write_back: Sequence[str] = ()) -> torch.Tensor:
+    """:func:`~splitfed.models.cohort.cohort_forward` over the copies computed in this
+    process (``role`` work for the clients ``ids``, one per leading row of ``state`` and
+    ``x``); the other rows of the output are zeros. ``write_back``: tensors of ``state``
+    the pass updates in place (BatchNorm statistics), copied back to their rows."""
+    rows = hosted(role, ids)
+    if rows is None:
+        return cohort_forward(module, state, x, training=training)
+    idx = torch.from_numpy(rows).to(x.device)
+    if not len(rows):
+        return placeholder(module, x)
+    sub = {k: v[idx] for k, v in state.items()}
+    out = cohort_forward(module, sub, x[idx], training=training)
+    with torch.no_grad():
+        for k in write_back:
+            state[k][idx] = sub[k]
+    return out.new_zeros((x.shape[0],) + tuple(out.shape[1:])).index_copy(0, idx, out)
+
+
+_SHAPES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def placeholder(module: nn.Module, x: torch.Tensor, *, stacked: bool = True) -> torch.Tensor:
+    """Zeros standing for ``module``'s output on ``x`` ([C, B, ...] when ``stacked``,
+    else [B, ...]) where it is not computed; the shape comes from one cached dry run."""
+    from splitfed.models import output_shape
+
+    lead = 2 if stacked else 1
+    shapes = _SHAPES.setdefault(module, {})
+    key = tuple(x.shape[lead:])
+    if key not in shapes:
+        shapes[key] = output_shape(module, key)
+    return x.new_zeros(tuple(x.shape[:lead]) + shapes[key])

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from splitfed.engine import placement
 from splitfed.engine.flops import TRAIN_FACTOR
 from splitfed.engine.optim import StackedSGD
 from splitfed.models.cohort import cohort_forward
@@ -46,6 +47,14 @@ def stack_copies(start: Mapping[str, torch.Tensor], n: int,
 
 
 class StackedModel:
+    def __new__(cls, module, start, n, *, role: str = "client", ids=None, **kw):
+        # multi-process runtime (engine/placement.py): copies hosted on other ranks are
+        # not computed here; the placement picks the class that leaves them out
+        place = placement.current()
+        if place is not None and cls is StackedModel:
+            cls = place.stacked_class(role, ids)
+        return super().__new__(cls)
+
     def __init__(self, module: nn.Module, start: Mapping[str, torch.Tensor], n: int, *,
                  momentum: float = 0.0, weight_decay: float = 0.0, clock=None,
                  ids: np.ndarray | None = None, role: str = "client"):
