@@ -80,6 +80,15 @@ def _cmd_study(args) -> int:
     return 0 if result.completed else 3
 
 
+def _cmd_plot(args) -> int:
+    from splitfed.plot import plot_runs
+
+    axes = [a.strip() for a in args.x.split(",") if a.strip()]
+    out = plot_runs(args.runs, args.out, axes=axes, labels=args.label, title=args.title)
+    print(f"wrote {out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="splitfed", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -100,6 +109,17 @@ def build_parser() -> argparse.ArgumentParser:
                         "docs/results)")
     s.add_argument("--progress", action="store_true", help="show each run's progress bar")
     s.set_defaults(func=_cmd_study)
+    g = sub.add_parser("plot", help="draw test accuracy of runs against rounds and "
+                                    "simulated time")
+    g.add_argument("runs", nargs="+", help="run directories (or metrics.jsonl files)")
+    g.add_argument("--out", "-o", default="accuracy.png",
+                   help="image file to write (.png, .pdf, .svg; default: accuracy.png)")
+    g.add_argument("--x", default="round,time",
+                   help="x axes, comma-separated: round, time, bytes (default: round,time)")
+    g.add_argument("--label", action="append", default=None,
+                   help="a line label per run, in order (repeat the option)")
+    g.add_argument("--title", default=None)
+    g.set_defaults(func=_cmd_plot)
     return p
 
 

@@ -137,6 +137,10 @@ class ClockConfig:
     deadline: float | None = field(default=None, metadata={
         "gt": 0, "help": "round deadline in simulated seconds: clients whose model "
                          "upload arrives later are dropped from the round (null: none)"})
+    over_select: float = field(default=0.0, metadata={
+        "ge": 0, "help": "over-selection (FedScale's over-commitment): sample "
+                         "ceil((1 + over_select) M) clients and keep the M the profiles "
+                         "predict to finish first (participation.mode uniform; 0: off)"})
     options: dict[str, Any] = field(default_factory=dict, metadata={
         "help": "profile parameters (speeds, distribution parameters, trace path)"})
 

@@ -7,6 +7,8 @@ run behind.
 
 from __future__ import annotations
 
+import math
+
 import inspect
 import json
 import time
@@ -130,10 +132,10 @@ def build_environment(cfg: RunConfig) -> Environment:
     model, cut = _build_model(cfg, bundle, streams)
     model.to(device)
     pc = cfg.participation
+    per_round = _sampled_per_round(cfg, len(parts))
     try:
         sampler = make_sampler(pc.mode, len(parts), [len(i) for i in parts],
-                               clients_per_round=pc.clients_per_round, q=pc.q,
-                               weighting=pc.weighting)
+                               clients_per_round=per_round, q=pc.q, weighting=pc.weighting)
     except ConfigError as e:
         raise ConfigError(f"participation.{e}") from None
     clock = build_clock(cfg, len(parts), streams)
@@ -144,12 +146,28 @@ def build_environment(cfg: RunConfig) -> Environment:
                        clock=clock)
 
 
+def _sampled_per_round(cfg: RunConfig, num_clients: int) -> int | None:
+    """Clients sampled per round: M, or ceil((1 + clock.over_select) M) capped at N."""
+    pc, over = cfg.participation, cfg.clock.over_select
+    if not over:
+        return pc.clients_per_round
+    if pc.mode != "uniform":
+        raise ConfigError(f"clock.over_select: needs participation.mode uniform (M of N "
+                          f"clients), got {pc.mode!r}; set clock.over_select=0")
+    m = pc.clients_per_round
+    if isinstance(m, int) and m >= 1:
+        return min(num_clients, math.ceil((1 + over) * m))
+    return m                                   # the sampler reports what is wrong
+
+
 def build_clock(cfg: RunConfig, num_clients: int, streams: RandomStreams) -> VirtualClock:
     """The run's virtual clock; its profiles draw only from the ``clock`` stream."""
     rng = streams.numpy("clock")
     profiles = build_profiles(cfg.clock.profile, dict(cfg.clock.options), num_clients, rng)
+    keep = cfg.participation.clients_per_round if cfg.clock.over_select else None
     return VirtualClock(profiles, rng, deadline=cfg.clock.deadline,
-                        renormalise=cfg.participation.mode != "bernoulli")
+                        renormalise=cfg.participation.mode != "bernoulli", keep=keep)
+
 
 
 def build_algorithm(cfg: RunConfig):

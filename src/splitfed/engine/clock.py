@@ -73,10 +73,13 @@ class VirtualClock:
     """Simulated time of a run: ``now`` and the open round's timelines (module doc)."""
 
     def __init__(self, profiles: Profiles, rng: np.random.Generator, *,
-                 deadline: float | None = None, renormalise: bool = True):
+                 deadline: float | None = None, renormalise: bool = True,
+                 keep: int | None = None):
         self.profiles = profiles
         self.rng = rng
         self.deadline = deadline
+        #: over-selection: keep this many of a round's sampled clients (:meth:`keep_fastest`)
+        self.keep = keep
         #: renormalise the kept clients' aggregation weights when some are dropped
         self.renormalise = renormalise
         self.now = 0.0
@@ -120,7 +123,33 @@ class VirtualClock:
             end = min(end, start + self.deadline)
         self.now = end
         return {"sim_round_s": end - start, "sim_time_s": end, "slowest_client": slowest,
-                "dropped": len(self._dropped) + self._unavailable}
+                "dropped": len(self._dropped) + self._unavailable + self._over_selected}
+
+    def keep_fastest(self, cohort: Cohort, macs, up_bytes, down_bytes) -> Cohort:
+        """Over-selection (FedScale's over-commitment): of the open round's cohort keep
+        the ``keep`` clients predicted to finish first; the others are dropped before
+        they start (counted in ``dropped``) and the kept weights renormalised.
+
+        The prediction is the profile's cost of each client's own work, FedScale's
+        completion-time model: its start delay, downloading ``down_bytes``, ``macs`` of
+        computation (with this round's slowdown) and uploading ``up_bytes`` (each a
+        number or one per slot). Queueing at the server is not predicted. Ties go to
+        the earlier slot.
+        """
+        if self.keep is None or cohort.size <= self.keep:
+            return cohort
+        ids, p = cohort.ids, self.profiles
+        predicted = (self._t[ids] + np.asarray(down_bytes) / p.downlink[ids]
+                     + np.asarray(macs) * self._scale[ids] / p.compute[ids]
+                     + np.asarray(up_bytes) / p.uplink[ids])
+        chosen = np.sort(np.argsort(predicted, kind="stable")[:self.keep])
+        w = cohort.weights[chosen]
+        if self.renormalise and w.sum() > 0:
+            w = w / w.sum()
+        self._over_selected = int(cohort.size - chosen.size)
+        self._ids = np.unique(ids[chosen])
+        return Cohort(ids[chosen], w)
+
 
     def _open(self, ids: np.ndarray, start: float, delay: np.ndarray) -> None:
         n = self.profiles.num_clients
@@ -136,6 +165,7 @@ class VirtualClock:
         self._latest_model = self._start
         self._dropped: set[int] = set()
         self._unavailable = 0
+        self._over_selected = 0
 
     # ------------------------------------------------------------------ charges
 
@@ -165,7 +195,7 @@ class VirtualClock:
         ids = _ids(ids)
         if role == CLIENT:
             p = self.profiles
-            np.add.at(self._t, ids, macs * self._scale[ids] / p.compute[ids])
+            _add_at(self._t, ids, macs * self._scale[ids] / p.compute[ids])
         elif role == SERVER_COPY:
             self._after(self._lane, ids, self._arrival[ids],
                         macs / self.profiles.server_compute)
@@ -190,7 +220,7 @@ class VirtualClock:
             return
         p = self.profiles
         if direction == "up":
-            np.add.at(self._t, ids, nbytes / p.uplink[ids])
+            _add_at(self._t, ids, nbytes / p.uplink[ids])
             done = self._t[ids]
             self._arrival[ids] = done
             self._reply[ids] = done
@@ -253,6 +283,15 @@ class VirtualClock:
     def load_state(self, state: dict) -> None:
         self.now = float(state["now"])
         self.rng.bit_generator.state = state["rng"]
+
+
+def _add_at(arr: np.ndarray, ids: np.ndarray, values) -> None:
+    """``np.add.at(arr, ids, values)`` (repeated ids add up), with a cheap path for one
+    id: sequential algorithms charge one client at a time, many times per round."""
+    if ids.size == 1:
+        arr[ids[0]] += np.asarray(values).reshape(-1)[0]
+    else:
+        np.add.at(arr, ids, values)
 
 
 def _ids(ids) -> np.ndarray:

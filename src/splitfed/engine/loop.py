@@ -53,6 +53,29 @@ def server_copy_bytes(algorithm, env) -> int:
     return payload_bytes(split(env.model, env.cut)[1].state_dict(), per_client=False)
 
 
+def client_work(algorithm, env) -> tuple[int, int, int, int]:
+    """What one client's round costs it, for over-selection's prediction
+    (:meth:`~splitfed.engine.clock.VirtualClock.keep_fastest`): (MACs per training
+    sample, bytes of its model each way, bytes up and down per sample at the cut: the
+    activations and the label up, their gradient down; 0 unsplit)."""
+    macs = macs_per_sample(algorithm, env)[0]
+    shape = tuple(env.data.input_shape)
+    if not algorithm.split:
+        return macs, payload_bytes(env.model.state_dict(), per_client=False), 0, 0
+    client = split(env.model, env.cut)[0]
+    acts = math.prod(output_shape(client, shape)) * 4
+    return (macs, payload_bytes(client.state_dict(), per_client=False),
+            acts + env.data.train.y.element_size(), acts)
+
+
+def _over_select(algorithm, env, cohort, work):
+    """Keep the round's ``clock.keep`` predicted-fastest clients (over-selection)."""
+    macs, model, up, down = work
+    samples = env.local_steps(cohort.ids) * env.config.train.batch_size
+    return env.clock.keep_fastest(cohort, samples * macs, model + samples * up,
+                                  model + samples * down)
+
+
 def run_rounds(algorithm, env, logger, state: dict | None = None,
                start_round: int = 1) -> tuple[dict, str]:
     """Run rounds ``start_round..config.rounds``; returns the final state and the status."""
@@ -64,12 +87,15 @@ def run_rounds(algorithm, env, logger, state: dict | None = None,
     status = "completed"
     client_macs, server_macs = macs_per_sample(algorithm, env)
     copy_bytes = server_copy_bytes(algorithm, env)
+    work = client_work(algorithm, env) if env.clock.keep is not None else None
     bar = tqdm(range(start_round, cfg.rounds + 1), desc=cfg.name, unit="round",
                disable=not cfg.progress, dynamic_ncols=True)
     for t in bar:
         env.ledger.round = t
         t0 = time.perf_counter()
         cohort = env.clock.begin_round(env.sampler.sample(env.streams.numpy("participation")))
+        if env.clock.keep is not None:
+            cohort = _over_select(algorithm, env, cohort, work)
         state, metrics = algorithm.round(env, state, t, cohort)
         record = {"round": t, "participants": int(cohort.size), **metrics,
                   **env.ledger.round_totals(t), **env.clock.end_round(),
