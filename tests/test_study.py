@@ -200,6 +200,7 @@ def test_incomplete_run_is_rerun_and_foreign_run_refused(done, tmp_path, monkeyp
     path, out = _copy(done, tmp_path)
     runs = out / "tiny_study" / "runs"
     (runs / "fl-partition.alpha-inf-s0" / "summary.json").unlink()
+    (runs / "fl-partition.alpha-inf-s0" / "checkpoint.pt").unlink()  # else it is resumed
     calls = []
 
     def counting(cfg, **kwargs):

@@ -151,6 +151,9 @@ class RunConfig:
     seed: int = 0
     rounds: int = field(default=20, metadata={"ge": 0})
     eval_every: int = field(default=1, metadata={"ge": 1})
+    checkpoint_every: int = field(default=10, metadata={
+        "ge": 0, "help": "write checkpoint.pt every k rounds and at the last round, for "
+                         "splitfed run --resume (0: no checkpoints)"})
     out_dir: str = "runs"
     progress: bool = field(default=True, metadata={"help": "progress bar on the console"})
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)

@@ -20,8 +20,9 @@ import numpy as np
 import torch
 
 from splitfed.algorithms import ALGORITHMS, get_algorithm
-from splitfed.config import RunConfig
-from splitfed.configtools import dump_yaml, from_dict
+from splitfed.checkpoint import Checkpointer, load_checkpoint, restore, truncate_metrics
+from splitfed.config import RunConfig, build_config
+from splitfed.configtools import dump_yaml, from_dict, load_yaml
 from splitfed.data import load_dataset
 from splitfed.data.partition import PARTITIONERS, partition, partition_summary
 from splitfed.data.server_data import build_server_data
@@ -169,7 +170,6 @@ def build_clock(cfg: RunConfig, num_clients: int, streams: RandomStreams) -> Vir
                         renormalise=cfg.participation.mode != "bernoulli", keep=keep)
 
 
-
 def build_algorithm(cfg: RunConfig):
     cls = get_algorithm(cfg.algorithm.name)
     return cls(from_dict(cls.Options, cfg.algorithm.options, path="algorithm"))
@@ -219,13 +219,34 @@ def run_experiment(cfg: RunConfig, *, write: bool = True,
         labels = env.data.train.y.cpu().numpy()
         (run_dir / "partition.txt").write_text(
             partition_summary(env.client_indices, labels, env.data.num_classes) + "\n")
+    return _execute(cfg, algorithm, env, run_dir)
+
+
+def _execute(cfg: RunConfig, algorithm, env: Environment, run_dir: Path | None, *,
+             state: dict | None = None, start_round: int = 1,
+             records: list[dict] | None = None, wall_offset: float = 0.0,
+             resumed_from: list[int] | None = None, finished: str | None = None
+             ) -> RunResult:
+    """Run rounds ``start_round..`` (none when ``finished`` names the status of a run that
+    already ended), checkpointing into ``run_dir``; write metrics and the summary."""
     logger = MetricLogger(run_dir)
+    logger.records = list(records or [])
     t0 = time.perf_counter()
+    checkpoint = None
+    if run_dir is not None:
+        checkpoint = Checkpointer(run_dir, env, logger, every=cfg.checkpoint_every,
+                                  rounds=cfg.rounds, wall_offset=wall_offset,
+                                  resumed_from=resumed_from,
+                                  clock=lambda: time.perf_counter() - t0)
     try:
-        state, status = run_rounds(algorithm, env, logger)
+        if finished is None:
+            state, status = run_rounds(algorithm, env, logger, state, start_round,
+                                       checkpoint=checkpoint)
+        else:
+            status = finished
     finally:
         logger.close()
-    wall = time.perf_counter() - t0
+    wall = wall_offset + time.perf_counter() - t0
     result = RunResult(status, logger.records, run_dir, wall, state)
     if run_dir is not None:
         summary = {"name": cfg.name, "algorithm": cfg.algorithm.name, "dataset": cfg.data.name,
@@ -233,6 +254,45 @@ def run_experiment(cfg: RunConfig, *, write: bool = True,
                    "rounds": last_value(logger.records, "round"),
                    "final_test_acc": result.final_accuracy,
                    "best_test_acc": best_value(logger.records, "test_acc"),
-                   "wall_time_s": round(wall, 3)}
+                   "wall_time_s": round(wall, 3),
+                   "resumed_from": list(resumed_from or [])}
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return result
+
+
+def resume_experiment(run_dir: str | Path) -> RunResult:
+    """Continue the run in ``run_dir`` from its last checkpoint (``checkpoint.pt``),
+    rebuilding it from the directory's ``config.yaml``; see :mod:`splitfed.checkpoint`.
+
+    Without a checkpoint the run starts again from round 0 in the same directory. A run
+    that already ended (its checkpoint is at the last round, or it diverged) is not run
+    again: its result is returned. Raising ``rounds`` in ``config.yaml`` extends a
+    finished run. The summary's ``resumed_from`` lists the rounds the run was resumed at.
+    """
+    run_dir = Path(run_dir)
+    saved = run_dir / "config.yaml"
+    if not saved.is_file():
+        raise ConfigError(f"--resume {run_dir}: no config.yaml there; give the directory "
+                          "of a run (runs/<name>-<time>/)")
+    try:
+        cfg = build_config(load_yaml(saved))
+    except ConfigError as e:
+        raise ConfigError(f"{saved}: {e}") from None
+    algorithm = build_algorithm(cfg)
+    env = build_environment(cfg)
+    ckpt = load_checkpoint(run_dir)
+    if ckpt is None:
+        for name in ("metrics.jsonl", "metrics.csv", "summary.json"):
+            (run_dir / name).unlink(missing_ok=True)
+        return _execute(cfg, algorithm, env, run_dir)
+    t = ckpt["round"]
+    records = truncate_metrics(run_dir, ckpt["records"])
+    state = restore(env, ckpt)
+    resumed = list(ckpt["resumed_from"])
+    if ckpt["status"] != "completed" or t >= cfg.rounds:
+        return _execute(cfg, algorithm, env, run_dir, state=state, records=records,
+                        wall_offset=ckpt["wall_time_s"], resumed_from=resumed,
+                        finished=ckpt["status"])
+    return _execute(cfg, algorithm, env, run_dir, state=state, start_round=t + 1,
+                    records=records, wall_offset=ckpt["wall_time_s"],
+                    resumed_from=resumed + [t])

@@ -36,14 +36,16 @@ from typing import Any, Literal
 
 import yaml
 
+from splitfed.checkpoint import CHECKPOINT
 from splitfed.config import RunConfig, build_config, resolve_config_path
 from splitfed.configtools import from_dict, load_yaml, merge, parse_overrides, to_dict
 from splitfed.errors import ConfigError
-from splitfed.experiment import run_experiment
+from splitfed.experiment import resume_experiment, run_experiment
 
 DEFAULT_OUT_DIR = "docs/results"
 FINISHED = ("completed", "diverged")  # final statuses: rerunning would give the same run
 _STUDY_KEYS = ("name", "out_dir", "progress")  # set by the study, not by the user
+_NOT_COMPARED = ("out_dir", "progress", "checkpoint_every")  # no effect on the numbers
 _AXIS_LABELS = {"round": "round", "bytes": "cumulative communication, up + down (MB)",
                 "time": "cumulative time (s; simulated where recorded, else wall)"}
 
@@ -374,7 +376,8 @@ def _check_unique(variants: list[Variant]) -> None:
 
 
 def config_identity(cfg: RunConfig | Mapping) -> dict:
-    """A run's config as compared for reuse: YAML-normalised, without out_dir/progress.
+    """A run's config as compared for reuse: YAML-normalised, without the keys that do
+    not change its numbers (out_dir, progress, checkpoint_every).
 
     A saved config is rebuilt first, so that fields added to the config schema since it
     was written take their defaults instead of counting as a difference.
@@ -386,7 +389,7 @@ def config_identity(cfg: RunConfig | Mapping) -> dict:
             pass
     data = to_dict(cfg) if isinstance(cfg, RunConfig) else dict(cfg)
     data = yaml.safe_load(yaml.safe_dump(data, sort_keys=False))
-    return {k: v for k, v in data.items() if k not in ("out_dir", "progress")}
+    return {k: v for k, v in data.items() if k not in _NOT_COMPARED}
 
 
 def config_hash(cfg: RunConfig | Mapping) -> str:
@@ -590,6 +593,10 @@ def _execute(run: StudyRun, state: str, progress: bool) -> RunOutcome:
         return RunOutcome(run.label, run.seed, run.run_dir, summary["status"],
                           read_records(run.run_dir / "metrics.jsonl"),
                           float(summary.get("wall_time_s") or 0.0), skipped=True)
+    if state == "stale" and (run.run_dir / CHECKPOINT).is_file():
+        result = resume_experiment(run.run_dir)      # continue from its last checkpoint
+        return RunOutcome(run.label, run.seed, run.run_dir, result.status, result.records,
+                          result.wall_time_s, skipped=False)
     if state == "stale":
         shutil.rmtree(run.run_dir)
     cfg = dataclasses.replace(run.config, progress=progress)

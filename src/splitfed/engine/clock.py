@@ -51,6 +51,7 @@ For asynchronous algorithms (GAS) :class:`EventQueue` orders events by simulated
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
 import weakref
@@ -149,7 +150,6 @@ class VirtualClock:
         self._over_selected = int(cohort.size - chosen.size)
         self._ids = np.unique(ids[chosen])
         return Cohort(ids[chosen], w)
-
 
     def _open(self, ids: np.ndarray, start: float, delay: np.ndarray) -> None:
         n = self.profiles.num_clients
@@ -278,11 +278,21 @@ class VirtualClock:
         return self._arrival[_ids(ids)].copy()
 
     def state(self) -> dict:
-        return {"now": self.now, "rng": self.rng.bit_generator.state}
+        """What the clock carries from one round to the next (for checkpoints): ``now``,
+        its generator (per-round slowdowns and delays) and the client profiles (speeds
+        and availability drawn when the run was built). The open round's timelines are
+        not kept: :meth:`begin_round` rebuilds them."""
+        profiles = {f.name: (v.copy() if isinstance(v, np.ndarray) else v)
+                    for f in dataclasses.fields(self.profiles)
+                    for v in [getattr(self.profiles, f.name)]}
+        return {"now": self.now, "rng": self.rng.bit_generator.state, "profiles": profiles}
 
     def load_state(self, state: dict) -> None:
         self.now = float(state["now"])
         self.rng.bit_generator.state = state["rng"]
+        for name, value in state.get("profiles", {}).items():
+            setattr(self.profiles, name, value.copy() if isinstance(value, np.ndarray)
+                    else value)
 
 
 def _add_at(arr: np.ndarray, ids: np.ndarray, values) -> None:

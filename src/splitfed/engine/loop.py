@@ -77,8 +77,11 @@ def _over_select(algorithm, env, cohort, work):
 
 
 def run_rounds(algorithm, env, logger, state: dict | None = None,
-               start_round: int = 1) -> tuple[dict, str]:
-    """Run rounds ``start_round..config.rounds``; returns the final state and the status."""
+               start_round: int = 1, checkpoint=None) -> tuple[dict, str]:
+    """Run rounds ``start_round..config.rounds``; returns the final state and the status.
+
+    ``checkpoint(t, state, status)``, when given, is called after each round's record is
+    logged (:class:`splitfed.checkpoint.Checkpointer` decides whether to write)."""
     cfg = env.config
     if state is None:
         state = algorithm.init_state(env)
@@ -110,6 +113,8 @@ def run_rounds(algorithm, env, logger, state: dict | None = None,
         elif t % cfg.eval_every == 0 or t == cfg.rounds:
             record.update(_evaluate(algorithm, env, state))
         logger.log(record)
+        if checkpoint is not None:
+            checkpoint(t, state, status)
         bar.set_postfix({k: f"{record[k]:.4f}" for k in ("train_loss", "test_acc")
                          if k in record})
         if status == "diverged":
