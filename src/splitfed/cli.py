@@ -2,6 +2,9 @@
 
     splitfed run CONFIG [key=value ...]     run an experiment (CONFIG: a YAML file or a
                                             shipped config name, see ``splitfed list``)
+    splitfed run --resume RUN_DIR           continue an interrupted run from its checkpoint
+    splitfed sweep CONFIG key=v1,v2 ...     run every combination of the values; a table
+                                            of the runs (see docs/sweeps.md)
     splitfed list                           algorithms, data sets, models, partitioners,
                                             participation modes, shipped configs
     splitfed partition CONFIG [key=value]   print the partition summary of a config
@@ -19,10 +22,21 @@ from splitfed.errors import SplitfedError
 
 def _cmd_run(args) -> int:
     from splitfed.config import load_config
-    from splitfed.experiment import run_experiment
+    from splitfed.errors import ConfigError
+    from splitfed.experiment import resume_experiment, run_experiment
 
-    cfg = load_config(args.config, args.overrides)
-    result = run_experiment(cfg)
+    if args.resume is not None:
+        if args.config is not None or args.overrides:
+            raise ConfigError("run --resume RUN_DIR continues the run with RUN_DIR's own "
+                              "config.yaml; give no CONFIG or key=value with it")
+        result = resume_experiment(args.resume)
+        cfg = load_config(result.run_dir / "config.yaml")
+    elif args.config is None:
+        raise ConfigError("run: give a CONFIG (YAML file or shipped config name), or "
+                          "--resume RUN_DIR")
+    else:
+        cfg = load_config(args.config, args.overrides)
+        result = run_experiment(cfg)
     acc = result.final_accuracy
     acc_text = "n/a" if acc is None else f"{acc:.4f}"
     print(f"{cfg.algorithm.name} on {cfg.data.name} ({cfg.model.name}, "
@@ -80,6 +94,22 @@ def _cmd_study(args) -> int:
     return 0 if result.completed else 3
 
 
+def _cmd_sweep(args) -> int:
+    from splitfed.errors import ConfigError
+    from splitfed.sweep import run_sweep
+
+    seeds = None
+    if args.seeds is not None:
+        try:
+            seeds = [int(s) for s in args.seeds.split(",")]
+        except ValueError:
+            raise ConfigError(f"--seeds: expected integers separated by commas, e.g. 0,1,2; "
+                              f"got {args.seeds!r}") from None
+    result = run_sweep(args.config, args.axes, name=args.name, seeds=seeds,
+                       out_dir=args.out_dir, progress=args.progress)
+    return 0 if result.completed else 3
+
+
 def _cmd_plot(args) -> int:
     from splitfed.plot import plot_runs
 
@@ -94,8 +124,11 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="run an experiment")
-    r.add_argument("config", help="YAML file or shipped config name")
+    r.add_argument("config", nargs="?", help="YAML file or shipped config name")
     r.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.lr=0.05")
+    r.add_argument("--resume", metavar="RUN_DIR", default=None,
+                   help="continue the run in RUN_DIR from its last checkpoint "
+                        "(checkpoint_every), with its config.yaml")
     r.set_defaults(func=_cmd_run)
     sub.add_parser("list", help="list what is available").set_defaults(func=_cmd_list)
     q = sub.add_parser("partition", help="print the partition summary of a config")
@@ -120,6 +153,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a line label per run, in order (repeat the option)")
     g.add_argument("--title", default=None)
     g.set_defaults(func=_cmd_plot)
+    w = sub.add_parser("sweep", help="run a grid of a config's values (docs/sweeps.md)")
+    w.add_argument("config", help="YAML file or shipped config name")
+    w.add_argument("axes", nargs="+", metavar="key=v1,v2,...",
+                   help="values to sweep (every combination is a run); one value: an "
+                        "override of every run")
+    w.add_argument("--name", default=None, help="sweep directory name "
+                                                "(default: <config stem>-sweep)")
+    w.add_argument("--seeds", default=None, help="run every point once per seed, e.g. 0,1,2")
+    w.add_argument("--out-dir", default=None, help="parent of the sweep directory "
+                                                   "(default: runs/sweeps)")
+    w.add_argument("--progress", action="store_true", help="show each run's progress bar")
+    w.set_defaults(func=_cmd_sweep)
     return p
 
 

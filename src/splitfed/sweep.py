@@ -1,0 +1,190 @@
+"""Sweeps: ``splitfed sweep CONFIG key=v1,v2,... [key2=a,b ...]``, a grid from the command line.
+
+A sweep is a study (:mod:`splitfed.study`) whose grid is written on the command line:
+every ``key=v1,v2,...`` with several values is an axis, the run is every combination
+(cartesian product, axes in the order given, the first outermost), and a ``key=value``
+with one value is an override applied to every run. Values are YAML, split at top-level
+commas: ``train.lr=0.01,0.1`` gives two floats, ``model.hidden=[64,32],[128]`` two lists,
+``model.hidden=[64,32]`` one list.
+
+The study machinery does the work: every run's config is validated before anything
+runs, each run goes to ``<sweep dir>/runs/<key-value slug>-s<seed>/`` (a deterministic
+name), finished runs are skipped, interrupted ones are resumed from their checkpoint
+(``checkpoint_every``), and ``results.md``/``results.json`` (and plots when matplotlib
+is installed) are written. On top of that a sweep writes one row per run with the swept
+values in their own columns: ``sweep.md``, ``sweep.csv`` and ``sweep.json`` (status
+``completed`` or ``diverged``, final and best test accuracy, rounds run).
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import json
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from splitfed.errors import ConfigError
+from splitfed.study import (StudyResult, read_records, run_numbers, run_study,
+                            study_from_mapping, value_text)
+
+DEFAULT_OUT_DIR = "runs/sweeps"
+COLUMNS = ("status", "final_test_acc", "best_test_acc", "rounds")
+
+
+def parse_axes(items: list[str]) -> tuple[dict[str, list[Any]], list[str]]:
+    """``["train.lr=0.01,0.1", "rounds=5"]`` -> (axes ``{"train.lr": [0.01, 0.1]}``,
+    overrides ``["rounds=5"]``). ConfigError names a malformed item."""
+    axes: dict[str, list[Any]] = {}
+    overrides: list[str] = []
+    for item in items:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or not key or any(not part for part in key.split(".")):
+            raise ConfigError(f"sweep: '{item}' must look like key.sub=v1,v2,... "
+                              "(e.g. train.lr=0.01,0.1)")
+        try:
+            values = yaml.safe_load(f"[{text}]")
+        except yaml.YAMLError as e:
+            raise ConfigError(f"sweep: '{item}': cannot parse the values as YAML: "
+                              f"{str(e).splitlines()[0]}") from None
+        if not values:
+            raise ConfigError(f"sweep: '{item}' gives no value; write key=v1,v2,...")
+        if key in axes or any(o.partition("=")[0] == key for o in overrides):
+            raise ConfigError(f"sweep: '{key}' is given twice; give all its values at once, "
+                              f"{key}=v1,v2,...")
+        if len(values) == 1:
+            overrides.append(item)
+        else:
+            if len({json.dumps(v, sort_keys=True, default=str) for v in values}) < len(values):
+                raise ConfigError(f"sweep: '{item}' repeats a value")
+            axes[key] = values
+    return axes, overrides
+
+
+def default_name(config: str) -> str:
+    """``<config stem>-sweep`` as a plain directory name."""
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "-", Path(config).stem).strip("-.") or "config"
+    return f"{stem}-sweep"
+
+
+@dataclass
+class SweepResult:
+    study: StudyResult
+    axes: dict[str, list[Any]]
+    rows: list[dict]
+    table: str
+
+    @property
+    def completed(self) -> bool:
+        return self.study.completed
+
+
+def sweep_study(config: str, items: list[str], *, name: str | None = None,
+                seeds: list[int] | None = None,
+                out_dir: str | Path | None = None) -> dict:
+    """The study mapping of a sweep (validated by :func:`run_sweep`)."""
+    axes, overrides = parse_axes(items)
+    if not axes:
+        raise ConfigError("sweep: give at least one key with several values, "
+                          "e.g. train.lr=0.01,0.1")
+    study = {"name": name or default_name(config), "base": str(config),
+             "overrides": overrides, "grid": axes,
+             "out_dir": str(out_dir if out_dir is not None else DEFAULT_OUT_DIR)}
+    if seeds is not None:
+        study["seeds"] = list(seeds)
+    return study
+
+
+def run_sweep(config: str, items: list[str], *, name: str | None = None,
+              seeds: list[int] | None = None, out_dir: str | Path | None = None,
+              progress: bool = False, quiet: bool = False) -> SweepResult:
+    """Run (or finish) a sweep; write the study files and ``sweep.md/csv/json``."""
+    mapping = sweep_study(config, items, name=name, seeds=seeds, out_dir=out_dir)
+    study = study_from_mapping(mapping)
+    result = run_study(study, progress=progress, quiet=True)
+    command = _command(config, items, name, seeds, out_dir)
+    rows = sweep_rows(result, mapping["grid"])
+    table = markdown_table(rows, list(mapping["grid"]))
+    write_sweep(result.dir, rows, list(mapping["grid"]), table, command)
+    if not quiet:
+        for o in result.outcomes:
+            how = "done earlier, skipped" if o.skipped else f"{o.wall_time_s:.1f} s"
+            print(f"{o.label} (seed {o.seed}): {o.status} ({how})", flush=True)
+        print(table)
+        print(f"sweep: {result.dir / 'sweep.md'}", flush=True)
+    return SweepResult(result, mapping["grid"], rows, table)
+
+
+def _command(config, items, name, seeds, out_dir) -> str:
+    parts = ["splitfed", "sweep", config, *items]
+    if name is not None:
+        parts += ["--name", name]
+    if seeds is not None:
+        parts += ["--seeds", ",".join(str(s) for s in seeds)]
+    if out_dir is not None:
+        parts += ["--out-dir", str(out_dir)]
+    return " ".join(shlex.quote(str(p)) for p in parts)
+
+
+def sweep_rows(result: StudyResult, axes: dict[str, list[Any]]) -> list[dict]:
+    """One row per run, in grid order: the swept values, seed, status, accuracies and
+    rounds (read back from each run's ``metrics.jsonl``)."""
+    keys = list(axes)
+    points = [dict(zip(keys, combo)) for combo in _product(axes)]
+    rows = []
+    for variant, point in zip(result.study.variants, points):
+        for run in variant.runs:
+            outcome = next(o for o in result.outcomes
+                           if o.label == run.label and o.seed == run.seed)
+            records = outcome.records or read_records(run.run_dir / "metrics.jsonl")
+            numbers = run_numbers(records, None)
+            rows.append({**point, "seed": run.seed, "status": outcome.status,
+                         "final_test_acc": numbers["final_test_acc"],
+                         "best_test_acc": numbers["best_test_acc"],
+                         "rounds": numbers["rounds"],
+                         "run_dir": str(run.run_dir.relative_to(result.dir))})
+    return rows
+
+
+def _product(axes: dict[str, list[Any]]):
+    return itertools.product(*axes.values())
+
+
+def _acc(value) -> str:
+    return "n/a" if value is None else f"{value:.4f}"
+
+
+def markdown_table(rows: list[dict], keys: list[str]) -> str:
+    head = [*keys, "seed", "status", "final acc", "best acc", "rounds"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    for r in rows:
+        cells = [value_text(r[k]) for k in keys]
+        cells += [str(r["seed"]), r["status"], _acc(r["final_test_acc"]),
+                  _acc(r["best_test_acc"]), str(r["rounds"])]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(lines)
+
+
+def write_sweep(sweep_dir: Path, rows: list[dict], keys: list[str], table: str,
+                command: str) -> None:
+    """``sweep.md`` (table and command), ``sweep.csv`` and ``sweep.json``."""
+    sweep_dir = Path(sweep_dir)
+    text = ["# Sweep: " + sweep_dir.name, "", f"Swept: {', '.join(keys)}; one row per run. "
+            "Accuracies are test accuracies; final = at the last evaluated round.", "",
+            table, "", "Produced by:", "", "```bash", command, "```", ""]
+    (sweep_dir / "sweep.md").write_text("\n".join(text), encoding="utf-8")
+    columns = [*keys, "seed", *COLUMNS, "run_dir"]
+    with open(sweep_dir / "sweep.csv", "w", newline="", encoding="utf-8") as fh:
+        w = csv.DictWriter(fh, fieldnames=columns)
+        w.writeheader()
+        w.writerows({k: (value_text(v) if k in keys else v) for k, v in r.items()}
+                    for r in rows)
+    (sweep_dir / "sweep.json").write_text(
+        json.dumps({"command": command, "axes": keys, "runs": rows}, indent=2,
+                   default=str) + "\n", encoding="utf-8")

@@ -1,0 +1,261 @@
+"""Checkpoints and ``--resume``: an interrupted run, resumed, ends bit-identical to an
+uninterrupted one (parameters, algorithm state and every metric but wall times)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import splitfed.experiment as experiment
+from splitfed.checkpoint import CHECKPOINT, Checkpointer, atomic_save, load_checkpoint
+from splitfed.configtools import dump_yaml
+from splitfed.errors import ConfigError
+from splitfed.experiment import resume_experiment, run_experiment
+from tests.helpers import digits_config
+
+WALL = {"round_time_s"}               # measured, not simulated: may differ
+SPLIT = {"model": {"name": "mlp", "hidden": [32, 16], "cut": 1}}
+#: the clock draws every round and the sampler draws a cohort: both streams must resume
+MOVING = {"participation": {"mode": "uniform", "clients_per_round": 2},
+          "clock": {"profile": "exponential", "mean": 1.0, "delay_mean": 0.5}}
+
+
+class Interrupted(Exception):
+    pass
+
+
+def same(a, b, where="state") -> None:
+    """``a`` and ``b`` are equal bit for bit, through nested dicts, lists and tensors."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape, where
+        assert torch.equal(a, b), f"{where}: tensors differ"
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and set(a) == set(b), f"{where}: keys {set(a) ^ set(b)}"
+        for k in a:
+            same(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            same(x, y, f"{where}[{i}]")
+    elif isinstance(a, torch.nn.Module):
+        same(a.state_dict(), b.state_dict(), where)
+    elif isinstance(a, torch.optim.Optimizer):
+        same(a.state_dict(), b.state_dict(), where)
+    else:
+        assert a == b, f"{where}: {a!r} != {b!r}"
+
+
+def records(run_dir: Path) -> list[dict]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(line).items() if k not in WALL} for line in lines]
+
+
+def csv_rows(run_dir: Path) -> list[list[str]]:
+    rows = [line.split(",") for line in (run_dir / "metrics.csv").read_text().splitlines()]
+    drop = rows[0].index("round_time_s")
+    return [r[:drop] + r[drop + 1:] for r in rows]
+
+
+def interrupt_after(monkeypatch, stop: int) -> None:
+    """The next run raises after logging (and maybe checkpointing) round ``stop``."""
+
+    class Stopping(Checkpointer):
+        def __call__(self, t, state, status):
+            super().__call__(t, state, status)
+            if t == stop:
+                raise Interrupted
+
+    monkeypatch.setattr(experiment, "Checkpointer", Stopping)
+
+
+def check_resume(tmp_path, monkeypatch, cfg, stop: int) -> None:
+    full = run_experiment(cfg, run_dir=tmp_path / "full")
+    assert full.status == "completed"
+    cut = tmp_path / "cut"
+    interrupt_after(monkeypatch, stop)
+    with pytest.raises(Interrupted):
+        run_experiment(cfg, run_dir=cut)
+    monkeypatch.undo()
+    assert not (cut / "summary.json").exists()
+    expect_round = (stop // cfg.checkpoint_every) * cfg.checkpoint_every
+    ckpt = load_checkpoint(cut)
+    assert (ckpt["round"] if ckpt else 0) == expect_round
+    assert len(records(cut)) == stop + 1          # records past the checkpoint are redone
+    resumed = resume_experiment(cut)
+    assert resumed.status == "completed"
+    same(full.state, resumed.state)
+    same(load_checkpoint(tmp_path / "full")["state"], load_checkpoint(cut)["state"])
+    assert records(cut) == records(tmp_path / "full")
+    assert csv_rows(cut) == csv_rows(tmp_path / "full")
+    summary = json.loads((cut / "summary.json").read_text())
+    assert summary["status"] == "completed"
+    assert summary["resumed_from"] == ([expect_round] if expect_round else [])
+    ref = json.loads((tmp_path / "full" / "summary.json").read_text())
+    for key in ("rounds", "final_test_acc", "best_test_acc"):
+        assert summary[key] == ref[key]
+
+
+@pytest.mark.parametrize("name,over,stop", [
+    ("fedavg", MOVING, 3),
+    ("scaffold", MOVING, 4),            # per-client controls, after a checkpoint exactly
+    ("fedopt", {}, 3),                  # the server's Adam moments
+    ("sl", {**SPLIT, **MOVING}, 3),     # update order, server optimizer, clock lanes
+    ("sflv2", {**SPLIT, **MOVING, "train": {"batch_size": 8, "local_steps": 2,
+                                          "local_epochs": None, "lr": 0.1,
+                                          "momentum": 0.9}}, 5),
+    ("centralized", {}, 3),             # the state is a module and its optimizer
+])
+def test_resume_is_bit_identical(tmp_path, monkeypatch, name, over, stop):
+    cfg = digits_config(algorithm={"name": name}, rounds=6, checkpoint_every=2, **over)
+    check_resume(tmp_path, monkeypatch, cfg, stop)
+
+
+def test_interrupt_before_the_first_checkpoint_restarts_from_round_zero(tmp_path,
+                                                                        monkeypatch):
+    cfg = digits_config(rounds=4, checkpoint_every=3)
+    check_resume(tmp_path, monkeypatch, cfg, 2)
+
+
+def test_checkpoint_holds_the_whole_run_state(tmp_path):
+    cfg = digits_config(algorithm={"name": "scaffold"}, rounds=3, checkpoint_every=2, **MOVING)
+    result = run_experiment(cfg, run_dir=tmp_path / "r")
+    ckpt = load_checkpoint(tmp_path / "r")
+    assert ckpt["round"] == 3 and ckpt["status"] == "completed"
+    assert ckpt["records"] == 4                           # rounds 0..3
+    assert set(ckpt["state"]) == {"model", "control", "client_controls"}
+    assert all(c.shape[0] == 3 for c in ckpt["state"]["client_controls"].values())
+    assert {"participation", "batches", "clock"} <= set(ckpt["streams"]["numpy"])
+    assert ckpt["clock"]["now"] == result.records[-1]["sim_time_s"]
+    assert ckpt["ledger"]["rounds"].keys() == {1, 2, 3}
+    same(result.state, ckpt["state"])
+
+
+def test_checkpoints_are_written_every_k_rounds_and_at_the_end(tmp_path, monkeypatch):
+    import splitfed.checkpoint as ck
+
+    saved, orig = [], ck.atomic_save
+    monkeypatch.setattr(ck, "atomic_save", lambda obj, path: (saved.append(obj["round"]),
+                                                              orig(obj, path)))
+    run_experiment(digits_config(rounds=7, checkpoint_every=3), run_dir=tmp_path / "a")
+    assert saved == [3, 6, 7]
+    saved.clear()
+    run_experiment(digits_config(rounds=7, checkpoint_every=0), run_dir=tmp_path / "b")
+    assert saved == [] and not (tmp_path / "b" / CHECKPOINT).exists()
+
+
+def test_diverged_run_is_checkpointed_and_not_rerun(tmp_path):
+    cfg = digits_config(rounds=6, checkpoint_every=4, train={
+        "batch_size": 8, "local_steps": 5, "local_epochs": None, "lr": 1e10})
+    first = run_experiment(cfg, run_dir=tmp_path / "d")
+    assert first.status == "diverged"
+    stopped = first.records[-1]["round"]
+    assert load_checkpoint(tmp_path / "d")["round"] == stopped
+    again = resume_experiment(tmp_path / "d")
+    assert again.status == "diverged" and again.records == first.records
+
+
+def test_resume_extends_a_finished_run_when_rounds_grow(tmp_path):
+    run_experiment(digits_config(rounds=5, checkpoint_every=2), run_dir=tmp_path / "full")
+    short = tmp_path / "short"
+    run_experiment(digits_config(rounds=3, checkpoint_every=2), run_dir=short)
+    dump_yaml(digits_config(rounds=5, checkpoint_every=2), short / "config.yaml")
+    resume_experiment(short)
+    assert records(short) == records(tmp_path / "full")
+
+
+def test_atomic_save_leaves_the_old_checkpoint_when_writing_fails(tmp_path, monkeypatch):
+    path = tmp_path / CHECKPOINT
+    atomic_save({"format": 1, "round": 1}, path)
+
+    def broken(obj, fh):
+        fh.write(b"partial")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", broken)
+    with pytest.raises(OSError):
+        atomic_save({"format": 1, "round": 2}, path)
+    monkeypatch.undo()
+    assert torch.load(path, weights_only=False)["round"] == 1
+    assert [p.name for p in tmp_path.iterdir()] == [CHECKPOINT]
+
+
+def test_resume_errors_name_the_problem(tmp_path):
+    with pytest.raises(ConfigError, match="no config.yaml"):
+        resume_experiment(tmp_path)
+    run_dir = tmp_path / "r"
+    run_experiment(digits_config(rounds=2, checkpoint_every=1), run_dir=run_dir)
+    (run_dir / CHECKPOINT).write_bytes(b"torn")
+    with pytest.raises(ConfigError, match="not a readable checkpoint.*delete it"):
+        resume_experiment(run_dir)
+
+
+def test_sigkill_at_a_random_round_then_resume(tmp_path):
+    """A real ``splitfed run`` process killed with SIGKILL at a seeded random round, then
+    ``splitfed run --resume``: the same final parameters and metrics as one run."""
+    rounds = 30
+    raw = {"name": "k", "rounds": rounds, "seed": 5, "progress": False,
+           "checkpoint_every": 3, "out_dir": str(tmp_path),
+           "algorithm": {"name": "scaffold"}, "data": {"name": "digits"},
+           "partition": {"scheme": "dirichlet", "num_clients": 4, "alpha": 0.5},
+           "model": {"name": "mlp", "hidden": [64]},
+           "train": {"batch_size": 16, "local_steps": 8, "local_epochs": None, "lr": 0.05},
+           **MOVING}
+    cfg_path = tmp_path / "k.yaml"
+    cfg_path.write_text(json.dumps(raw))
+    from splitfed.config import load_config
+
+    full = run_experiment(load_config(cfg_path), run_dir=tmp_path / "full")
+    kill_at = int(np.random.default_rng(2024).integers(4, 14))
+    run_dir = tmp_path / "killed"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "splitfed.cli", "run", str(cfg_path)]
+    proc = subprocess.Popen(cmd + [f"out_dir={run_dir}"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            found = list(run_dir.glob("k-*/metrics.jsonl"))
+            if found and len(found[0].read_text().splitlines()) > kill_at:
+                break
+            time.sleep(0.002)
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.wait(timeout=60)
+    (killed,) = run_dir.glob("k-*")
+    assert proc.returncode == -signal.SIGKILL, "the run finished before it was killed"
+    assert not (killed / "summary.json").exists()
+    assert load_checkpoint(killed)["round"] < rounds
+    done = subprocess.run([sys.executable, "-m", "splitfed.cli", "run", "--resume",
+                           str(killed)], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "status completed" in done.stdout
+    same(full.state, load_checkpoint(killed)["state"])
+    assert records(killed) == records(tmp_path / "full")
+    assert csv_rows(killed) == csv_rows(tmp_path / "full")
+    summary = json.loads((killed / "summary.json").read_text())
+    assert summary["status"] == "completed" and len(summary["resumed_from"]) == 1
+
+
+def test_cli_resume_arguments(tmp_path, capsys):
+    from splitfed.cli import main
+
+    assert main(["run"]) == 2
+    assert "give a CONFIG" in capsys.readouterr().err
+    assert main(["run", "quick_digits", "--resume", str(tmp_path)]) == 2
+    assert "give no CONFIG or key=value" in capsys.readouterr().err
+    assert main(["run", "--resume", str(tmp_path)]) == 2
+    assert "no config.yaml" in capsys.readouterr().err
+    run_dir = tmp_path / "r"
+    run_experiment(digits_config(rounds=2, checkpoint_every=1), run_dir=run_dir)
+    assert main(["run", "--resume", str(run_dir)]) == 0
+    assert "status completed" in capsys.readouterr().out
