@@ -18,7 +18,7 @@ measurement for any model of the registry: it starts a fresh Python process
    forwards (``zo.directions`` / ``zo.perturb``, as the algorithm) and the update from
    the scalar the server returns (here a constant: the server's work is not the client's);
    ``zo_mode="inplace"`` measures the same step with the parameters perturbed in place
-   and the direction regenerated one tensor at a time (MeZO's trick; what a
+   and the direction regenerated in chunks of 2^20 elements (MeZO's trick; what a
    memory-conscious client would run);
 4. reports ``peak_mb`` = peak RSS (``VmHWM``) - RSS before the model existed: parameters,
    gradients, optimizer state, activations and every temporary of the step, as the OS
@@ -164,15 +164,23 @@ def client_steps(method: str, module, trainable: list[str], x, y, steps: int, *,
         del grads
 
 
-def _noise(p, seed: int, i: int):
+NOISE_CHUNK = 2 ** 20          # elements of noise alive at a time (in-place ZO)
+
+
+def _noise_chunks(p, seed: int, i: int):
+    """(flat view of ``p``'s chunk, its N(0, 1) noise), chunk by chunk, from the seed."""
     import torch
-    g = torch.Generator(device=p.device).manual_seed(seed * 100003 + i)
-    return torch.randn(p.shape, generator=g, device=p.device, dtype=p.dtype)
+    flat = p.view(-1)
+    for j, start in enumerate(range(0, flat.numel(), NOISE_CHUNK)):
+        part = flat[start:start + NOISE_CHUNK]
+        g = torch.Generator(device=p.device).manual_seed((seed * 100003 + i) * 4099 + j)
+        yield part, torch.randn(part.shape, generator=g, device=p.device, dtype=p.dtype)
 
 
 def _inplace_zo_steps(module, state, x, steps: int, lr: float, lam: float) -> None:
-    """The same client step with the direction regenerated tensor by tensor and the
-    parameters perturbed in place (MeZO's trick): only one tensor of noise at a time."""
+    """The same client step with the direction regenerated chunk by chunk (``NOISE_CHUNK``
+    elements) and the parameters perturbed in place (MeZO's trick, chunked): only one
+    chunk of noise is alive at a time."""
     import torch
 
     params = [p.detach() for _, p in module.named_parameters()]
@@ -188,13 +196,14 @@ def _inplace_loop(module, state, x, params, d, steps, lr, lam) -> None:
 
     from splitfed.models.cohort import cohort_forward
     for step in range(steps):
-        sq = sum(float(torch.linalg.vector_norm(_noise(p, step, i), dtype=torch.float32)) ** 2
-                 for i, p in enumerate(params))
+        sq = sum(float(torch.linalg.vector_norm(z, dtype=torch.float32)) ** 2
+                 for i, p in enumerate(params) for _, z in _noise_chunks(p, step, i))
         scale = math.sqrt(d / sq)               # u = scale * z: on the sphere of radius sqrt(d)
 
         def shift(alpha: float) -> None:
             for i, p in enumerate(params):
-                p.add_(_noise(p, step, i), alpha=alpha * scale)
+                for part, z in _noise_chunks(p, step, i):
+                    part.add_(z, alpha=alpha * scale)
         sent = [cohort_forward(module, state, x, training=True)]
         for s in (1.0, -2.0):                   # x + lam u, then x - lam u
             shift(s * lam)

@@ -200,7 +200,14 @@ def from_hf(hf_model: nn.Module, name: str | None = None) -> BlockModel:
     model = BlockModel(blocks, name=name or hf_model.config.model_type, cut_descriptions=cuts,
                        default_cut=min(2, n))
     model.hf_config = hf_model.config
+    model.__dict__["hf_model"] = hf_model     # not a submodule: its modules are the blocks
     return model
+
+
+def save_pretrained(model: BlockModel, directory: str | Path) -> None:
+    """Save a model built by :func:`from_hf` (its current weights) as a Hugging Face
+    ``save_pretrained`` directory, loadable with ``pretrained=<directory>``."""
+    model.hf_model.save_pretrained(directory)
 
 
 @contextmanager
