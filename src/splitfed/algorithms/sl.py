@@ -36,9 +36,9 @@ import torch
 
 from splitfed.engine.algorithm import Algorithm
 from splitfed.engine.batches import batch_plan
-from splitfed.engine.flops import TRAIN_FACTOR
-from splitfed.engine.split import (SplitModel, client_compute, return_gradients,
-                                   send_activations, server_step, sgd, take_turn)
+from splitfed.engine.split import (SplitModel, client_backward, client_forward,
+                                   return_gradients, send_activations, server_step, sgd,
+                                   take_turn)
 
 
 @dataclass
@@ -64,6 +64,7 @@ class SL(Algorithm):
         start = state["model"]
         client = parts.client_module(parts.client_state(start))
         server = parts.server_module(parts.server_state(start))
+        client_params = list(client.parameters())
         server_opt = sgd(server, env, state["server_opt"], env.lr(t))
         order = cohort.ids[env.streams.numpy("order").permutation(cohort.size)]
         steps = env.local_steps(order)
@@ -79,23 +80,21 @@ class SL(Algorithm):
             if received is None:                 # the turn would start after the deadline
                 continue
             client.load_state_dict(received)
-            client_opt = torch.optim.SGD(client.parameters(), lr=env.lr(t), momentum=tr.momentum,
+            client_opt = torch.optim.SGD(client_params, lr=env.lr(t), momentum=tr.momentum,
                                          weight_decay=tr.weight_decay)
             total = 0.0
             for rows in plan:
                 x = x_all[rows]
-                client_compute(env, client, cid, x)
-                acts = client(x)
+                acts = client_forward(env, client, cid, x)
                 h, y = send_activations(env, ids, acts.unsqueeze(0), y_all[rows].unsqueeze(0))
                 loss, g_h = server_step(env, server, server_opt, h[0], y[0], env.lr(t), cid)
                 g_acts = return_gradients(env, ids, g_h.unsqueeze(0))[0]
-                client_opt.zero_grad(set_to_none=True)
-                client_compute(env, client, cid, x, passes=TRAIN_FACTOR - 1)
-                acts.backward(g_acts)
-                client_opt.step()
+                client_backward(env, client, client_opt, client_params, cid, x, acts,
+                                g_acts, env.lr(t))
                 total += float(loss)
-            env.transport.upload("model", ids, {k: v.unsqueeze(0) for k, v in
-                                                client.state_dict().items()})
+            uploaded = env.transport.upload("model", ids, {k: v.unsqueeze(0) for k, v in
+                                                           client.state_dict().items()})
+            client.load_state_dict({k: v[0] for k, v in uploaded.items()})  # what arrived
             if env.clock.on_time(ids)[0]:
                 handed = {k: v.detach().clone() for k, v in client.state_dict().items()}
             losses.append(total / int(k_steps))

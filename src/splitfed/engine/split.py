@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from splitfed.engine import placement
 from splitfed.engine.clock import CLIENT as CLOCK_CLIENT
 from splitfed.engine.clock import SERVER as CLOCK_SERVER
 from splitfed.engine.flops import TRAIN_FACTOR
@@ -91,6 +92,9 @@ def server_step(env, server: nn.Module, opt: torch.optim.Optimizer, h: torch.Ten
     """
     env.clock.charge(CLOCK_SERVER, server, [client_id], h, passes=TRAIN_FACTOR,
                      stacked=False)
+    place = placement.current()
+    if place is not None and not place.serves(client_id):   # a client rank, or lost
+        return torch.zeros((), dtype=h.dtype), torch.zeros_like(h)
     h = h.detach().requires_grad_(True)
     loss = F.cross_entropy(server(h), y)
     params = list(server.parameters())
@@ -108,6 +112,32 @@ def client_compute(env, module: nn.Module, client_id: int, x: torch.Tensor,
     """Charge ``passes`` forward passes of a single client's ``module`` over its batch
     ``x`` [B, ...] to that client's timeline (SL: 1 for a forward, 2 for a backward)."""
     env.clock.charge(CLOCK_CLIENT, module, [client_id], x, passes=passes, stacked=False)
+
+
+def client_forward(env, module: nn.Module, client_id: int, x: torch.Tensor) -> torch.Tensor:
+    """A sequential client's forward pass over its batch ``x`` [B, ...] (SL), charged to
+    its timeline. It runs where the client is hosted; elsewhere (the multi-process
+    runtime) the result is a placeholder (zeros; nothing is computed)."""
+    client_compute(env, module, client_id, x)
+    if placement.hosted(CLOCK_CLIENT, [client_id]) is not None:
+        return placement.placeholder(module, x, stacked=False)
+    return module(x)
+
+
+def client_backward(env, module: nn.Module, opt: torch.optim.Optimizer,
+                    params: list[torch.Tensor], client_id: int, x: torch.Tensor,
+                    acts: torch.Tensor, grad: torch.Tensor, lr: float) -> None:
+    """The backward pass of :func:`client_forward` from the cut-layer gradient ``grad``
+    and one step of the client's optimizer, charged to its timeline; only where the
+    client is hosted."""
+    client_compute(env, module, client_id, x, passes=TRAIN_FACTOR - 1)
+    if placement.hosted(CLOCK_CLIENT, [client_id]) is not None:
+        return
+    for p, g in zip(params, torch.autograd.grad(acts, params, grad)):
+        p.grad = g
+    for group in opt.param_groups:
+        group["lr"] = float(lr)
+    opt.step()
 
 
 def take_turn(env, client_id: int, client_state: Mapping[str, torch.Tensor]
