@@ -5,6 +5,8 @@
     splitfed run --resume RUN_DIR           continue an interrupted run from its checkpoint
     splitfed sweep CONFIG key=v1,v2 ...     run every combination of the values; a table
                                             of the runs (see docs/sweeps.md)
+    splitfed launch CONFIG --nproc N        the same run on N processes of this machine
+                                            (torch.distributed, docs/distributed.md)
     splitfed list                           algorithms, data sets, models, partitioners,
                                             participation modes, shipped configs
     splitfed partition CONFIG [key=value]   print the partition summary of a config
@@ -119,6 +121,12 @@ def _cmd_plot(args) -> int:
     return 0
 
 
+def _cmd_launch(args) -> int:
+    from splitfed.runtime.launch import launch, worker_argv
+
+    return launch(args.nproc, worker_argv(args), launcher=args.launcher)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="splitfed", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -165,6 +173,17 @@ def build_parser() -> argparse.ArgumentParser:
                                                    "(default: runs/sweeps)")
     w.add_argument("--progress", action="store_true", help="show each run's progress bar")
     w.set_defaults(func=_cmd_sweep)
+    from splitfed.runtime.worker import add_run_arguments
+
+    d = sub.add_parser("launch", help="run on N processes of this machine "
+                                      "(torch.distributed; docs/distributed.md)")
+    add_run_arguments(d)
+    d.add_argument("--nproc", type=int, required=True,
+                   help="processes: rank 0 serves, ranks 1..N-1 host the clients")
+    d.add_argument("--launcher", choices=("torchrun", "spawn"), default="torchrun",
+                   help="torchrun (default; a dead rank stops the group) or spawn (a dead "
+                        "client rank is dropped and the run goes on)")
+    d.set_defaults(func=_cmd_launch)
     return p
 
 

@@ -1,0 +1,190 @@
+"""One run on many processes: rank 0 serves, the other ranks host clients (SPMD).
+
+Every rank builds the same environment from the same config (rank 0 sends it: the
+client ranks need no files but the data set), installs the runtime's parts
+(:func:`adapt`) and runs the engine's own round loop (:func:`~splitfed.engine.loop.
+run_rounds`) with the algorithm's unchanged code. The placement makes every rank compute
+only its own side: client forward/backward passes on the rank that hosts the client,
+server passes and aggregation results that matter on rank 0; the transport carries the
+tensors in between. Rank 0 evaluates (the client ranks hold no test set), logs, and
+checkpoints after every round (``splitfed.checkpoint``; the same file
+``splitfed run --resume`` reads), and a restarted run resumes from it: rank 0 sends the
+client ranks the checkpoint's random streams and clock, so that all ranks continue in
+step.
+
+Rank 0 starts each round with a control message to every live client rank
+(:class:`~splitfed.runtime.placement.RoundControl`); a client rank that is lost (its
+connection closed, or it did not answer within the timeout) has its clients dropped
+from the round in which it was lost (left out of the aggregation like late clients)
+and from the cohorts of later rounds (like unavailable clients).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from splitfed.checkpoint import (Checkpointer, load_checkpoint, restore,
+                                 truncate_metrics)
+from splitfed.config import RunConfig, build_config
+from splitfed.configtools import dump_yaml, load_yaml
+from splitfed.data.partition import partition_summary
+from splitfed.engine import placement
+from splitfed.engine.loop import run_rounds
+from splitfed.errors import ConfigError
+from splitfed.experiment import (RunResult, _check_empty, _new_run_dir, build_algorithm,
+                                 build_environment)
+from splitfed.metrics import MetricLogger, best_value, last_value
+from splitfed.runtime.placement import (RankPlacement, RoundControl, RuntimeClock, StopRun,
+                                        host_ranks)
+from splitfed.transport.distributed import SERVER_RANK, DistributedTransport, Links
+
+#: algorithms whose every client computation goes through the placed engine primitives
+SUPPORTED = ("fedavg", "sflv1", "sflv2", "sl", "musplitfed")
+
+
+@dataclass
+class RuntimeOptions:
+    #: rank 0 gives up on a client rank that does not answer within this many seconds
+    timeout_s: float = 60.0
+    #: real delays: client ranks sleep this many wall seconds per simulated second of
+    #: their clients' compute and transfers (None: no sleeping)
+    delay_scale: float | None = None
+    #: rank 0 writes checkpoint.pt every this many rounds (and at the last)
+    checkpoint_every: int = 1
+
+
+def check_supported(cfg: RunConfig) -> None:
+    if cfg.algorithm.name not in SUPPORTED:
+        raise ConfigError(f"algorithm.name: {cfg.algorithm.name!r} does not run on the "
+                          f"multi-process runtime yet; supported: {', '.join(SUPPORTED)} "
+                          "(use splitfed run for the others)")
+    if cfg.engine.device != "cpu":
+        raise ConfigError("engine.device: the multi-process runtime runs on cpu (gloo)")
+
+
+def adapt(env, links: Links, delay_scale: float | None) -> RoundControl:
+    """Install this rank's placement and swap in the runtime's clock, transport and
+    sampler; returns the round control."""
+    hosts = host_ranks(env.num_clients, links.world_size)
+    place = RankPlacement(links, hosts)
+    placement.install(place)
+    clock = RuntimeClock.adopt(env.clock, place, delay_scale)
+    env.clock = clock
+    env.transport = DistributedTransport(env.ledger, links, hosts, clock=clock)
+    env.sampler = RoundControl(env.sampler, env, links, hosts, clock.renormalise)
+    if not links.is_server:                 # the server evaluates; clients hold no test set
+        test = env.data.test
+        test.x, test.y = test.x[:0], test.y[:0]
+    return env.sampler
+
+
+class _WireLogger(MetricLogger):
+    """Rank 0's logger: every round's record also has the payload bytes that really
+    crossed (``wire_up``, ``wire_down``, by kind) and the control/metric overhead."""
+
+    def __init__(self, run_dir, transport: DistributedTransport, records):
+        super().__init__(run_dir)
+        self.records = list(records)
+        self.transport = transport
+
+    def log(self, record: dict) -> None:
+        t = record.get("round")
+        if t:
+            record = {**record, **self.transport.wire_totals(t),
+                      "overhead_bytes": self.transport.links.overhead_bytes,
+                      "lost_ranks": sorted(self.transport.links.lost)}
+        super().log(record)
+
+
+def serve(links: Links, cfg: RunConfig | None = None, *, options: RuntimeOptions,
+          run_dir: str | Path | None = None, resume: str | Path | None = None) -> RunResult:
+    """Rank 0: run ``cfg`` (or resume the run in ``resume``) with the client ranks."""
+    ckpt = None
+    if resume is not None:
+        run_dir = Path(resume)
+        saved = run_dir / "config.yaml"
+        if not saved.is_file():
+            raise ConfigError(f"--resume {run_dir}: no config.yaml there")
+        cfg = build_config(load_yaml(saved))
+        ckpt = load_checkpoint(run_dir)
+    check_supported(cfg)
+    hello = {"config": cfg, "delay_scale": options.delay_scale,
+             "resume": None if ckpt is None else {k: ckpt[k] for k in (
+                 "round", "streams", "clock", "ledger", "components")}}
+    algorithm = build_algorithm(cfg)
+    for r in links.live_clients():          # the client ranks build while rank 0 does
+        links.send_object(r, hello)
+    env = build_environment(cfg)
+    control = adapt(env, links, options.delay_scale)
+    state, start, records, wall0, resumed = None, 1, [], 0.0, []
+    if ckpt is not None:
+        records = truncate_metrics(run_dir, ckpt["records"])
+        state = restore(env, ckpt)
+        start, wall0 = ckpt["round"] + 1, ckpt["wall_time_s"]
+        resumed = list(ckpt["resumed_from"]) + [ckpt["round"]]
+    else:
+        if run_dir is None:
+            run_dir = _new_run_dir(cfg)
+        else:
+            run_dir = Path(run_dir)
+            _check_empty(run_dir)
+            run_dir.mkdir(parents=True, exist_ok=True)
+        dump_yaml(cfg, run_dir / "config.yaml")
+        labels = env.data.train.y.cpu().numpy()
+        (run_dir / "partition.txt").write_text(
+            partition_summary(env.client_indices, labels, env.data.num_classes) + "\n")
+    logger = _WireLogger(run_dir, env.transport, records)
+    t0 = time.perf_counter()
+    checkpoint = Checkpointer(run_dir, env, logger, every=options.checkpoint_every,
+                              rounds=cfg.rounds, wall_offset=wall0, resumed_from=resumed,
+                              clock=lambda: time.perf_counter() - t0)
+    status = "failed"
+    try:
+        if start > cfg.rounds or (ckpt is not None and ckpt["status"] != "completed"):
+            status = ckpt["status"]           # the run had already ended
+        else:
+            state, status = run_rounds(algorithm, env, logger, state, start,
+                                       checkpoint=checkpoint)
+    finally:
+        control.stop(status)
+        logger.close()
+        placement.install(None)
+    wall = wall0 + time.perf_counter() - t0
+    summary = {"name": cfg.name, "algorithm": cfg.algorithm.name, "dataset": cfg.data.name,
+               "model": cfg.model.name, "status": status,
+               "rounds": last_value(logger.records, "round"),
+               "final_test_acc": last_value(logger.records, "test_acc"),
+               "best_test_acc": best_value(logger.records, "test_acc"),
+               "wall_time_s": round(wall, 3), "resumed_from": resumed,
+               "processes": links.world_size,
+               "lost_ranks": {str(r): why for r, why in sorted(links.lost.items())},
+               **env.transport.wire_totals()}
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return RunResult(status, logger.records, run_dir, wall, state)
+
+
+def host(links: Links) -> str:
+    """A client rank: follow rank 0's run until it stops; returns the stop reason."""
+    hello = links.recv_object(SERVER_RANK)
+    if "stop" in hello:                     # rank 0 failed before the run started
+        return hello["stop"]
+    cfg = dataclasses.replace(hello["config"], progress=False)
+    algorithm = build_algorithm(cfg)
+    env = build_environment(cfg)
+    adapt(env, links, hello["delay_scale"])
+    start = 1
+    if hello["resume"] is not None:
+        restore(env, {**hello["resume"], "state": None})
+        start = hello["resume"]["round"] + 1
+    try:
+        run_rounds(algorithm, env, MetricLogger(None), algorithm.init_state(env), start)
+        msg = links.recv_object(SERVER_RANK)
+        return msg.get("stop", "completed")
+    except StopRun as stop:
+        return str(stop)
+    finally:
+        placement.install(None)

@@ -1,0 +1,161 @@
+"""The multi-process runtime (torch.distributed, gloo on loopback) against the simulator.
+
+Real processes: rank 0 serves, ranks 1.. host the clients. Each test bounds its
+processes with a timeout, so a hung rendezvous fails instead of hanging.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers import digits_config
+from splitfed.configtools import dump_yaml
+from splitfed.experiment import run_experiment
+from splitfed.runtime.launch import spawn
+
+HERE = Path(__file__).parent
+ENV = {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE)}
+LIMIT_S = 240
+ALGORITHMS = ("fedavg", "sl", "sflv1", "sflv2", "musplitfed")
+
+
+def _config(name, algorithm, tmp_path, **over):
+    raw = {"name": name, "algorithm": {"name": algorithm},
+           "partition": {"scheme": "iid", "num_clients": 6},
+           "participation": {"mode": "uniform", "clients_per_round": 4},
+           "out_dir": str(tmp_path / "runs"), **over}
+    if algorithm == "musplitfed":
+        raw["train"] = {"batch_size": 8, "local_steps": 1, "local_epochs": None, "lr": 0.05}
+    return digits_config(**raw)
+
+
+def _finish(procs, limit_s=LIMIT_S):
+    """Wait for every rank (rank 0 first); kill them all past ``limit_s``."""
+    deadline = time.monotonic() + limit_s
+    try:
+        for p in procs:
+            p.wait(max(0.1, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+        pytest.fail(f"the ranks did not finish within {limit_s} s")
+    return [p.returncode for p in procs]
+
+
+def _params_close(a, b):
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.allclose(a[k].double(), b[k].double(), rtol=1e-5, atol=1e-6), k
+
+
+def test_algorithms_equal_the_simulator_parameters_and_bytes(tmp_path):
+    """3 processes (2 client ranks, 6 clients, 4 sampled per round, cohorts spanning
+    ranks): the same final parameters as the in-process run, and the payload bytes that
+    crossed the wire equal the simulator's ledger, round by round and kind by kind."""
+    cfgs = [_config(a, a, tmp_path, rounds=2) for a in ALGORITHMS]
+    torch.save(cfgs, tmp_path / "configs.pt")
+    procs = spawn(3, [str(tmp_path), str(tmp_path / "configs.pt")],
+                  module="distributed_worker", env=ENV)
+    assert _finish(procs) == [0, 0, 0]
+    for cfg in cfgs:
+        ref = run_experiment(cfg, write=False)
+        got = torch.load(tmp_path / f"{cfg.name}.pt", weights_only=False)
+        _params_close(ref.state["model"], got["state"]["model"])
+        for r_ref, r_got in zip(ref.records[1:], got["records"][1:], strict=True):
+            wire = {k.replace("wire_", "bytes_"): v for k, v in r_got.items()
+                    if k.startswith("wire_")}
+            ledger = {k: v for k, v in r_ref.items() if k.startswith("bytes_")}
+            assert wire == ledger, cfg.name
+            assert r_got["train_loss"] == pytest.approx(r_ref["train_loss"], rel=1e-5)
+            assert r_got["sim_round_s"] == pytest.approx(r_ref["sim_round_s"])
+        assert got["records"][-1]["test_acc"] == ref.records[-1]["test_acc"]
+
+
+def _slow_config(tmp_path, algorithm, rounds):
+    """Full participation of 4 clients on 2 client ranks; about 0.3 s of real client
+    compute delay per round (``--real-delays 1`` with a slow fixed profile)."""
+    cfg = digits_config(name=algorithm, algorithm={"name": algorithm}, rounds=rounds,
+                        partition={"scheme": "iid", "num_clients": 4},
+                        clock={"profile": "fixed", "client_compute": 2e5},
+                        out_dir=str(tmp_path / "runs"))
+    path = tmp_path / f"{algorithm}.yaml"
+    dump_yaml(cfg, path)
+    return path
+
+
+def _wait_for_round(run_dir: Path, t: int, procs, limit_s=LIMIT_S) -> None:
+    deadline = time.monotonic() + limit_s
+    metrics = run_dir / "metrics.jsonl"
+    while time.monotonic() < deadline:
+        if metrics.is_file():
+            rounds = [json.loads(x)["round"] for x in metrics.read_text().splitlines() if x]
+            if rounds and rounds[-1] >= t:
+                return
+        if any(p.poll() is not None for p in procs):
+            pytest.fail(f"a rank exited before round {t}: {[p.poll() for p in procs]}")
+        time.sleep(0.05)
+    for p in procs:
+        p.kill()
+    pytest.fail(f"round {t} was not reached within {limit_s} s")
+
+
+def test_a_killed_client_process_is_dropped_and_the_run_completes(tmp_path):
+    run_dir = tmp_path / "run"
+    path = _slow_config(tmp_path, "sflv2", rounds=6)
+    procs = spawn(3, [str(path), "--run-dir", str(run_dir), "--real-delays", "1",
+                      "--timeout", "30"], env=ENV)
+    _wait_for_round(run_dir, 2, procs)
+    procs[2].send_signal(signal.SIGKILL)            # rank 2 hosts clients 2 and 3
+    codes = _finish(procs)
+    assert codes[0] == 0 and codes[2] == -signal.SIGKILL
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["rounds"] == 6
+    assert list(summary["lost_ranks"]) == ["2"]
+    records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert records[-1]["participants"] == 2 and records[-1]["dropped"] == 2
+    assert records[1]["participants"] == 4 and records[1]["dropped"] == 0
+    assert all(r["lost_ranks"] == [2] for r in records[-2:])
+
+
+def test_a_killed_server_resumes_to_the_uninterrupted_parameters(tmp_path):
+    run_dir = tmp_path / "run"
+    path = _slow_config(tmp_path, "fedavg", rounds=5)
+    procs = spawn(3, [str(path), "--run-dir", str(run_dir), "--real-delays", "1"], env=ENV)
+    _wait_for_round(run_dir, 2, procs)
+    procs[0].send_signal(signal.SIGKILL)
+    codes = _finish(procs)
+    assert codes[0] == -signal.SIGKILL and codes[1:] == [1, 1]   # clients saw it go
+    done = [json.loads(x)["round"] for x in (run_dir / "metrics.jsonl").read_text()
+            .splitlines()]
+    assert done[-1] < 5
+    procs = spawn(3, ["--resume", str(run_dir)], env=ENV)
+    assert _finish(procs) == [0, 0, 0]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["resumed_from"]
+    ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=False)
+    from splitfed.config import load_config
+    ref = run_experiment(load_config(str(path)), write=False)
+    _params_close(ref.state["model"], ckpt["state"]["model"])
+    records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in records] == list(range(6))
+
+
+def test_launch_through_torchrun_refuses_an_unsupported_algorithm(tmp_path):
+    path = tmp_path / "c.yaml"
+    dump_yaml(digits_config(algorithm={"name": "scaffold"}), path)
+    proc = subprocess.run([sys.executable, "-m", "splitfed", "launch", str(path),
+                           "--nproc", "2"], env={**os.environ, **ENV}, capture_output=True,
+                          text=True, timeout=LIMIT_S)
+    assert proc.returncode != 0
+    assert "does not run on the multi-process runtime" in proc.stderr
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
