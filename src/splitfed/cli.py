@@ -188,7 +188,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.func is _cmd_launch and not any(e.startswith("-") for e in extra):
+        args.overrides += extra             # launch CONFIG --nproc N key=value ...
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return args.func(args)
     except SplitfedError as e:
