@@ -12,18 +12,73 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from helpers import digits_config
 from splitfed.configtools import dump_yaml
+from splitfed.engine import placement
+from splitfed.engine.stacked import StackedModel
 from splitfed.experiment import run_experiment
+from splitfed.models import build_model
 from splitfed.runtime.launch import spawn
+from splitfed.runtime.placement import host_ranks
 
 HERE = Path(__file__).parent
 ENV = {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE)}
 LIMIT_S = 240
 ALGORITHMS = ("fedavg", "sl", "sflv1", "sflv2", "musplitfed")
+
+
+class _Hosts:
+    """A placement for in-process checks: this process hosts the clients in ``mine``."""
+
+    def __init__(self, mine):
+        self.mine = set(mine)
+
+    def local_slots(self, role, ids):
+        return np.array([i for i, c in enumerate(np.atleast_1d(ids)) if c in self.mine],
+                        dtype=np.int64)
+
+    def stacked_class(self, role, ids):
+        from splitfed.runtime.placement import PartialStackedModel
+        return (StackedModel if len(self.local_slots(role, ids)) == len(np.atleast_1d(ids))
+                else PartialStackedModel)
+
+
+def test_partial_stacked_model_trains_exactly_the_hosted_copies():
+    """Hosting clients 1 and 3 of [0, 1, 2, 3]: their copies train as in the full
+    stacked model, the other rows are zeros and nothing is computed for them."""
+    model = build_model("mlp", (1, 8, 8), 10, hidden=[16])
+    start = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    ids = np.arange(4)
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(4, 5, 1, 8, 8, generator=g), torch.randint(0, 10, (4, 5), generator=g)
+    full = StackedModel(model, start, 4, ids=ids)
+    placement.install(_Hosts([1, 3]))
+    try:
+        part = StackedModel(model, start, 4, ids=ids)
+    finally:
+        placement.install(None)
+    assert type(part).__name__ == "PartialStackedModel" and part.n == 2
+    for a in (4, 3, 2):            # copies still working are a prefix, as in the executor
+        for m in (full, part):
+            out = m.forward(x[:a], a)
+            loss = F.cross_entropy(out.flatten(0, 1), y[:a].flatten(), reduction="none")
+            m.step(loss.sum(), lr=0.1)
+    want, got = full.final(), part.final()
+    for k in want:
+        assert torch.allclose(got[k][[1, 3]], want[k][[1, 3]], atol=1e-6)
+        assert not got[k][[0, 2]].any()
+
+
+def test_clients_are_hosted_in_contiguous_blocks():
+    assert host_ranks(6, 3).tolist() == [1, 1, 1, 2, 2, 2]
+    assert host_ranks(5, 4).tolist() == [1, 1, 2, 2, 3]
+    with pytest.raises(ValueError, match="at least 2 processes"):
+        host_ranks(4, 1)
 
 
 def _config(name, algorithm, tmp_path, **over):
