@@ -29,7 +29,7 @@ from splitfed.runtime.placement import host_ranks
 HERE = Path(__file__).parent
 ENV = {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE)}
 LIMIT_S = 240
-ALGORITHMS = ("fedavg", "sl", "sflv1", "sflv2", "musplitfed")
+ALGORITHMS = ("fedavg", "sl", "sflv1", "sflv2", "musplitfed", "csefsl")
 
 
 class _Hosts:
@@ -114,7 +114,8 @@ def test_algorithms_equal_the_simulator_parameters_and_bytes(tmp_path):
     """3 processes (2 client ranks, 6 clients, 4 sampled per round, cohorts spanning
     ranks): the same final parameters as the in-process run, and the payload bytes that
     crossed the wire equal the simulator's ledger, round by round and kind by kind."""
-    cfgs = [_config(a, a, tmp_path, rounds=2) for a in ALGORITHMS]
+    # CSE-FSL: round 2 has the server pass (uploads when t > 1), round 3 too
+    cfgs = [_config(a, a, tmp_path, rounds=3 if a == "csefsl" else 2) for a in ALGORITHMS]
     torch.save(cfgs, tmp_path / "configs.pt")
     procs = spawn(3, [str(tmp_path), str(tmp_path / "configs.pt")],
                   module="distributed_worker", env=ENV)
@@ -133,11 +134,11 @@ def test_algorithms_equal_the_simulator_parameters_and_bytes(tmp_path):
         assert got["records"][-1]["test_acc"] == ref.records[-1]["test_acc"]
 
 
-def _slow_config(tmp_path, algorithm, rounds):
-    """Full participation of 4 clients on 2 client ranks; about 0.3 s of real client
-    compute delay per round (``--real-delays 1`` with a slow fixed profile)."""
+def _slow_config(tmp_path, algorithm, rounds, clients=4):
+    """Full participation; about 0.3 s of real client compute delay per round
+    (``--real-delays 1`` with a slow fixed profile)."""
     cfg = digits_config(name=algorithm, algorithm={"name": algorithm}, rounds=rounds,
-                        partition={"scheme": "iid", "num_clients": 4},
+                        partition={"scheme": "iid", "num_clients": clients},
                         clock={"profile": "fixed", "client_compute": 2e5},
                         out_dir=str(tmp_path / "runs"))
     path = tmp_path / f"{algorithm}.yaml"
@@ -161,22 +162,30 @@ def _wait_for_round(run_dir: Path, t: int, procs, limit_s=LIMIT_S) -> None:
     pytest.fail(f"round {t} was not reached within {limit_s} s")
 
 
-def test_a_killed_client_process_is_dropped_and_the_run_completes(tmp_path):
+def test_killed_and_hung_client_processes_are_dropped_and_the_run_completes(tmp_path):
+    """Rank 2 is killed (its connection closes), rank 3 stopped (it never answers: rank
+    0's timeout); their clients are dropped and the run completes with rank 1's."""
     run_dir = tmp_path / "run"
-    path = _slow_config(tmp_path, "sflv2", rounds=6)
-    procs = spawn(3, [str(path), "--run-dir", str(run_dir), "--real-delays", "1",
-                      "--timeout", "30"], env=ENV)
+    path = _slow_config(tmp_path, "sflv2", rounds=6, clients=6)
+    procs = spawn(4, [str(path), "--run-dir", str(run_dir), "--real-delays", "1",
+                      "--timeout", "10"], env=ENV)
     _wait_for_round(run_dir, 2, procs)
-    procs[2].send_signal(signal.SIGKILL)            # rank 2 hosts clients 2 and 3
+    procs[2].send_signal(signal.SIGKILL)            # hosts clients 2 and 3
+    procs[3].send_signal(signal.SIGSTOP)            # hosts clients 4 and 5
+    try:
+        procs[0].wait(LIMIT_S)
+    finally:
+        procs[3].kill()
     codes = _finish(procs)
     assert codes[0] == 0 and codes[2] == -signal.SIGKILL
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["rounds"] == 6
-    assert list(summary["lost_ranks"]) == ["2"]
+    assert sorted(summary["lost_ranks"]) == ["2", "3"]
+    assert "no answer within 10 s" in summary["lost_ranks"]["3"]
     records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert records[-1]["participants"] == 2 and records[-1]["dropped"] == 2
-    assert records[1]["participants"] == 4 and records[1]["dropped"] == 0
-    assert all(r["lost_ranks"] == [2] for r in records[-2:])
+    assert records[1]["participants"] == 6 and records[1]["dropped"] == 0
+    assert records[-1]["participants"] == 2 and records[-1]["dropped"] == 4
+    assert records[-1]["lost_ranks"] == [2, 3]
 
 
 def test_a_killed_server_resumes_to_the_uninterrupted_parameters(tmp_path):

@@ -69,6 +69,7 @@ from torch import nn
 from splitfed.engine.aggregate import DeltaAccumulator
 from splitfed.engine.algorithm import Algorithm
 from splitfed.engine.evaluate import evaluate
+from splitfed.engine.placement import client_values
 from splitfed.engine.split import (SplitModel, per_client_loss, return_gradients,
                                    send_activations, server_step, sgd)
 from splitfed.engine.stacked import StackedModel
@@ -212,8 +213,8 @@ class CSEFSL(Algorithm):
             keep = env.clock.on_time(chunk.ids)
             client_acc.add(w, client_up, keep=keep)
             aux_acc.add(w, aux_up, keep=keep)
-            losses[torch.from_numpy(chunk.slots)] = chunk.loss_sum / torch.from_numpy(
-                chunk.steps).to(torch.float64)
+            losses[torch.from_numpy(chunk.slots)] = client_values(
+                chunk.ids, chunk.loss_sum / torch.from_numpy(chunk.steps).to(torch.float64))
         new = {**state, "model": {**client_acc.result(), **server_state},
                "aux": aux_acc.result()}
         uploaded = cohort.size if self.uploads(t) else 0

@@ -9,7 +9,8 @@ which clients; the engine's compute primitives ask it what to compute here:
 - :class:`~splitfed.engine.stacked.StackedModel` trains only the copies hosted here
   (``local_slots``) and shows placeholders (zeros) for the others;
 - :class:`~splitfed.engine.executor.ClientExecutor` hands each chunk's training losses
-  to the server (``collect``), since on the server they were computed elsewhere;
+  to the server (``collect``; :func:`client_values` for algorithms with their own
+  client loop), since on the server they were computed elsewhere;
 - :func:`~splitfed.engine.split.server_step`, :func:`~splitfed.engine.split.
   client_forward` / :func:`~splitfed.engine.split.client_backward` (SL's sequential
   client) and :func:`cohort_forward_here` (batched passes outside a stacked model,
@@ -60,6 +61,13 @@ def install(placement: Placement | None) -> None:
     """Install (or, with None, remove) this process's placement."""
     global _current
     _current = placement
+
+
+def client_values(ids, values: torch.Tensor) -> torch.Tensor:
+    """Per-client values [C] computed on the clients' side (training losses), as the
+    server sees them: gathered from where the clients are hosted (``collect``)."""
+    place = _current
+    return values if place is None else place.collect(np.asarray(ids), values)
 
 
 def hosted(role: str, ids) -> np.ndarray | None:
