@@ -82,12 +82,16 @@ def test_clients_are_hosted_in_contiguous_blocks():
 
 
 def _config(name, algorithm, tmp_path, **over):
-    raw = {"name": name, "algorithm": {"name": algorithm},
+    """``algorithm``: a name, or the whole algorithm section."""
+    if isinstance(algorithm, str):
+        algorithm = {"name": algorithm}
+    raw = {"name": name, "algorithm": algorithm,
            "partition": {"scheme": "iid", "num_clients": 6},
            "participation": {"mode": "uniform", "clients_per_round": 4},
-           "out_dir": str(tmp_path / "runs"), **over}
-    if algorithm == "musplitfed":
+           "out_dir": str(tmp_path / "runs")}
+    if algorithm["name"] == "musplitfed":
         raw["train"] = {"batch_size": 8, "local_steps": 1, "local_epochs": None, "lr": 0.05}
+    raw.update(over)
     return digits_config(**raw)
 
 
@@ -116,6 +120,15 @@ def test_algorithms_equal_the_simulator_parameters_and_bytes(tmp_path):
     crossed the wire equal the simulator's ledger, round by round and kind by kind."""
     # CSE-FSL: round 2 has the server pass (uploads when t > 1), round 3 too
     cfgs = [_config(a, a, tmp_path, rounds=3 if a == "csefsl" else 2) for a in ALGORITHMS]
+    cfgs += [   # options and participation modes that change who computes what, when
+        _config("sflv2_per_client", {"name": "sflv2", "order": "per_client"}, tmp_path,
+                rounds=2),
+        _config("sflv1_period", {"name": "sflv1", "server_period": 1}, tmp_path, rounds=2,
+                engine={"chunk_size": 2}, participation={"mode": "bernoulli", "q": 0.7}),
+        _config("sl_momentum", "sl", tmp_path, rounds=2,
+                participation={"mode": "with_replacement", "clients_per_round": 4},
+                train={"batch_size": 8, "local_steps": 2, "local_epochs": None, "lr": 0.1,
+                       "momentum": 0.9})]
     torch.save(cfgs, tmp_path / "configs.pt")
     procs = spawn(3, [str(tmp_path), str(tmp_path / "configs.pt")],
                   module="distributed_worker", env=ENV)
