@@ -113,6 +113,8 @@ def check_resume(tmp_path, monkeypatch, cfg, stop: int) -> None:
                                           "local_epochs": None, "lr": 0.1,
                                           "momentum": 0.9}}, 5),
     ("centralized", {}, 3),             # the state is a module and its optimizer
+    ("musplitfed", {**SPLIT, **MOVING}, 3),  # zeroth-order directions from the streams
+    ("gas", {**SPLIT, **MOVING}, 3),    # asynchronous serving, activation statistics
 ])
 def test_resume_is_bit_identical(tmp_path, monkeypatch, name, over, stop):
     cfg = digits_config(algorithm={"name": name}, rounds=6, checkpoint_every=2, **over)
