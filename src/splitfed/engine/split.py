@@ -99,12 +99,33 @@ def server_step(env, server: nn.Module, opt: torch.optim.Optimizer, h: torch.Ten
     loss = F.cross_entropy(server(h), y)
     params = list(server.parameters())
     *g_params, g_h = torch.autograd.grad(loss, params + [h])
-    for p, g in zip(params, g_params):
+    sgd_step(opt, params, g_params, lr)
+    return loss.detach(), g_h
+
+
+def sgd_step(opt: torch.optim.Optimizer, params: list[torch.Tensor],
+             grads: list[torch.Tensor], lr: float) -> None:
+    """One step of the SGD optimizer ``opt`` over ``params`` with ``grads`` at ``lr``.
+
+    Plain SGD (one parameter group, no momentum, weight decay, nesterov or maximize) is
+    ``p <- p - lr * g``: it runs as one fused ``torch._foreach_add_``, the same
+    element-wise arithmetic as ``torch.optim.SGD.step`` (``p.add_(g, alpha=-lr)``)
+    without its per-call overhead (hooks, profiler ranges, group loops), which matters
+    for the sequential per-batch steps of SL and SFL-V2's server. Otherwise the
+    gradients are handed to ``opt.step()``, whose state (momentum buffers) persists.
+    """
+    groups = opt.param_groups
+    g0 = groups[0]
+    if (len(groups) == 1 and g0["momentum"] == 0 and g0["weight_decay"] == 0
+            and not g0.get("nesterov") and not g0.get("maximize")):
+        with torch.no_grad():
+            torch._foreach_add_(params, grads, alpha=-float(lr))
+        return
+    for p, g in zip(params, grads):
         p.grad = g
-    for group in opt.param_groups:
+    for group in groups:
         group["lr"] = float(lr)
     opt.step()
-    return loss.detach(), g_h
 
 
 def client_compute(env, module: nn.Module, client_id: int, x: torch.Tensor,
@@ -133,11 +154,7 @@ def client_backward(env, module: nn.Module, opt: torch.optim.Optimizer,
     client_compute(env, module, client_id, x, passes=TRAIN_FACTOR - 1)
     if placement.hosted(CLOCK_CLIENT, [client_id]) is not None:
         return
-    for p, g in zip(params, torch.autograd.grad(acts, params, grad)):
-        p.grad = g
-    for group in opt.param_groups:
-        group["lr"] = float(lr)
-    opt.step()
+    sgd_step(opt, params, torch.autograd.grad(acts, params, grad), lr)
 
 
 def take_turn(env, client_id: int, client_state: Mapping[str, torch.Tensor]
