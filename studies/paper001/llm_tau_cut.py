@@ -8,7 +8,8 @@ pretrained with first-order Adam (lr 3e-3, batch 32, 25 steps) on an independent
 the task, to about 70% test accuracy, saved with ``save_pretrained`` and loaded with
 ``model.pretrained``. MU-Split then fine-tunes it with zeroth order on both sides and
 paper 001's Table 6 rates (eta_c 0.005, eta_s 0.01, eta_g 0.3, lambda 0.005), batch 32,
-300 rounds, test accuracy every 5 rounds, seeds 0 and 1.
+150 rounds, test accuracy every 5 rounds, seeds 0, 1, 2 (results are
+resumed from the JSON file).
 
     OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python studies/paper001/llm_tau_cut.py
 """
@@ -29,7 +30,7 @@ from splitfed.models.transformer import save_pretrained
 
 OUT = Path("docs/results/paper001_llm_tau_cut.json")
 CHECKPOINT = Path("runs/paper001_tiny_opt_pretrained")
-CUTS, TAUS, SEEDS, ROUNDS, TARGET = [1, 2, 3], [1, 2, 3, 4, 5, 6], [0, 1], 300, 0.85
+CUTS, TAUS, SEEDS, ROUNDS, TARGET = [1, 2, 3], [1, 2, 3, 4, 5, 6], [0, 1, 2], 150, 0.85
 SIZES = {"vocab_size": 64, "num_layers": 4}
 
 
