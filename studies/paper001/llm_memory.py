@@ -22,6 +22,7 @@ ARGS = argparse.ArgumentParser()
 ARGS.add_argument("--preset", default="opt-125m")
 ARGS.add_argument("--dtype", default="float32")
 ARGS.add_argument("--batch-size", type=int, default=8)
+ARGS.add_argument("--only", default=None, help="measure only this method")
 A = ARGS.parse_args()
 OUT = Path(f"docs/results/paper001_llm_memory_{A.preset}_{A.dtype}_b{A.batch_size}.json")
 OPTIONS = {"preset": A.preset, "dtype": A.dtype}
@@ -35,7 +36,7 @@ def main():
     done = {(r["method"], r["cut"], r["zo_mode"]) for r in results}
     for method, cut, zo_mode in RUNS:
         key = (method, cut, zo_mode if method == "musplitfed" else None)
-        if key in done:
+        if key in done or A.only not in (None, method):
             continue
         t = time.time()
         r = client_peak_memory(method, "opt", OPTIONS, seq_len=64, batch_size=A.batch_size,
