@@ -48,6 +48,9 @@ def test_default_name():
 def test_a_sweep_needs_an_axis(tmp_path):
     with pytest.raises(ConfigError, match="at least one key with several values"):
         run_sweep("quick_digits", ["rounds=2"], out_dir=tmp_path, quiet=True)
+    with pytest.raises(ConfigError, match="--group-by 'rounds' is not a swept key"):
+        run_sweep("quick_digits", ["train.lr=0.1,0.2"], group_by="rounds", out_dir=tmp_path,
+                  quiet=True)
 
 
 def _config(tmp_path):
@@ -59,7 +62,7 @@ def _config(tmp_path):
 def test_sweep_runs_the_grid_writes_the_table_and_skips_finished_runs(tmp_path, capsys):
     cfg = _config(tmp_path)
     argv = ["sweep", cfg, "train.lr=0.1,1.0e+10", "train.batch_size=8,4", "rounds=3",
-            "--out-dir", str(tmp_path / "out")]
+            "--out-dir", str(tmp_path / "out"), "--group-by", "train.batch_size"]
     assert main(argv) == 3                          # lr 1e10 diverges
     sweep = tmp_path / "out" / "small-sweep"
     names = sorted(p.name for p in (sweep / "runs").iterdir())
@@ -75,14 +78,17 @@ def test_sweep_runs_the_grid_writes_the_table_and_skips_finished_runs(tmp_path, 
     assert data["axes"] == ["train.lr", "train.batch_size"]
     for row in data["runs"]:
         summary = json.loads((sweep / row["run_dir"] / "summary.json").read_text())
-        assert row["final_test_acc"] == summary["final_test_acc"]
+        if row["status"] == "completed":
+            assert row["final_test_acc"] == summary["final_test_acc"]
         assert row["best_test_acc"] == summary["best_test_acc"]
         assert row["rounds"] == summary["rounds"]
     assert all(r["rounds"] == 3 for r in data["runs"][:2])
-    assert all(r["rounds"] < 3 and r["final_test_acc"] is not None for r in data["runs"][2:])
+    assert all(r["rounds"] < 3 and r["final_test_acc"] is None for r in data["runs"][2:])
+    assert rows[2]["final_test_acc"] == ""                # no final accuracy: diverged
     md = (sweep / "sweep.md").read_text()
     assert "| train.lr | train.batch_size | seed | status | final acc | best acc | rounds |" in md
-    assert "splitfed sweep" in md and (sweep / "results.json").is_file()
+    assert "splitfed sweep" in md and "--group-by train.batch_size" in md
+    assert json.loads((sweep / "results.json").read_text())["group_by"] == "train.batch_size"
     capsys.readouterr()
     assert main(argv) == 3
     out = capsys.readouterr().out

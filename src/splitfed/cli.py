@@ -108,7 +108,8 @@ def _cmd_sweep(args) -> int:
             raise ConfigError(f"--seeds: expected integers separated by commas, e.g. 0,1,2; "
                               f"got {args.seeds!r}") from None
     result = run_sweep(args.config, args.axes, name=args.name, seeds=seeds,
-                       out_dir=args.out_dir, progress=args.progress)
+                       out_dir=args.out_dir, group_by=args.group_by,
+                       progress=args.progress)
     return 0 if result.completed else 3
 
 
@@ -171,6 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--seeds", default=None, help="run every point once per seed, e.g. 0,1,2")
     w.add_argument("--out-dir", default=None, help="parent of the sweep directory "
                                                    "(default: runs/sweeps)")
+    w.add_argument("--group-by", default=None, metavar="KEY",
+                   help="a swept key: one plot panel per value")
     w.add_argument("--progress", action="store_true", help="show each run's progress bar")
     w.set_defaults(func=_cmd_sweep)
     from splitfed.runtime.worker import add_run_arguments

@@ -86,8 +86,8 @@ class SweepResult:
 
 
 def sweep_study(config: str, items: list[str], *, name: str | None = None,
-                seeds: list[int] | None = None,
-                out_dir: str | Path | None = None) -> dict:
+                seeds: list[int] | None = None, out_dir: str | Path | None = None,
+                group_by: str | None = None) -> dict:
     """The study mapping of a sweep (validated by :func:`run_sweep`)."""
     axes, overrides = parse_axes(items)
     if not axes:
@@ -98,17 +98,25 @@ def sweep_study(config: str, items: list[str], *, name: str | None = None,
              "out_dir": str(out_dir if out_dir is not None else DEFAULT_OUT_DIR)}
     if seeds is not None:
         study["seeds"] = list(seeds)
+    if group_by is not None:
+        if group_by not in axes:
+            raise ConfigError(f"sweep: --group-by {group_by!r} is not a swept key; swept: "
+                              f"{', '.join(axes)}")
+        study["group_by"] = group_by
     return study
 
 
 def run_sweep(config: str, items: list[str], *, name: str | None = None,
               seeds: list[int] | None = None, out_dir: str | Path | None = None,
-              progress: bool = False, quiet: bool = False) -> SweepResult:
-    """Run (or finish) a sweep; write the study files and ``sweep.md/csv/json``."""
-    mapping = sweep_study(config, items, name=name, seeds=seeds, out_dir=out_dir)
+              group_by: str | None = None, progress: bool = False,
+              quiet: bool = False) -> SweepResult:
+    """Run (or finish) a sweep; write the study files and ``sweep.md/csv/json``.
+    ``group_by``: a swept key; the plots get one panel per value of it."""
+    mapping = sweep_study(config, items, name=name, seeds=seeds, out_dir=out_dir,
+                          group_by=group_by)
     study = study_from_mapping(mapping)
     result = run_study(study, progress=progress, quiet=True)
-    command = _command(config, items, name, seeds, out_dir)
+    command = _command(config, items, name, seeds, out_dir, group_by)
     rows = sweep_rows(result, mapping["grid"])
     table = markdown_table(rows, list(mapping["grid"]))
     write_sweep(result.dir, rows, list(mapping["grid"]), table, command)
@@ -121,7 +129,7 @@ def run_sweep(config: str, items: list[str], *, name: str | None = None,
     return SweepResult(result, mapping["grid"], rows, table)
 
 
-def _command(config, items, name, seeds, out_dir) -> str:
+def _command(config, items, name, seeds, out_dir, group_by) -> str:
     parts = ["splitfed", "sweep", config, *items]
     if name is not None:
         parts += ["--name", name]
@@ -129,12 +137,15 @@ def _command(config, items, name, seeds, out_dir) -> str:
         parts += ["--seeds", ",".join(str(s) for s in seeds)]
     if out_dir is not None:
         parts += ["--out-dir", str(out_dir)]
+    if group_by is not None:
+        parts += ["--group-by", group_by]
     return " ".join(shlex.quote(str(p)) for p in parts)
 
 
 def sweep_rows(result: StudyResult, axes: dict[str, list[Any]]) -> list[dict]:
     """One row per run, in grid order: the swept values, seed, status, accuracies and
-    rounds (read back from each run's ``metrics.jsonl``)."""
+    rounds (read back from each run's ``metrics.jsonl``). A diverged run has no final
+    accuracy (None); its best is the best evaluated before it diverged."""
     keys = list(axes)
     points = [dict(zip(keys, combo)) for combo in _product(axes)]
     rows = []
@@ -144,8 +155,9 @@ def sweep_rows(result: StudyResult, axes: dict[str, list[Any]]) -> list[dict]:
                            if o.label == run.label and o.seed == run.seed)
             records = outcome.records or read_records(run.run_dir / "metrics.jsonl")
             numbers = run_numbers(records, None)
+            final = None if outcome.status == "diverged" else numbers["final_test_acc"]
             rows.append({**point, "seed": run.seed, "status": outcome.status,
-                         "final_test_acc": numbers["final_test_acc"],
+                         "final_test_acc": final,  # a diverged model is not finite
                          "best_test_acc": numbers["best_test_acc"],
                          "rounds": numbers["rounds"],
                          "run_dir": str(run.run_dir.relative_to(result.dir))})
