@@ -51,7 +51,8 @@ def _num(module):
 
 
 def test_every_model_is_covered():
-    assert {c[0] for c in CASES} == set(model_names())
+    # opt takes token ids, not images: its split is checked in tests/test_llm.py
+    assert {c[0] for c in CASES} == set(model_names()) - {"opt"}
 
 
 @pytest.mark.parametrize("name,shape,opts", CASES, ids=IDS)

@@ -63,7 +63,8 @@ def _cmd_list(args) -> int:
     print("datasets:      " + ", ".join(dataset_names()))
     print("models (cuts):")
     for name in sorted(MODELS):
-        shape = (1, 28, 28) if name in ("lenet5", "alexnet", "mlp") else (3, 32, 32)
+        shape = {"lenet5": (1, 28, 28), "alexnet": (1, 28, 28), "mlp": (1, 28, 28),
+                 "opt": (2, 16)}.get(name, (3, 32, 32))   # opt: token ids + attention mask
         m = build_model(name, shape, 10)
         print(f"  {name:<14} default cut {m.default_cut}; valid cuts "
               + ", ".join(str(c) for c in m.valid_cuts))
