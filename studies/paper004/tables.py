@@ -83,14 +83,14 @@ def speedups(summary: dict, refs=("FedAvg", "CLG-SGD")) -> str:
 def main(argv: list[str]) -> None:
     results_dir = Path(argv[1]) if len(argv) > 1 else Path("docs/results")
     for study in ("comparison", "participation", "server_data_size", "shift",
-                  "local_steps", "server_epochs", "fixed_pool"):
+                  "local_steps", "server_epochs", "client_lr", "fixed_pool"):
         summary = load(results_dir, study)
         if summary is None:
             print(f"## {study}: no results yet\n")
             continue
         print(f"## {study} (target in the study table: {summary['target_accuracy']})\n")
         print(table(summary) + "\n")
-        if study == "participation":
+        if study in ("participation", "comparison", "shift", "client_lr"):
             print(speedups(summary) + "\n")
 
 
