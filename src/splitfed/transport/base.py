@@ -62,7 +62,9 @@ class Transport:
              *, per_client: bool = True) -> Payload:
         """Deliver ``payload`` between the server and ``client_ids``; returns what arrives."""
         self._check(kind, direction)
-        ids = np.atleast_1d(np.asarray(client_ids, dtype=np.int64))
+        ids = client_ids
+        if not (isinstance(ids, np.ndarray) and ids.ndim == 1 and ids.dtype == np.int64):
+            ids = np.atleast_1d(np.asarray(client_ids, dtype=np.int64))
         if per_client:
             for t in _tensors(payload):
                 if t.dim() == 0 or t.shape[0] != len(ids):
