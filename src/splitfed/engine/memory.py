@@ -103,7 +103,7 @@ def build_client(method: str, model: str, options: dict, seq_len: int, num_class
         return client, []
     full = build_model(model, (2, seq_len), num_classes, **options)
     if method == "fedlora":
-        from splitfed.algorithms.fedlora import add_lora
+        from splitfed.models.lora import add_lora
         with torch.random.fork_rng(devices=[]):
             add_lora(full, rank=lora_rank)
     return full, [n for n, p in full.named_parameters() if p.requires_grad]

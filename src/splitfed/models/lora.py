@@ -1,0 +1,48 @@
+"""LoRA adapters (Hu et al. 2022) injected into a model with ``peft``: the model side of
+FedLoRA (:mod:`splitfed.algorithms.fedlora`), also used by the client-memory probe
+(:mod:`splitfed.engine.memory`)."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from splitfed.errors import ConfigError
+
+
+def default_targets(model: nn.Module) -> list[str]:
+    """q_proj and v_proj (attention, as the LoRA paper) if the model has them, else the
+    names of every linear layer outside the head (the last block)."""
+    names = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+    attention = sorted({n.rsplit(".", 1)[-1] for n in names} & {"q_proj", "v_proj"})
+    if attention:
+        return attention
+    head = [n for n, _ in model.named_children()][-1] + "."
+    return [n for n in names if not n.startswith(head)]
+
+
+def add_lora(model: nn.Module, rank: int = 8, alpha: float = 16.0, dropout: float = 0.0,
+             targets=None, train_head: bool = True) -> nn.Module:
+    """Inject LoRA adapters into ``model`` in place and freeze everything else (the
+    head excepted when ``train_head``). Idempotent: a model with adapters is returned as is."""
+    if getattr(model, "lora_injected", False):
+        return model
+    try:
+        from peft import LoraConfig, inject_adapter_in_model
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise ConfigError("fedlora needs the 'peft' package: pip install -e '.[llm]'") from e
+    targets = default_targets(model) if targets is None else list(targets)
+    config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout,
+                        target_modules=targets, bias="none")
+    try:
+        inject_adapter_in_model(config, model)
+    except Exception as e:  # peft's NoMatchingPeftModuleError and ValueError
+        raise ConfigError(f"algorithm.targets: {e}") from e
+    head = [n for n, _ in model.named_children()][-1] + "."     # the last block
+    for name, p in model.named_parameters():
+        p.requires_grad_("lora_" in name or (train_head and name.startswith(head)))
+    model.lora_injected = True
+    return model
+
+
+def trainable_keys(model: nn.Module) -> list[str]:
+    return [k for k, p in model.named_parameters() if p.requires_grad]
