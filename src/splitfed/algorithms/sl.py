@@ -65,7 +65,11 @@ class SL(Algorithm):
         client = parts.client_module(parts.client_state(start))
         server = parts.server_module(parts.server_state(start))
         client_params = list(client.parameters())
-        server_opt = sgd(server, env, state["server_opt"], env.lr(t))
+        # the client module's own tensors (parameters and buffers), in state_dict order:
+        # hand-overs are copied into them in place instead of through load_state_dict
+        tensors = {k: v for k, v in client.state_dict(keep_vars=True).items()}
+        lr = env.lr(t)
+        server_opt = sgd(server, env, state["server_opt"], lr)
         order = cohort.ids[env.streams.numpy("order").permutation(cohort.size)]
         steps = env.local_steps(order)
         rng = env.streams.numpy("batches")
@@ -76,27 +80,27 @@ class SL(Algorithm):
             ids = np.array([cid])
             plan = torch.from_numpy(batch_plan(env.client_indices[cid], int(k_steps),
                                                tr.batch_size, rng)).to(env.device)
-            received = take_turn(env, cid, client.state_dict())
+            received = take_turn(env, cid, {k: v.detach() for k, v in tensors.items()})
             if received is None:                 # the turn would start after the deadline
                 continue
-            client.load_state_dict(received)
-            client_opt = torch.optim.SGD(client_params, lr=env.lr(t), momentum=tr.momentum,
+            _copy_into(tensors, received)
+            client_opt = torch.optim.SGD(client_params, lr=lr, momentum=tr.momentum,
                                          weight_decay=tr.weight_decay)
             total = 0.0
             for rows in plan:
                 x = x_all[rows]
                 acts = client_forward(env, client, cid, x)
                 h, y = send_activations(env, ids, acts.unsqueeze(0), y_all[rows].unsqueeze(0))
-                loss, g_h = server_step(env, server, server_opt, h[0], y[0], env.lr(t), cid)
+                loss, g_h = server_step(env, server, server_opt, h[0], y[0], lr, cid)
                 g_acts = return_gradients(env, ids, g_h.unsqueeze(0))[0]
                 client_backward(env, client, client_opt, client_params, cid, x, acts,
-                                g_acts, env.lr(t))
+                                g_acts, lr)
                 total += float(loss)
-            uploaded = env.transport.upload("model", ids, {k: v.unsqueeze(0) for k, v in
-                                                           client.state_dict().items()})
-            client.load_state_dict({k: v[0] for k, v in uploaded.items()})  # what arrived
+            uploaded = env.transport.upload("model", ids, {k: v.detach().unsqueeze(0)
+                                                           for k, v in tensors.items()})
+            _copy_into(tensors, {k: v[0] for k, v in uploaded.items()})  # what arrived
             if env.clock.on_time(ids)[0]:
-                handed = {k: v.detach().clone() for k, v in client.state_dict().items()}
+                handed = {k: v.detach().clone() for k, v in tensors.items()}
             losses.append(total / int(k_steps))
             samples += int(k_steps) * tr.batch_size
         eta_g = self.options.global_lr
@@ -107,3 +111,13 @@ class SL(Algorithm):
         if losses:
             metrics["train_loss"] = float(np.mean(losses))
         return {**state, "model": model, "server_opt": server_opt.state_dict()}, metrics
+
+
+@torch.no_grad()
+def _copy_into(tensors: dict[str, torch.Tensor], values) -> None:
+    """``module.load_state_dict(values)`` for the module whose state tensors are
+    ``tensors`` (same keys), as one fused in-place copy."""
+    dst = list(tensors.values())
+    src = [values[k] for k in tensors]
+    if any(d.data_ptr() != v.data_ptr() for d, v in zip(dst, src)):
+        torch._foreach_copy_(dst, src)
