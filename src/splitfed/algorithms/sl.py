@@ -67,7 +67,7 @@ class SL(Algorithm):
         client_params = list(client.parameters())
         # the client module's own tensors (parameters and buffers), in state_dict order:
         # hand-overs are copied into them in place instead of through load_state_dict
-        tensors = {k: v for k, v in client.state_dict(keep_vars=True).items()}
+        tensors = dict(client.state_dict(keep_vars=True))
         lr = env.lr(t)
         server_opt = sgd(server, env, state["server_opt"], lr)
         order = cohort.ids[env.streams.numpy("order").permutation(cohort.size)]

@@ -195,10 +195,6 @@ class VirtualClock:
         ids = _ids(ids)
         if role == CLIENT:
             p = self.profiles
-            if ids.size == 1 and np.ndim(macs) == 0:    # one sequential client: scalars
-                c = ids[0]
-                self._t[c] += macs * self._scale[c] / p.compute[c]
-                return
             _add_at(self._t, ids, macs * self._scale[ids] / p.compute[ids])
         elif role == SERVER_COPY:
             self._after(self._lane, ids, self._arrival[ids],

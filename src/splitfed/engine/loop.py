@@ -68,7 +68,7 @@ def client_work(algorithm, env) -> tuple[int, int, int, int]:
             acts + env.data.train.y.element_size(), acts)
 
 
-def _over_select(algorithm, env, cohort, work):
+def _over_select(env, cohort, work):
     """Keep the round's ``clock.keep`` predicted-fastest clients (over-selection)."""
     macs, model, up, down = work
     samples = env.local_steps(cohort.ids) * env.config.train.batch_size
@@ -98,7 +98,7 @@ def run_rounds(algorithm, env, logger, state: dict | None = None,
         t0 = time.perf_counter()
         cohort = env.clock.begin_round(env.sampler.sample(env.streams.numpy("participation")))
         if env.clock.keep is not None:
-            cohort = _over_select(algorithm, env, cohort, work)
+            cohort = _over_select(env, cohort, work)
         state, metrics = algorithm.round(env, state, t, cohort)
         record = {"round": t, "participants": int(cohort.size), **metrics,
                   **env.ledger.round_totals(t), **env.clock.end_round(),
