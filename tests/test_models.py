@@ -150,6 +150,23 @@ def test_unknown_model_and_option():
         build_model("mlp", (60,), 0)
 
 
+def test_alexnet_init_he_by_default_torch_on_request():
+    """He init: weights ~ N(0, 2 / fan_in), zero biases; "torch" keeps the layer defaults
+    (uniform, variance 1 / (3 fan_in)); an unknown value names the field and the choices."""
+    torch.manual_seed(0)
+    he = build_model("alexnet", (1, 28, 28), 10, width=0.5)
+    torch.manual_seed(0)
+    plain = build_model("alexnet", (1, 28, 28), 10, width=0.5, init="torch")
+    for a, b in zip(he.modules(), plain.modules()):
+        if isinstance(a, (nn.Conv2d, nn.Linear)):
+            fan_in, rel = a.weight[0].numel(), 4 * (2 / a.weight.numel()) ** 0.5  # 4 sigma
+            assert a.weight.var().item() == pytest.approx(2 / fan_in, rel=rel)
+            assert b.weight.var().item() == pytest.approx(1 / (3 * fan_in), rel=rel)
+            assert not a.bias.any() and b.bias.any()
+    with pytest.raises(ConfigError, match=r"model.init must be one of \['kaiming', 'torch'\]"):
+        build_model("alexnet", (1, 28, 28), 10, init="xavier")
+
+
 def test_build_is_deterministic_under_seed():
     a, b = (
         _model("alexnet", (1, 28, 28), {"width": 0.125}, 3),

@@ -12,7 +12,7 @@ dropout or flatten layer, so neither split part ever modifies its input.
 name           options                     default cut  cut k means
 =============  ==========================  ===========  ======================================
 lenet5         -                           2            after block k (2: 2nd max-pool)
-alexnet        width, dropout              2            after layer k of 8 (paper 001's Lc)
+alexnet        width, dropout, init        2            after layer k of 8 (paper 001's Lc)
 vgg11          batch_norm, width           3            after the k-th max-pool
 resnet18       width                       2            after residual stage k (paper 002)
 mobilenetv2    width_mult                  1            1: after the stem, k: after group k-1
