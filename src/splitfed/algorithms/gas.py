@@ -75,9 +75,8 @@ from splitfed.engine.aggregate import DeltaAccumulator
 from splitfed.engine.algorithm import Algorithm
 from splitfed.engine.clock import CLIENT, SERVER, EventQueue
 from splitfed.engine.split import SplitModel, per_client_loss
-from splitfed.engine.stacked import stack_copies
+from splitfed.engine.stacked import ForwardCopies
 from splitfed.models import output_shape
-from splitfed.models.cohort import cohort_forward
 from splitfed.rng import derive_seed
 
 COVARIANCES = ("diagonal", "full")
@@ -179,30 +178,6 @@ def generate(stats: dict, y: torch.Tensor, batch_size: int, gen: torch.Generator
 
 # ---------------------------------------------------------------- the algorithm
 
-class _Copies:
-    """Stacked parameters and buffers of one side of the cut ([n, ...] each), with
-    per-slot views and clock-charged forward passes."""
-
-    def __init__(self, module, start, n):
-        self.module = module
-        self.names = [k for k, _ in module.named_parameters()]
-        self.state = stack_copies(dict(start), n, ())
-        self.buffers = [k for k in self.state if k not in self.names]
-
-    def params(self, i: int) -> list[torch.Tensor]:
-        return [self.state[k][i:i + 1] for k in self.names]
-
-    def forward(self, clock, role, cid, i, x, params=None, *, update_stats=False):
-        """Slot ``i``'s forward of ``x`` [1, B, ...], charged to client ``cid``'s
-        timeline (``role`` client) or to the shared server lane (``role`` server)."""
-        clock.charge(role, self.module, [cid], x)
-        params = self.params(i) if params is None else params
-        bufs = {k: self.state[k][i:i + 1] if update_stats else self.state[k][i:i + 1].clone()
-                for k in self.buffers}
-        return cohort_forward(self.module, {**dict(zip(self.names, params)), **bufs}, x,
-                              training=True)
-
-
 class GAS(Algorithm):
     name = "gas"
     reference = ("GAS (Yang and Liu, AAAI 2025) with zeroth-order clients, the baseline of "
@@ -234,8 +209,9 @@ class GAS(Algorithm):
         base = int(env.streams.numpy("zo").integers(2**62))
         gen = torch.Generator().manual_seed(int(env.streams.numpy("gas").integers(2**62)))
         start = env.transport.broadcast("model", ids, parts.client_state(state["model"]))
-        client = _Copies(parts.client, start, n)
-        server = _Copies(parts.server, parts.server_state(state["model"]), 1)
+        client = ForwardCopies(parts.client, start, n, clock=env.clock, role=CLIENT, ids=ids)
+        server = ForwardCopies(parts.server, parts.server_state(state["model"]), 1,
+                               clock=env.clock, role=SERVER, ids=ids[:1])
         stats = {k: v.clone() for k, v in state["stats"].items()}
         size = o.buffer_size or n
         buffer = [] if state["buffer"] is None else [(int(c), h, y) for c, h, y in zip(
@@ -251,12 +227,11 @@ class GAS(Algorithm):
             rows = torch.from_numpy(plans[i][k]).to(env.device)
             x, y = x_all[rows][None], y_all[rows][None]
             seeds = [derive_seed(base, f"client/{i}/{k}/{j}") for j in range(o.directions)]
-            sent = [client.forward(env.clock, CLIENT, cid, i, x, update_stats=True)]
+            sent = [client.forward(x, slot=i, update_stats=True)]
             for seed in seeds:
                 u = zo.directions(seed, client.params(i), o.direction_kind)
-                sent += [client.forward(env.clock, CLIENT, cid, i, x,
-                                        zo.perturb(client.params(i), u, s * o.smoothing))
-                         for s in (1, -1)]
+                sent += [client.forward(x, zo.perturb(client.params(i), u, s * o.smoothing),
+                                        slot=i) for s in (1, -1)]
             got = [env.transport.upload("activations", [cid], a) for a in sent]
             y_s = env.transport.upload("labels", [cid], y)
             queue.push(float(env.clock.arrival_time([cid])[0]), (i, k, seeds, got, y_s))
@@ -269,8 +244,8 @@ class GAS(Algorithm):
             cid = int(ids[i])
             deltas, evals = [], []
             for j in range(len(seeds)):
-                f = [per_client_loss(server.forward(env.clock, SERVER, cid, 0, got[1 + 2 * j + s]),
-                                     y) for s in (0, 1)]
+                f = [per_client_loss(server.forward(got[1 + 2 * j + s], charge_to=[cid]), y)
+                     for s in (0, 1)]
                 deltas.append(f[0] - f[1])
                 evals += f
             losses.append(float(torch.stack(evals).mean()))
@@ -280,8 +255,7 @@ class GAS(Algorithm):
                 u = zo.directions(seed, client.params(i), o.direction_kind)
                 g = zo.scale_directions(deltas[:, j] / (2 * o.smoothing), u)
                 total = g if total is None else torch._foreach_add(total, g)
-            torch._foreach_add_(client.params(i), torch._foreach_div(total, float(len(seeds))),
-                                alpha=-lr)
+            client.step(torch._foreach_div(total, float(len(seeds))), lr, slot=i)
             buffer.append((cid, got[0][0], y[0]))
             if len(buffer) >= size:
                 server_steps += 1
@@ -311,7 +285,7 @@ class GAS(Algorithm):
         return ({**state, "model": model, "stats": stats, "buffer": kept,
                  "server_steps": server_steps}, metrics)
 
-    def _server_step(self, env, server: _Copies, stats: dict, buffer, step: int, cid: int,
+    def _server_step(self, env, server: ForwardCopies, stats: dict, buffer, step: int, cid: int,
                      base: int, gen: torch.Generator) -> int:
         """One server step on the buffered activations and the generated ones (module doc,
         item 3); charged to the shared lane after ``cid``'s upload. Returns its samples."""
@@ -325,17 +299,12 @@ class GAS(Algorithm):
                 h = torch.cat([h, h_gen.to(h).view(-1, *h.shape[1:])])
                 y = torch.cat([y, y_gen.to(y)])
         x, y = h[None], y[None]
-        params = server.params(0)
         if o.server_order == "first":
-            with torch.enable_grad():
-                leaves = [p.detach().requires_grad_(True) for p in params]
-                out = server.forward(env.clock, SERVER, cid, 0, x, leaves)
-                env.clock.charge(SERVER, server.module, [cid], x, passes=2)
-                grads = torch.autograd.grad(per_client_loss(out, y).sum(), leaves)
+            grads = server.first_order_grads(x, y, charge_to=[cid])
         else:
             seeds = [derive_seed(base, f"server/{step}/{j}") for j in range(o.directions)]
             grads = zo.zo_gradient(
-                lambda p: per_client_loss(server.forward(env.clock, SERVER, cid, 0, x, p), y),
-                params, o.smoothing, seeds, o.direction_kind)
-        torch._foreach_add_(params, list(grads), alpha=-o.server_lr)
+                lambda p: per_client_loss(server.forward(x, p, charge_to=[cid]), y),
+                server.params(), o.smoothing, seeds, o.direction_kind)
+        server.step(grads, o.server_lr)
         return int(y.numel())

@@ -52,9 +52,8 @@ from splitfed.engine.aggregate import DeltaAccumulator
 from splitfed.engine.algorithm import Algorithm
 from splitfed.engine.clock import CLIENT, SERVER_COPY
 from splitfed.engine.flops import TRAIN_FACTOR
-from splitfed.engine.placement import cohort_forward_here
 from splitfed.engine.split import SplitModel, per_client_loss, return_gradients
-from splitfed.engine.stacked import stack_copies
+from splitfed.engine.stacked import ForwardCopies
 from splitfed.rng import derive_seed
 
 
@@ -71,45 +70,6 @@ class MUSplitFedOptions:
     adaptive_tau: bool = field(default=False, metadata={
         "help": "tau = t_straggler / t_server from the clock every round (eq. 12)"})
     max_tau: int = field(default=8, metadata={"ge": 1, "help": "cap of the adaptive tau"})
-
-
-class _Side:
-    """Stacked parameters and buffers of one side of the cut for the whole cohort; every
-    pass is charged to the clock (``role``: the clients, or their server lanes)."""
-
-    def __init__(self, module, start, n, clock, ids, role):
-        self.module = module
-        self.names = [k for k, _ in module.named_parameters()]
-        self.state = stack_copies({k: start[k] for k in module.state_dict()}, n, ())
-        self.buffers = [k for k in self.state if k not in self.names]
-        self.clock, self.ids, self.role = clock, ids, role
-
-    @property
-    def params(self) -> list[torch.Tensor]:
-        return [self.state[k] for k in self.names]
-
-    def forward(self, x, params=None, *, update_stats=False):
-        """Batched forward with ``params`` (default: the current ones); buffers are only
-        written when ``update_stats``."""
-        params = self.params if params is None else params
-        self.clock.charge(self.role, self.module, self.ids, x)
-        bufs = {k: (self.state[k] if update_stats else self.state[k].clone())
-                for k in self.buffers}
-        # only the copies hosted in this process run (all of them in one process)
-        return cohort_forward_here(self.role, self.ids, self.module,
-                                   {**dict(zip(self.names, params)), **bufs}, x,
-                                   write_back=self.buffers if update_stats else ())
-
-    def first_order_grads(self, x, y=None, grad_out=None):
-        params = [p.detach().requires_grad_(True) for p in self.params]
-        out = self.forward(x, params)
-        self.clock.charge(self.role, self.module, self.ids, x, passes=TRAIN_FACTOR - 1)
-        if grad_out is None:
-            return torch.autograd.grad(per_client_loss(out, y).sum(), params)
-        return torch.autograd.grad(out, params, grad_out)
-
-    def step(self, grads, lr: float) -> None:
-        torch._foreach_add_(self.params, list(grads), alpha=-lr)
 
 
 class MUSplitFed(Algorithm):
@@ -139,16 +99,16 @@ class MUSplitFed(Algorithm):
         rows = torch.from_numpy(rows[:, 0]).to(env.device)
         x, y = env.data.train.x[rows], env.data.train.y[rows]
         start = env.transport.broadcast("model", ids, parts.client_state(state["model"]))
-        client = _Side(parts.client, start, n, env.clock, ids, CLIENT)
-        server = _Side(parts.server, parts.server_state(state["model"]), n, env.clock, ids,
-                       SERVER_COPY)
+        client = ForwardCopies(parts.client, start, n, clock=env.clock, role=CLIENT, ids=ids)
+        server = ForwardCopies(parts.server, parts.server_state(state["model"]), n,
+                               clock=env.clock, role=SERVER_COPY, ids=ids)
         lam, c_seeds = o.smoothing, self._seeds(base, "client", 0)
         h = client.forward(x, update_stats=True)
         sent = [h]
         if o.client_order == "zeroth":
             for seed in c_seeds:
-                u = zo.directions(seed, client.params, o.direction_kind)
-                sent += [client.forward(x, zo.perturb(client.params, u, s * lam))
+                u = zo.directions(seed, client.params(), o.direction_kind)
+                sent += [client.forward(x, zo.perturb(client.params(), u, s * lam))
                          for s in (1, -1)]
         received = [env.transport.upload("activations", ids, a) for a in sent]
         y_s = env.transport.upload("labels", ids, y)
@@ -182,14 +142,13 @@ class MUSplitFed(Algorithm):
         t_straggler = float(env.clock.arrival_time(ids).max()) - env.clock.now
         return int(min(o.max_tau, max(1, np.floor(t_straggler / t_server))))
 
-    def _server_steps(self, server: _Side, h, y, base: int, tau: int) -> torch.Tensor:
+    def _server_steps(self, server: ForwardCopies, h, y, base: int, tau: int) -> torch.Tensor:
         """tau server updates on the unperturbed activations; returns the first losses."""
         o = self.options
         first = None
         for i in range(tau):
             if o.server_order == "first":
-                with torch.enable_grad():
-                    grads = server.first_order_grads(h, y)
+                grads = server.first_order_grads(h, y)
                 loss = per_client_loss(server.forward(h), y)
             else:
                 evals = []
@@ -198,7 +157,7 @@ class MUSplitFed(Algorithm):
                     out = per_client_loss(server.forward(h, params), y)
                     evals.append(out)
                     return out
-                grads = zo.zo_gradient(loss_fn, server.params, o.smoothing,
+                grads = zo.zo_gradient(loss_fn, server.params(), o.smoothing,
                                        self._seeds(base, "server", i), o.direction_kind)
                 loss = torch.stack(evals).mean(0)
             first = loss if first is None else first
@@ -210,7 +169,7 @@ class MUSplitFed(Algorithm):
         if o.client_order == "first":
             with torch.enable_grad():
                 h = received[0].detach().requires_grad_(True)
-                loss = per_client_loss(server.forward(h, [p.detach() for p in server.params]),
+                loss = per_client_loss(server.forward(h, [p.detach() for p in server.params()]),
                                        y)
                 (g_h,) = torch.autograd.grad(loss.sum(), h)
                 grads = client.first_order_grads(x, grad_out=return_gradients(env, ids, g_h))
@@ -222,7 +181,7 @@ class MUSplitFed(Algorithm):
         deltas = env.transport.download("scalars", ids, deltas)
         total = None
         for j, seed in enumerate(seeds):
-            u = zo.directions(seed, client.params, o.direction_kind)
+            u = zo.directions(seed, client.params(), o.direction_kind)
             g = zo.scale_directions(deltas[:, j] / (2 * o.smoothing), u)
             total = g if total is None else torch._foreach_add(total, g)
         client.step(torch._foreach_div(total, float(len(seeds))), lr)

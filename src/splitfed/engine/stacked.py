@@ -27,6 +27,7 @@ from torch import nn
 from splitfed.engine import placement
 from splitfed.engine.flops import TRAIN_FACTOR
 from splitfed.engine.optim import StackedSGD
+from splitfed.engine.split import per_client_loss
 from splitfed.models.cohort import cohort_forward
 
 #: ``hook(names, params, grads, ids) -> grads``: a correction of the stacked gradients of
@@ -112,3 +113,68 @@ class StackedModel:
         with torch.no_grad():
             for k, t in self.state.items():
                 t.copy_(mean[k].unsqueeze(0).expand_as(t))
+
+
+class ForwardCopies:
+    """Stacked copies of one side of the cut trained by forward passes (zeroth-order).
+
+    ``n`` copies of ``module``'s state from ``start`` ([n, ...] per tensor, no autograd
+    leaves), for the clients ``ids`` (one per copy). A pass evaluates every copy, or only
+    copy ``slot`` (an asynchronous algorithm serving one client at a time), with the given
+    parameters (a perturbation) or the current ones, and charges B x forward MACs per copy
+    to ``role``'s timeline of those clients, or of ``charge_to``. Buffers (BatchNorm
+    statistics) change only in a pass with ``update_stats`` (the unperturbed client pass);
+    every other pass reads a copy of them. Copies hosted in other processes of the
+    multi-process runtime are not computed here (engine/placement.py).
+    """
+
+    def __init__(self, module: nn.Module, start: Mapping[str, torch.Tensor], n: int, *,
+                 clock, role: str, ids) -> None:
+        self.module, self.clock, self.role = module, clock, role
+        self.ids = np.atleast_1d(np.asarray(ids, dtype=np.int64))
+        self.names = [k for k, _ in module.named_parameters()]
+        self.state = stack_copies({k: start[k] for k in module.state_dict()}, n, ())
+        self.buffers = [k for k in self.state if k not in self.names]
+
+    def params(self, slot: int | None = None) -> list[torch.Tensor]:
+        """The parameters of every copy, or views of copy ``slot`` ([1, ...])."""
+        if slot is None:
+            return [self.state[k] for k in self.names]
+        return [self.state[k][slot:slot + 1] for k in self.names]
+
+    def _who(self, slot, charge_to) -> np.ndarray:
+        if charge_to is not None:
+            return np.atleast_1d(np.asarray(charge_to, dtype=np.int64))
+        return self.ids if slot is None else self.ids[slot:slot + 1]
+
+    def forward(self, x: torch.Tensor, params: Sequence[torch.Tensor] | None = None, *,
+                slot: int | None = None, charge_to=None,
+                update_stats: bool = False) -> torch.Tensor:
+        """Outputs on ``x`` ([copies, B, ...]) with ``params`` (default: the current)."""
+        who = self._who(slot, charge_to)
+        self.clock.charge(self.role, self.module, who, x)
+        params = self.params(slot) if params is None else params
+        rows = slice(None) if slot is None else slice(slot, slot + 1)
+        bufs = {k: self.state[k][rows] if update_stats else self.state[k][rows].clone()
+                for k in self.buffers}
+        return placement.cohort_forward_here(
+            self.role, who, self.module, {**dict(zip(self.names, params)), **bufs}, x,
+            write_back=self.buffers if update_stats else ())
+
+    def first_order_grads(self, x: torch.Tensor, y: torch.Tensor | None = None,
+                          grad_out: torch.Tensor | None = None, *, slot: int | None = None,
+                          charge_to=None) -> tuple[torch.Tensor, ...]:
+        """True gradients (the first-order ablations): of the summed per-copy loss on
+        labels ``y``, or of the output against ``grad_out``; forward and backward charged."""
+        params = [p.detach().requires_grad_(True) for p in self.params(slot)]
+        with torch.enable_grad():
+            out = self.forward(x, params, slot=slot, charge_to=charge_to)
+            self.clock.charge(self.role, self.module, self._who(slot, charge_to), x,
+                              passes=TRAIN_FACTOR - 1)
+            if grad_out is None:
+                return torch.autograd.grad(per_client_loss(out, y).sum(), params)
+            return torch.autograd.grad(out, params, grad_out)
+
+    def step(self, grads: Sequence[torch.Tensor], lr: float, slot: int | None = None) -> None:
+        """x <- x - lr * grads (every copy, or copy ``slot``)."""
+        torch._foreach_add_(self.params(slot), list(grads), alpha=-lr)
