@@ -104,8 +104,8 @@ def test_mu_split_is_musplitfed_with_one_client():
 
 
 def test_zo_client_update_leaves_the_server_copy_untouched():
-    from splitfed.algorithms.musplitfed import _Side
     from splitfed.engine.split import SplitModel
+    from splitfed.engine.stacked import ForwardCopies
 
     cfg = text_config({"name": "musplitfed"})
     env = build_environment(cfg)
@@ -116,20 +116,21 @@ def test_zo_client_update_leaves_the_server_copy_untouched():
     ids = np.array([0, 1])
     x = env.data.train.x[torch.arange(16).view(2, 8)]
     y = env.data.train.y[torch.arange(16).view(2, 8)]
-    client = _Side(parts.client, parts.client_state(state["model"]), 2, env.clock, ids, "client")
-    server = _Side(parts.server, parts.server_state(state["model"]), 2, env.clock, ids,
-                   "server_copy")
+    client = ForwardCopies(parts.client, parts.client_state(state["model"]), 2,
+                           clock=env.clock, role="client", ids=ids)
+    server = ForwardCopies(parts.server, parts.server_state(state["model"]), 2,
+                           clock=env.clock, role="server_copy", ids=ids)
     server_before = {k: v.clone() for k, v in server.state.items()}
-    client_before = [p.clone() for p in client.params]
+    client_before = [p.clone() for p in client.params()]
     seeds = algo._seeds(7, "client", 0)
     with torch.no_grad():
         from splitfed.engine import zo
-        u = zo.directions(seeds[0], client.params)
-        sent = [client.forward(x)] + [client.forward(x, zo.perturb(client.params, u, s * 0.005))
+        u = zo.directions(seeds[0], client.params())
+        sent = [client.forward(x)] + [client.forward(x, zo.perturb(client.params(), u, s * 0.005))
                                       for s in (1, -1)]
-        algo._client_step(env, client, server, sent, y, ids, seeds, x, 0.01)
+        algo._client_step(env, client, server, sent, y, ids, seeds, [], x, 0.01)
     assert all(torch.equal(server.state[k], v) for k, v in server_before.items())
-    assert not all(torch.equal(a, b) for a, b in zip(client.params, client_before))
+    assert not all(torch.equal(a, b) for a, b in zip(client.params(), client_before))
     shared = parts.server_state(state["model"])          # the global server model, too
     assert all(torch.equal(shared[k], server_before[k][0]) for k in shared)
 

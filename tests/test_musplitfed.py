@@ -54,6 +54,42 @@ def test_sphere_directions_have_radius_sqrt_d_and_are_regenerated_from_the_seed(
     assert not torch.equal(u[0], other[0])
 
 
+def chunked_directions(seed, params, kind="sphere"):
+    """The directions the in-place mode draws, materialised: u = scale x the seed's
+    chunked noise (a shift of zeros by 1 x u)."""
+    u = [torch.zeros_like(p) for p in params]
+    zo.shift_(u, seed, 1.0, zo.direction_scale(seed, params, kind))
+    return u
+
+
+def test_in_place_directions_are_on_the_sphere_and_shifts_return_to_the_start(monkeypatch):
+    monkeypatch.setattr(zo, "NOISE_CHUNK", 7)      # several chunks per parameter
+    params = [torch.randn(3, 4, 5), torch.randn(3, 6)]
+    u = chunked_directions(5, params)
+    norms = torch.sqrt(sum(t.flatten(1).pow(2).sum(1) for t in u))
+    assert torch.allclose(norms, torch.full((3,), 26 ** 0.5))
+    start = [p.clone() for p in params]
+    scale = zo.direction_scale(5, params)
+    zo.shift_(params, 5, 0.01, scale)
+    assert all(torch.allclose(p, q + 0.01 * v) for p, q, v in zip(params, start, u))
+    zo.shift_(params, 5, -0.01, scale)
+    assert all(torch.allclose(p, q, atol=1e-7) for p, q in zip(params, start))
+    alpha = torch.tensor([1.0, -2.0, 0.5])
+    zo.shift_(params, 5, alpha, scale)                # one coefficient per client
+    assert torch.allclose(params[1], start[1] + alpha.view(-1, 1) * u[1], atol=1e-6)
+
+
+def test_in_place_zo_step_equals_the_materialised_estimate_and_step():
+    f, x, _ = quadratic()
+    seeds = [11, 12, 13]
+    got = [x.clone()]
+    zo.zo_step_(lambda: f(got), got, 1e-3, seeds, 0.1)
+    total = sum(zo.scale_directions(zo.central_difference(
+        f([x + 1e-3 * u]), f([x - 1e-3 * u]), 1e-3), [u])[0]
+        for u in (chunked_directions(s, [x])[0] for s in seeds))
+    assert torch.allclose(got[0], x - 0.1 * total / 3, atol=1e-10)
+
+
 SETUP = dict(model={"name": "mlp", "hidden": [16, 8], "cut": 1},
              partition={"scheme": "iid", "num_clients": 4},
              participation={"mode": "uniform", "clients_per_round": 2},
@@ -206,3 +242,18 @@ def test_adaptive_tau_is_straggler_time_over_server_step_time(ratio, cap, want):
                                          rounds=2, **setup), write=False)
     for k, v in fixed.state["model"].items():
         assert torch.equal(res.state["model"][k], v), k
+
+
+@pytest.mark.parametrize("client_order", ["zeroth", "first"])
+def test_in_place_mode_runs_the_same_algorithm(monkeypatch, client_order):
+    """With the default mode drawing the in-place mode's directions, both give the same
+    models: the in-place mode changes memory, not the algorithm."""
+    monkeypatch.setattr(zo, "directions", chunked_directions)
+    runs = [run_experiment(digits_config(
+        algorithm={"name": "musplitfed", "tau": 2, "directions": 2, "in_place": mode,
+                   "client_order": client_order}, rounds=3, **SETUP), write=False)
+        for mode in (False, True)]
+    a, b = (r.state["model"] for r in runs)
+    assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+    assert [r["train_loss"] for r in runs[0].records[1:]] == pytest.approx(
+        [r["train_loss"] for r in runs[1].records[1:]], abs=1e-6)

@@ -24,7 +24,7 @@ PARTS = [("params_mb", "parameters"), ("grads_mb", "gradients"),
 def label(r: dict) -> str:
     name = {"fedavg": "FedAvg", "fedlora": "FedLoRA", "musplitfed": "MU-SplitFed"}[r["method"]]
     if r["method"] == "musplitfed":
-        name += f"\nLc={r['cut']}, {r['zo_mode']}"
+        name += f"\nLc={r['cut']}, " + ("in_place" if r["zo_mode"] == "inplace" else "default")
     return name
 
 

@@ -29,7 +29,12 @@ clock (rounded down, at least 1, at most ``max_tau``; every record has ``tau``).
 lambda ``smoothing`` (0.005). Aggregation weights w_m are the engine's (a_n / sum a by
 default; the paper uses 1/M, which ``participation.weighting=uniform`` gives). One local
 step per round by definition: ``train.local_steps``/``local_epochs`` do not apply.
-Directions are regenerated from per-round seeds, never stored beyond a step. BatchNorm
+Directions are regenerated from per-round seeds, never stored beyond a step. With
+``in_place`` both sides perturb their parameters in place and regenerate each direction
+in chunks (``engine/zo.py``, MeZO's trick): the client then holds its parameters, one
+noise chunk and its activations, nothing of the size of a second model (what
+``engine/memory.py --zo-mode inplace`` measures); the numbers drawn differ from the
+default's, the distribution does not. BatchNorm
 buffers are not perturbed; running statistics are updated only by the unperturbed client
 forward pass. The whole cohort perturbs and evaluates in batched passes (no autograd).
 
@@ -70,6 +75,9 @@ class MUSplitFedOptions:
     adaptive_tau: bool = field(default=False, metadata={
         "help": "tau = t_straggler / t_server from the clock every round (eq. 12)"})
     max_tau: int = field(default=8, metadata={"ge": 1, "help": "cap of the adaptive tau"})
+    in_place: bool = field(default=False, metadata={
+        "help": "perturb parameters in place, directions regenerated in chunks (MeZO): no "
+                "direction or perturbed copy is stored (other random numbers)"})
 
 
 class MUSplitFed(Algorithm):
@@ -105,8 +113,16 @@ class MUSplitFed(Algorithm):
         lam, c_seeds = o.smoothing, self._seeds(base, "client", 0)
         h = client.forward(x, update_stats=True)
         sent = [h]
+        scales = []
         if o.client_order == "zeroth":
             for seed in c_seeds:
+                if o.in_place:
+                    scales.append(zo.direction_scale(seed, client.params(), o.direction_kind))
+                    for shift in (lam, -2 * lam):
+                        zo.shift_(client.params(), seed, shift, scales[-1])
+                        sent.append(client.forward(x))
+                    zo.shift_(client.params(), seed, lam, scales[-1])
+                    continue
                 u = zo.directions(seed, client.params(), o.direction_kind)
                 sent += [client.forward(x, zo.perturb(client.params(), u, s * lam))
                          for s in (1, -1)]
@@ -115,7 +131,8 @@ class MUSplitFed(Algorithm):
         h_s = received[0]
         tau = self._adaptive_tau(env, ids, parts.server, h_s) if o.adaptive_tau else o.tau
         losses = self._server_steps(server, h_s, y_s, base, tau)
-        self._client_step(env, client, server, received, y_s, ids, c_seeds, x, env.lr(t))
+        self._client_step(env, client, server, received, y_s, ids, c_seeds, scales, x,
+                          env.lr(t))
         up = env.transport.upload("model", ids, client.state)
         weights = torch.tensor(cohort.weights, dtype=torch.float64)
         renorm, keep = env.clock.renormalise, env.clock.on_time(ids)
@@ -147,9 +164,16 @@ class MUSplitFed(Algorithm):
         o = self.options
         first = None
         for i in range(tau):
+            seeds = self._seeds(base, "server", i)
             if o.server_order == "first":
                 grads = server.first_order_grads(h, y)
                 loss = per_client_loss(server.forward(h), y)
+                server.step(grads, o.server_lr)
+            elif o.in_place:
+                evals = zo.zo_step_(lambda: per_client_loss(server.forward(h), y),
+                                    server.params(), o.smoothing, seeds, o.server_lr,
+                                    o.direction_kind)
+                loss = torch.stack(evals).mean(0)
             else:
                 evals = []
 
@@ -157,14 +181,15 @@ class MUSplitFed(Algorithm):
                     out = per_client_loss(server.forward(h, params), y)
                     evals.append(out)
                     return out
-                grads = zo.zo_gradient(loss_fn, server.params(), o.smoothing,
-                                       self._seeds(base, "server", i), o.direction_kind)
+                grads = zo.zo_gradient(loss_fn, server.params(), o.smoothing, seeds,
+                                       o.direction_kind)
                 loss = torch.stack(evals).mean(0)
+                server.step(grads, o.server_lr)
             first = loss if first is None else first
-            server.step(grads, self.options.server_lr)
         return first
 
-    def _client_step(self, env, client, server, received, y, ids, seeds, x, lr) -> None:
+    def _client_step(self, env, client, server, received, y, ids, seeds, scales, x,
+                     lr) -> None:
         o = self.options
         if o.client_order == "first":
             with torch.enable_grad():
@@ -179,6 +204,11 @@ class MUSplitFed(Algorithm):
                               - per_client_loss(server.forward(received[2 + 2 * j]), y)
                               for j in range(len(seeds))], dim=1)          # [C, q]
         deltas = env.transport.download("scalars", ids, deltas)
+        if o.in_place:
+            for j, seed in enumerate(seeds):
+                coef = deltas[:, j].double().cpu() / (2 * o.smoothing) / len(seeds)
+                zo.shift_(client.params(), seed, -lr * coef, scales[j])
+            return
         total = None
         for j, seed in enumerate(seeds):
             u = zo.directions(seed, client.params(), o.direction_kind)

@@ -17,9 +17,9 @@ measurement for any model of the registry: it starts a fresh Python process
    MU-SplitFed the unperturbed forward, a direction u on the sphere, the two perturbed
    forwards (``zo.directions`` / ``zo.perturb``, as the algorithm) and the update from
    the scalar the server returns (here a constant: the server's work is not the client's);
-   ``zo_mode="inplace"`` measures the same step with the parameters perturbed in place
-   and the direction regenerated in chunks of 2^20 elements (MeZO's trick; what a
-   memory-conscious client would run);
+   ``zo_mode="inplace"`` measures the step of MU-SplitFed's ``in_place`` option: the
+   parameters perturbed in place and the direction regenerated in chunks of 2^20
+   elements (MeZO's trick, ``engine/zo.py``);
 4. reports ``peak_mb`` = peak RSS (``VmHWM``) - RSS before the model existed: parameters,
    gradients, optimizer state, activations and every temporary of the step, as the OS
    sees them. glibc is told to return large blocks to the OS at once
@@ -164,53 +164,25 @@ def client_steps(method: str, module, trainable: list[str], x, y, steps: int, *,
         del grads
 
 
-NOISE_CHUNK = 2 ** 20          # elements of noise alive at a time (in-place ZO)
-
-
-def _noise_chunks(p, seed: int, i: int):
-    """(flat view of ``p``'s chunk, its N(0, 1) noise), chunk by chunk, from the seed."""
-    import torch
-    flat = p.view(-1)
-    for j, start in enumerate(range(0, flat.numel(), NOISE_CHUNK)):
-        part = flat[start:start + NOISE_CHUNK]
-        g = torch.Generator(device=p.device).manual_seed((seed * 100003 + i) * 4099 + j)
-        yield part, torch.randn(part.shape, generator=g, device=p.device, dtype=p.dtype)
-
-
 def _inplace_zo_steps(module, state, x, steps: int, lr: float, lam: float) -> None:
-    """The same client step with the direction regenerated chunk by chunk (``NOISE_CHUNK``
-    elements) and the parameters perturbed in place (MeZO's trick, chunked): only one
-    chunk of noise is alive at a time."""
+    """The same client step as MU-SplitFed with ``in_place`` runs it: the parameters
+    perturbed in place and the direction regenerated chunk by chunk
+    (:func:`splitfed.engine.zo.shift_`; at most ``zo.NOISE_CHUNK`` noise elements alive)."""
     import torch
 
-    params = [p.detach() for _, p in module.named_parameters()]
-    d = sum(p.numel() for p in params)
-    with torch.no_grad():
-        _inplace_loop(module, state, x, params, d, steps, lr, lam)
-
-
-def _inplace_loop(module, state, x, params, d, steps, lr, lam) -> None:
-    import math
-
-    import torch
-
+    from splitfed.engine import zo
     from splitfed.models.cohort import cohort_forward
-    for step in range(steps):
-        sq = sum(float(torch.linalg.vector_norm(z, dtype=torch.float32)) ** 2
-                 for i, p in enumerate(params) for _, z in _noise_chunks(p, step, i))
-        scale = math.sqrt(d / sq)               # u = scale * z: on the sphere of radius sqrt(d)
-
-        def shift(alpha: float) -> None:
-            for i, p in enumerate(params):
-                for part, z in _noise_chunks(p, step, i):
-                    part.add_(z, alpha=alpha * scale)
-        sent = [cohort_forward(module, state, x, training=True)]
-        for s in (1.0, -2.0):                   # x + lam u, then x - lam u
-            shift(s * lam)
-            sent.append(cohort_forward(module, state, x, training=True))
-        shift(lam)                              # back to x
-        shift(-lr * 0.01)                       # x - eta_c * coef * u (coef from the server)
-        del sent
+    params = [state[k].detach() for k, _ in module.named_parameters()]
+    with torch.no_grad():
+        for step in range(steps):
+            scale = zo.direction_scale(step, params)
+            sent = [cohort_forward(module, state, x, training=True)]
+            for shift in (lam, -2 * lam):       # x + lam u, then x - lam u
+                zo.shift_(params, step, shift, scale)
+                sent.append(cohort_forward(module, state, x, training=True))
+            zo.shift_(params, step, lam, scale)                 # back to x
+            zo.shift_(params, step, -lr * 0.01, scale)          # the step from the scalar
+            del sent
 
 
 def _warm_up(method: str, device) -> None:

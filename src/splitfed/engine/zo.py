@@ -12,6 +12,15 @@ leading client dimension C, one independent direction per client.
 
 Directions are regenerated from an integer seed whenever they are needed (one generator
 call per (seed, shapes)), never stored longer than a step (SPEC).
+
+In-place mode (MeZO's trick, chunked): :func:`shift_` adds ``alpha * u`` to the
+parameters themselves, regenerating u from its seed in chunks of at most
+``NOISE_CHUNK`` elements, so neither u nor a perturbed copy of the parameters is ever
+materialised; :func:`direction_scale` is the per-client factor that puts the chunked
+Gaussian on the sphere. x + lambda u, x - lambda u and back to x are three shifts (the
+parameters return to x up to float rounding). :func:`zo_step_` is :func:`zo_gradient`
+followed by the step, in place. The chunked stream is not the one :func:`directions`
+draws (the same distribution, other numbers).
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ from collections.abc import Sequence
 import torch
 
 KINDS = ("sphere", "gaussian")
+NOISE_CHUNK = 2 ** 20          # noise elements alive at a time in in-place mode
 
 
 def directions(seed: int, params: Sequence[torch.Tensor], kind: str = "sphere"
@@ -75,3 +85,65 @@ def zo_gradient(loss_fn, params: Sequence[torch.Tensor], lam: float, seeds: Sequ
         g = scale_directions(coef, u)
         total = g if total is None else torch._foreach_add(total, g)
     return torch._foreach_div(total, float(len(seeds)))
+
+
+# ---------------------------------------------------------------- in place, chunked
+
+
+def noise_chunks(seed: int, params: Sequence[torch.Tensor], chunk: int = NOISE_CHUNK):
+    """(view [C, L] of a block of one parameter, its N(0, 1) noise [C, L]) for every block
+    of every parameter, in a fixed order from one generator seeded with ``seed``; at most
+    ``chunk`` noise elements exist at a time. ``params`` must be contiguous."""
+    g = torch.Generator(device=params[0].device)
+    g.manual_seed(int(seed) & (2**63 - 1))
+    for p in params:
+        flat = p.view(p.shape[0], -1)
+        size = max(1, chunk // p.shape[0])
+        for start in range(0, flat.shape[1], size):
+            part = flat[:, start:start + size]
+            yield part, torch.randn(part.shape, generator=g, device=p.device, dtype=p.dtype)
+
+
+def direction_scale(seed: int, params: Sequence[torch.Tensor],
+                    kind: str = "sphere") -> torch.Tensor:
+    """Per-client factor s [C] such that u = s z (z the seed's chunked noise) is on the
+    sphere of radius sqrt(d) (``sphere``) or Gaussian (``gaussian``: s = 1)."""
+    if kind not in KINDS:
+        raise ValueError(f"direction kind must be one of {KINDS}, got {kind!r}")
+    c = params[0].shape[0]
+    if kind == "gaussian":
+        return torch.ones(c, dtype=torch.float64)
+    sq = torch.zeros(c, dtype=torch.float64)
+    for _, z in noise_chunks(seed, params):
+        sq += torch.linalg.vector_norm(z, dim=1, dtype=torch.float64).square().cpu()
+    d = sum(p[0].numel() for p in params)
+    return (d / sq).sqrt()
+
+
+def shift_(params: Sequence[torch.Tensor], seed: int, alpha, scale: torch.Tensor) -> None:
+    """``params += alpha * u`` in place (u = ``scale`` x the seed's noise, per client);
+    ``alpha`` a number or one value per client [C]."""
+    coef = torch.as_tensor(alpha, dtype=torch.float64).cpu() * scale
+    coef = coef.view(-1, 1)
+    for part, z in noise_chunks(seed, params):
+        part.addcmul_(z, coef.to(part))
+
+
+def zo_step_(loss_fn, params: Sequence[torch.Tensor], lam: float, seeds: Sequence[int],
+             lr: float, kind: str = "sphere") -> list[torch.Tensor]:
+    """In place: ``params -= lr * G`` with G the q-direction estimate of
+    :func:`zo_gradient`, never materialising a direction. ``loss_fn()`` evaluates every
+    client's loss [C] at the current (shifted) parameters. Returns the 2q evaluations."""
+    evals, coefs = [], []
+    for seed in seeds:
+        scale = direction_scale(seed, params, kind)
+        shift_(params, seed, lam, scale)
+        f_plus = loss_fn()
+        shift_(params, seed, -2.0 * lam, scale)
+        f_minus = loss_fn()
+        shift_(params, seed, lam, scale)
+        evals += [f_plus, f_minus]
+        coefs.append((seed, scale, central_difference(f_plus, f_minus, lam)))
+    for seed, scale, coef in coefs:
+        shift_(params, seed, -lr * coef.double().cpu() / len(seeds), scale)
+    return evals
