@@ -27,9 +27,11 @@ from splitfed.runtime.launch import spawn
 from splitfed.runtime.placement import host_ranks
 
 HERE = Path(__file__).parent
-ENV = {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE)}
+ENV = {"OMP_NUM_THREADS": "1",
+       "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))}
 LIMIT_S = 240
-ALGORITHMS = ("fedavg", "sl", "sflv1", "sflv2", "musplitfed", "csefsl")
+ALGORITHMS = ("fedavg", "sl", "sflv1", "sflv2", "musplitfed", "csefsl", "fedprox", "fedopt",
+              "scaffold", "scaffold_plus", "clgsgd", "server_only", "gas")
 
 
 class _Hosts:
@@ -118,8 +120,10 @@ def test_algorithms_equal_the_simulator_parameters_and_bytes(tmp_path):
     """3 processes (2 client ranks, 6 clients, 4 sampled per round, cohorts spanning
     ranks): the same final parameters as the in-process run, and the payload bytes that
     crossed the wire equal the simulator's ledger, round by round and kind by kind."""
-    # CSE-FSL: round 2 has the server pass (uploads when t > 1), round 3 too
-    cfgs = [_config(a, a, tmp_path, rounds=3 if a == "csefsl" else 2) for a in ALGORITHMS]
+    # CSE-FSL: round 2 has the server pass (uploads when t > 1), round 3 too; SCAFFOLD:
+    # round 3 uses client controls updated in round 2 from the model received then
+    three = ("csefsl", "scaffold", "scaffold_plus")
+    cfgs = [_config(a, a, tmp_path, rounds=3 if a in three else 2) for a in ALGORITHMS]
     cfgs += [   # options and participation modes that change who computes what, when
         _config("sflv2_per_client", {"name": "sflv2", "order": "per_client"}, tmp_path,
                 rounds=2),
@@ -226,7 +230,7 @@ def test_a_killed_server_resumes_to_the_uninterrupted_parameters(tmp_path):
 
 def test_launch_through_torchrun_refuses_an_unsupported_algorithm(tmp_path):
     path = tmp_path / "c.yaml"
-    dump_yaml(digits_config(algorithm={"name": "scaffold"}), path)
+    dump_yaml(digits_config(algorithm={"name": "fedclg_c"}), path)
     proc = subprocess.run([sys.executable, "-m", "splitfed", "launch", str(path),
                            "--nproc", "2"], env={**os.environ, **ENV}, capture_output=True,
                           text=True, timeout=LIMIT_S)

@@ -66,6 +66,9 @@ class FedAvg(Algorithm):
         sent = self.communicated(env, state)
         received = env.transport.broadcast("model", cohort.ids, sent)
         received = {**state["model"], **received}  # clients already hold the rest
+        # the hooks see the model as the clients received it (on the multi-process
+        # runtime a client rank's own state["model"] is not the global model)
+        local = {**state, "model": received}
         acc = DeltaAccumulator(sent, renormalise=env.clock.renormalise)
         losses = torch.zeros(cohort.size, dtype=torch.float64)
         weights = torch.tensor(cohort.weights, dtype=torch.float64)
@@ -75,13 +78,13 @@ class FedAvg(Algorithm):
                                     lr=env.lr(t), momentum=tr.momentum,
                                     weight_decay=tr.weight_decay,
                                     rng=env.streams.numpy("batches"),
-                                    grad_hook=self.grad_hook(env, state, cohort)):
+                                    grad_hook=self.grad_hook(env, local, cohort)):
             uploaded = env.transport.upload("model", chunk.client_ids,
                                             {k: chunk.state[k] for k in sent})
             acc.add(weights[torch.from_numpy(chunk.slots)], uploaded,
                     keep=env.clock.on_time(chunk.client_ids))
             losses[torch.from_numpy(chunk.slots)] = chunk.loss.to(torch.float64).cpu()
-            self.client_results(env, state, t, cohort, chunk)
+            self.client_results(env, local, t, cohort, chunk)
         new_state = {**state, "model": {**state["model"],
                                         **self.server_update(env, state, acc)}}
         return new_state, {"train_loss": float(losses.mean()), "samples": samples}

@@ -43,7 +43,8 @@ from splitfed.runtime.placement import (RankPlacement, RoundControl, RuntimeCloc
 from splitfed.transport.distributed import SERVER_RANK, DistributedTransport, Links
 
 #: algorithms whose every client computation goes through the placed engine primitives
-SUPPORTED = ("fedavg", "sflv1", "sflv2", "sl", "musplitfed", "csefsl")
+SUPPORTED = ("fedavg", "fedprox", "fedopt", "scaffold", "scaffold_plus", "clgsgd", "server_only",
+             "sl", "sflv1", "sflv2", "csefsl", "musplitfed", "gas")
 
 
 @dataclass
