@@ -1,0 +1,140 @@
+"""Tables of the paper 001 image studies (table1.yaml, tau_lr.yaml, cut_tau.yaml,
+adaptive_tau.yaml)
+from the runs' metrics: what docs/results/paper001.md quotes.
+
+    .venv/bin/python studies/paper001/image_report.py > /tmp/paper001_tables.md
+
+Per run directory ``docs/results/<study>/runs/<label>-s<seed>/metrics.jsonl``: the final
+test accuracy, the mean of the last ``LAST`` evaluations (the curves are noisy: a
+zeroth-order step has a large variance), the best, the first round (and simulated time)
+at which the test accuracy reached ``TARGET``, and the test loss at the end.
+"""
+
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+RESULTS = Path("docs/results")
+TARGET = 0.5
+LAST = 5
+
+
+def load(study: str) -> dict[str, dict[int, list[dict]]]:
+    """label -> seed -> records, for every finished run of ``study``; a run that
+    diverged has a last record ``{"diverged": round}``."""
+    runs: dict[str, dict[int, list[dict]]] = defaultdict(dict)
+    for d in sorted((RESULTS / study / "runs").glob("*-s*")):
+        summary = d / "summary.json"
+        if not summary.is_file():
+            continue
+        label, seed = d.name.rsplit("-s", 1)
+        records = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines() if x]
+        info = json.loads(summary.read_text())
+        if info["status"] == "diverged":
+            records.append({"diverged": info["rounds"]})
+        runs[label][int(seed)] = records
+    return runs
+
+
+def evals(records):
+    return [r for r in records if "test_acc" in r]
+
+
+def stats(records) -> dict:
+    ev = evals(records)
+    acc = [r["test_acc"] for r in ev]
+    times = {r["round"]: r.get("sim_time_s", 0.0) for r in records if "round" in r}
+    hit = next((r["round"] for r in ev if r["test_acc"] >= TARGET), None)
+    last_round = max(r["round"] for r in records if "round" in r)
+    return {"final": acc[-1], "last": float(np.mean(acc[-LAST:])), "best": max(acc),
+            "diverged": records[-1].get("diverged"),
+            "to_target": hit, "time_to_target": None if hit is None else times[hit],
+            "loss": ev[-1]["test_loss"], "rounds": last_round,
+            "sim_s": max(r.get("sim_time_s", 0.0) for r in records),
+            "taus": [r["tau"] for r in records if "tau" in r]}
+
+
+def cell(values, fmt="{:.3f}") -> str:
+    """mean (per seed) of the non-missing values; '-' where none reached. A diverged
+    run's values are those of its last evaluation before the non-finite loss."""
+    vals = [v for v in values if v is not None]
+    if not vals:
+        return "-"
+    text = fmt.format(np.mean(vals))
+    if len(values) > 1:
+        per = ", ".join("-" if v is None else fmt.format(v) for v in values)
+        text += f" ({per})"
+    if len(vals) < len(values):
+        text += f" [{len(vals)}/{len(values)} reached]"
+    return text
+
+
+def pretty(label: str) -> str:
+    """A run directory's label as the docs write it."""
+    fixed = {"gas": "GAS", "vanilla-tau-1": "vanilla (tau = 1)",
+             "adaptive-tau-eq.-12": "adaptive tau (eq. 12)"}
+    if label in fixed:
+        return fixed[label]
+    label = label.replace("mu-splitfed-", "MU-SplitFed ").replace("model.cut-", "Lc = ")
+    label = label.replace("-algorithm.tau-", ", tau = ").replace("-eta_s-", ", eta_s = ")
+    return label.replace("tau-", "tau = ")
+
+
+def table(study: str, order=None) -> str:
+    runs = load(study)
+    labels = order or sorted(runs)
+    lines = [f"| run | seeds | final acc | mean of last {LAST} evals | best acc | "
+             f"round to {TARGET:.0%} | sim. s to {TARGET:.0%} | final test loss | "
+             "sim. s per round | diverged (round) |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for label in labels:
+        if label not in runs:
+            continue
+        per = [stats(runs[label][s]) for s in sorted(runs[label])]
+        lines.append(" | ".join([
+            f"| {pretty(label)}", ",".join(map(str, sorted(runs[label]))),
+            cell([p["final"] for p in per]), cell([p["last"] for p in per]),
+            cell([p["best"] for p in per]),
+            cell([p["to_target"] for p in per], "{:.0f}"),
+            cell([p["time_to_target"] for p in per], "{:.0f}"),
+            cell([p["loss"] for p in per]),
+            cell([p["sim_s"] / p["rounds"] for p in per], "{:.2f}"),
+            ", ".join(f"seed {s}: {p['diverged']}" for s, p in zip(sorted(runs[label]), per)
+                      if p["diverged"]) or "-"]) + " |")
+    return "\n".join(lines)
+
+
+def tau_histogram(study: str) -> str:
+    lines = []
+    for label, seeds in sorted(load(study).items()):
+        for seed, records in sorted(seeds.items()):
+            taus = stats(records)["taus"]
+            if taus and len(set(taus)) > 1:
+                values, counts = np.unique(taus, return_counts=True)
+                lines.append(f"- {label} (seed {seed}): tau " + ", ".join(
+                    f"{v} in {c} rounds" for v, c in zip(values, counts))
+                    + f"; mean {np.mean(taus):.2f}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    out = sys.stdout
+    order = ["gas", "vanilla-tau-1", "mu-splitfed-tau-2", "mu-splitfed-tau-3",
+             "mu-splitfed-tau-4"]
+    print("## Table 1 (paper001_table1)\n", file=out)
+    print(table("paper001_table1", order), file=out)
+    print("\n## Table 1 with eta_s = 0.001 / tau (paper001_tau_lr)\n", file=out)
+    print(table("paper001_tau_lr"), file=out)
+    print("\n## tau x cut (paper001_cut_tau)\n", file=out)
+    print(table("paper001_cut_tau"), file=out)
+    print("\n## adaptive tau (paper001_adaptive_tau)\n", file=out)
+    print(table("paper001_adaptive_tau", ["vanilla-tau-1", "tau-2", "tau-4",
+                                          "adaptive-tau-eq.-12"]), file=out)
+    print("", file=out)
+    print(tau_histogram("paper001_adaptive_tau"), file=out)
+
+
+if __name__ == "__main__":
+    main()
