@@ -257,3 +257,17 @@ def test_in_place_mode_runs_the_same_algorithm(monkeypatch, client_order):
     assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
     assert [r["train_loss"] for r in runs[0].records[1:]] == pytest.approx(
         [r["train_loss"] for r in runs[1].records[1:]], abs=1e-6)
+
+
+def test_server_rate_over_tau_takes_steps_of_eta_s_over_tau():
+    """``server_lr_over_tau``: tau server steps of eta_s / tau, i.e. the run with the rate
+    divided by tau (and a different run from the unscaled one)."""
+    def final(**algo):
+        cfg = digits_config(algorithm={"name": "musplitfed", "tau": 3, **algo}, rounds=2,
+                            **SETUP)
+        return run_experiment(cfg, write=False).state["model"]
+    scaled = final(server_lr=0.03, server_lr_over_tau=True)
+    divided = final(server_lr=0.01)
+    plain = final(server_lr=0.03)
+    assert all(torch.equal(scaled[k], divided[k]) for k in scaled)
+    assert not all(torch.equal(scaled[k], plain[k]) for k in scaled)

@@ -75,7 +75,9 @@ def cell(values, fmt="{:.3f}") -> str:
 def pretty(label: str) -> str:
     """A run directory's label as the docs write it."""
     fixed = {"gas": "GAS", "vanilla-tau-1": "vanilla (tau = 1)",
-             "adaptive-tau-eq.-12": "adaptive tau (eq. 12)"}
+             "adaptive-tau-eq.-12": "adaptive tau (eq. 12)",
+             "tau-4-eta_s-tau": "tau = 4, eta_s / tau",
+             "adaptive-tau-eta_s-tau": "adaptive tau, eta_s / tau"}
     if label in fixed:
         return fixed[label]
     label = label.replace("mu-splitfed-", "MU-SplitFed ").replace("model.cut-", "Lc = ")
@@ -130,8 +132,9 @@ def main() -> None:
     print("\n## tau x cut (paper001_cut_tau)\n", file=out)
     print(table("paper001_cut_tau"), file=out)
     print("\n## adaptive tau (paper001_adaptive_tau)\n", file=out)
-    print(table("paper001_adaptive_tau", ["vanilla-tau-1", "tau-2", "tau-4",
-                                          "adaptive-tau-eq.-12"]), file=out)
+    print(table("paper001_adaptive_tau", ["vanilla-tau-1", "tau-2", "tau-4", "tau-4-eta_s-tau",
+                                          "adaptive-tau-eq.-12", "adaptive-tau-eta_s-tau"]),
+          file=out)
     print("", file=out)
     print(tau_histogram("paper001_adaptive_tau"), file=out)
 

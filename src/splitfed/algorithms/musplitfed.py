@@ -24,7 +24,10 @@ sends 2q + 1 activation tensors and receives q scalars); ``direction_kind`` gaus
 gradient (ablation: a first-order client receives the cut-layer gradient instead of the
 scalars). tau = 1 is vanilla SplitFed with ZO (paper 001's baseline). ``adaptive_tau``
 sets tau every round by eq. (12), tau = t_straggler / t_server, read from the virtual
-clock (rounded down, at least 1, at most ``max_tau``; every record has ``tau``). eta_c is
+clock (rounded down, at least 1, at most ``max_tau``; every record has ``tau``).
+``server_lr_over_tau`` (not in Algorithm 1; our option) takes server steps of eta_s / tau,
+the scaling the paper's Theorems 4.1 and 4.3 require (eta_s = eta_c / tau); with it the
+server copy moves about as far per round for every tau (docs/results/paper001.md). eta_c is
 ``train.lr`` (Table 6: 0.005); eta_s ``server_lr`` (0.01); eta_g ``global_lr`` (0.3);
 lambda ``smoothing`` (0.005). Aggregation weights w_m are the engine's (a_n / sum a by
 default; the paper uses 1/M, which ``participation.weighting=uniform`` gives). One local
@@ -75,6 +78,9 @@ class MUSplitFedOptions:
     adaptive_tau: bool = field(default=False, metadata={
         "help": "tau = t_straggler / t_server from the clock every round (eq. 12)"})
     max_tau: int = field(default=8, metadata={"ge": 1, "help": "cap of the adaptive tau"})
+    server_lr_over_tau: bool = field(default=False, metadata={
+        "help": "server steps of eta_s / tau (Theorems 4.1/4.3: eta_s = O(1/tau)), "
+                "so that tau changes the noise of a round, not its length"})
     in_place: bool = field(default=False, metadata={
         "help": "perturb parameters in place, directions regenerated in chunks (MeZO): no "
                 "direction or perturbed copy is stored (other random numbers)"})
@@ -162,16 +168,17 @@ class MUSplitFed(Algorithm):
     def _server_steps(self, server: ForwardCopies, h, y, base: int, tau: int) -> torch.Tensor:
         """tau server updates on the unperturbed activations; returns the first losses."""
         o = self.options
+        lr = o.server_lr / tau if o.server_lr_over_tau else o.server_lr
         first = None
         for i in range(tau):
             seeds = self._seeds(base, "server", i)
             if o.server_order == "first":
                 grads = server.first_order_grads(h, y)
                 loss = per_client_loss(server.forward(h), y)
-                server.step(grads, o.server_lr)
+                server.step(grads, lr)
             elif o.in_place:
                 evals = zo.zo_step_(lambda: per_client_loss(server.forward(h), y),
-                                    server.params(), o.smoothing, seeds, o.server_lr,
+                                    server.params(), o.smoothing, seeds, lr,
                                     o.direction_kind)
                 loss = torch.stack(evals).mean(0)
             else:
@@ -184,7 +191,7 @@ class MUSplitFed(Algorithm):
                 grads = zo.zo_gradient(loss_fn, server.params(), o.smoothing, seeds,
                                        o.direction_kind)
                 loss = torch.stack(evals).mean(0)
-                server.step(grads, o.server_lr)
+                server.step(grads, lr)
             first = loss if first is None else first
         return first
 
