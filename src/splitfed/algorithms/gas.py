@@ -228,10 +228,8 @@ class GAS(Algorithm):
             x, y = x_all[rows][None], y_all[rows][None]
             seeds = [derive_seed(base, f"client/{i}/{k}/{j}") for j in range(o.directions)]
             sent = [client.forward(x, slot=i, update_stats=True)]
-            for seed in seeds:
-                u = zo.directions(seed, client.params(i), o.direction_kind)
-                sent += [client.forward(x, zo.perturb(client.params(i), u, s * o.smoothing),
-                                        slot=i) for s in (1, -1)]
+            sent += zo.probe(lambda p: client.forward(x, p, slot=i), client.params(i), seeds,
+                             o.smoothing, o.direction_kind)[0]
             got = [env.transport.upload("activations", [cid], a) for a in sent]
             y_s = env.transport.upload("labels", [cid], y)
             queue.push(float(env.clock.arrival_time([cid])[0]), (i, k, seeds, got, y_s))
@@ -250,12 +248,8 @@ class GAS(Algorithm):
                 evals += f
             losses.append(float(torch.stack(evals).mean()))
             deltas = env.transport.download("scalars", [cid], torch.stack(deltas, dim=1))
-            total = None
-            for j, seed in enumerate(seeds):
-                u = zo.directions(seed, client.params(i), o.direction_kind)
-                g = zo.scale_directions(deltas[:, j] / (2 * o.smoothing), u)
-                total = g if total is None else torch._foreach_add(total, g)
-            client.step(torch._foreach_div(total, float(len(seeds))), lr, slot=i)
+            zo.descend_(client.params(i), seeds, deltas / (2 * o.smoothing), lr,
+                        o.direction_kind)
             buffer.append((cid, got[0][0], y[0]))
             if len(buffer) >= size:
                 server_steps += 1

@@ -118,20 +118,11 @@ class MUSplitFed(Algorithm):
                                clock=env.clock, role=SERVER_COPY, ids=ids)
         lam, c_seeds = o.smoothing, self._seeds(base, "client", 0)
         h = client.forward(x, update_stats=True)
-        sent = [h]
-        scales = []
+        sent, scales = [h], []
         if o.client_order == "zeroth":
-            for seed in c_seeds:
-                if o.in_place:
-                    scales.append(zo.direction_scale(seed, client.params(), o.direction_kind))
-                    for shift in (lam, -2 * lam):
-                        zo.shift_(client.params(), seed, shift, scales[-1])
-                        sent.append(client.forward(x))
-                    zo.shift_(client.params(), seed, lam, scales[-1])
-                    continue
-                u = zo.directions(seed, client.params(), o.direction_kind)
-                sent += [client.forward(x, zo.perturb(client.params(), u, s * lam))
-                         for s in (1, -1)]
+            perturbed, scales = zo.probe(lambda p: client.forward(x, p), client.params(),
+                                         c_seeds, lam, o.direction_kind, o.in_place)
+            sent += perturbed
         received = [env.transport.upload("activations", ids, a) for a in sent]
         y_s = env.transport.upload("labels", ids, y)
         h_s = received[0]
@@ -211,14 +202,5 @@ class MUSplitFed(Algorithm):
                               - per_client_loss(server.forward(received[2 + 2 * j]), y)
                               for j in range(len(seeds))], dim=1)          # [C, q]
         deltas = env.transport.download("scalars", ids, deltas)
-        if o.in_place:
-            for j, seed in enumerate(seeds):
-                coef = deltas[:, j].double().cpu() / (2 * o.smoothing) / len(seeds)
-                zo.shift_(client.params(), seed, -lr * coef, scales[j])
-            return
-        total = None
-        for j, seed in enumerate(seeds):
-            u = zo.directions(seed, client.params(), o.direction_kind)
-            g = zo.scale_directions(deltas[:, j] / (2 * o.smoothing), u)
-            total = g if total is None else torch._foreach_add(total, g)
-        client.step(torch._foreach_div(total, float(len(seeds))), lr)
+        zo.descend_(client.params(), seeds, deltas / (2 * o.smoothing), lr, o.direction_kind,
+                    scales)

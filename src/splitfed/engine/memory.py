@@ -173,16 +173,15 @@ def _inplace_zo_steps(module, state, x, steps: int, lr: float, lam: float) -> No
     from splitfed.engine import zo
     from splitfed.models.cohort import cohort_forward
     params = [state[k].detach() for k, _ in module.named_parameters()]
+    coef = torch.full((1, 1), 0.01, dtype=torch.float64)    # the scalar from the server
     with torch.no_grad():
         for step in range(steps):
-            scale = zo.direction_scale(step, params)
             sent = [cohort_forward(module, state, x, training=True)]
-            for shift in (lam, -2 * lam):       # x + lam u, then x - lam u
-                zo.shift_(params, step, shift, scale)
-                sent.append(cohort_forward(module, state, x, training=True))
-            zo.shift_(params, step, lam, scale)                 # back to x
-            zo.shift_(params, step, -lr * 0.01, scale)          # the step from the scalar
-            del sent
+            perturbed, scales = zo.probe(lambda _: cohort_forward(module, state, x,
+                                                                  training=True),
+                                         params, [step], lam, in_place=True)
+            zo.descend_(params, [step], coef, lr, scales=scales)
+            del sent, perturbed
 
 
 def _warm_up(method: str, device) -> None:

@@ -134,16 +134,49 @@ def zo_step_(loss_fn, params: Sequence[torch.Tensor], lam: float, seeds: Sequenc
     """In place: ``params -= lr * G`` with G the q-direction estimate of
     :func:`zo_gradient`, never materialising a direction. ``loss_fn()`` evaluates every
     client's loss [C] at the current (shifted) parameters. Returns the 2q evaluations."""
-    evals, coefs = [], []
-    for seed in seeds:
-        scale = direction_scale(seed, params, kind)
-        shift_(params, seed, lam, scale)
-        f_plus = loss_fn()
-        shift_(params, seed, -2.0 * lam, scale)
-        f_minus = loss_fn()
-        shift_(params, seed, lam, scale)
-        evals += [f_plus, f_minus]
-        coefs.append((seed, scale, central_difference(f_plus, f_minus, lam)))
-    for seed, scale, coef in coefs:
-        shift_(params, seed, -lr * coef.double().cpu() / len(seeds), scale)
+    evals, scales = probe(lambda _: loss_fn(), params, seeds, lam, kind, in_place=True)
+    coefs = torch.stack([central_difference(evals[2 * j], evals[2 * j + 1], lam)
+                         for j in range(len(seeds))], dim=1)
+    descend_(params, seeds, coefs, lr, kind, scales)
     return evals
+
+
+# ---------------------------------------------------------------- one client ZO step
+
+
+def probe(forward, params: Sequence[torch.Tensor], seeds: Sequence[int], lam: float,
+          kind: str = "sphere", in_place: bool = False):
+    """The perturbed passes of a ZO step: ``[forward(x + lam u_j), forward(x - lam u_j)
+    for each seed j]`` and the per-direction scales of the in-place mode (empty list
+    otherwise; hand them to :func:`descend_`). ``forward(p)`` evaluates at parameters
+    ``p``; in place it is called with None after the parameters themselves were shifted
+    (and they are shifted back before returning)."""
+    outs, scales = [], []
+    for seed in seeds:
+        if in_place:
+            scales.append(direction_scale(seed, params, kind))
+            for shift in (lam, -2 * lam):
+                shift_(params, seed, shift, scales[-1])
+                outs.append(forward(None))
+            shift_(params, seed, lam, scales[-1])
+        else:
+            u = directions(seed, params, kind)
+            outs += [forward(perturb(params, u, s * lam)) for s in (1, -1)]
+    return outs, scales
+
+
+def descend_(params: Sequence[torch.Tensor], seeds: Sequence[int], coefs: torch.Tensor,
+             lr: float, kind: str = "sphere", scales: Sequence[torch.Tensor] = ()) -> None:
+    """``params -= lr * mean_j coefs[:, j] u_j`` in place: the step from the projected
+    differences ``coefs`` [C, q] (delta / 2 lambda) of the directions of ``seeds``,
+    regenerated whole, or chunk by chunk when ``scales`` (in-place mode) are given."""
+    q = len(seeds)
+    if scales:
+        for j, seed in enumerate(seeds):
+            shift_(params, seed, -lr * coefs[:, j].double().cpu() / q, scales[j])
+        return
+    total = None
+    for j, seed in enumerate(seeds):
+        g = scale_directions(coefs[:, j], directions(seed, params, kind))
+        total = g if total is None else torch._foreach_add(total, g)
+    torch._foreach_add_(list(params), torch._foreach_div(total, float(q)), alpha=-lr)
