@@ -309,6 +309,51 @@ def dump_yaml(obj: Any, path: str | Path) -> None:
 
 # ---------------------------------------------------------------- YAML and CLI
 
+#: the largest YAML text read (a config, an override value): far above any real config
+MAX_YAML_BYTES = 1 << 20
+#: the deepest nesting of YAML collections accepted
+MAX_YAML_DEPTH = 64
+
+
+class _PlainLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` without aliases (``*name``) and with bounded nesting.
+
+    An alias repeats a node by reference, so a few hundred bytes of nested aliases
+    expand to billions of nodes when a value is copied, compared or printed (the
+    "billion laughs"). Configs never need one: an alias is refused at once, before
+    anything is expanded."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.composer.ComposerError(
+                None, None, f"aliases (*{event.anchor}) are not allowed in splitfed "
+                "configs; write the value out", event.start_mark)
+        depth = getattr(self, "_depth", 0)
+        if depth >= MAX_YAML_DEPTH:
+            raise yaml.composer.ComposerError(
+                None, None, f"nested deeper than {MAX_YAML_DEPTH} levels",
+                self.peek_event().start_mark)
+        self._depth = depth + 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth = depth
+
+
+def yaml_load(text: str, where: str) -> Any:
+    """Parse YAML ``text`` (safe types only, no aliases, bounded size and nesting);
+    ConfigError names ``where`` and the line of the problem."""
+    if len(text) > MAX_YAML_BYTES:
+        raise ConfigError(f"{where}: {len(text)} characters of YAML, more than the "
+                          f"{MAX_YAML_BYTES} accepted")
+    try:
+        return yaml.load(text, Loader=_PlainLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{where}: {_yaml_problem(err)}") from None
+    except RecursionError:
+        raise ConfigError(f"{where}: nested too deeply") from None
+
 
 def load_yaml(path: str | Path) -> dict:
     """Read a YAML file whose top level is a mapping; an empty file gives ``{}``.
@@ -320,9 +365,11 @@ def load_yaml(path: str | Path) -> dict:
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as err:
-        raise ConfigError(f"cannot parse {path}: {_yaml_problem(err)}") from err
+        size = path.stat().st_size
+        if size > MAX_YAML_BYTES:
+            raise ConfigError(f"cannot parse {path}: {size} bytes, more than the "
+                              f"{MAX_YAML_BYTES} a config may have")
+        data = yaml_load(path.read_text(encoding="utf-8"), f"cannot parse {path}")
     except UnicodeDecodeError as err:
         raise ConfigError(f"cannot read {path}: not UTF-8 text (byte {err.start}: "
                           f"{err.reason}); save the file as UTF-8") from err
@@ -368,10 +415,7 @@ def _split_item(item: str) -> tuple[str, Any]:
     key = key.strip()
     if not sep or not key or any(not part for part in key.split(".")):
         raise ConfigError(f"override '{item}' must look like key.sub=value")
-    try:
-        return key, yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise ConfigError(f"override '{item}': cannot parse value: {_yaml_problem(err)}") from err
+    return key, yaml_load(text, f"override '{item}': cannot parse value")
 
 
 def merge(base: Mapping, override: Mapping) -> dict:

@@ -17,3 +17,19 @@ class DataError(SplitfedError):
 
     The message names the file (or where the loader looked) and how to obtain the data.
     """
+
+
+class FormatError(SplitfedError, ValueError):
+    """A file or message is not in the safe format splitfed writes (:mod:`splitfed.safeio`):
+    it holds something other than plain data and tensors, or it is torn or foreign."""
+
+
+class RunInterrupted(SplitfedError):
+    """The user interrupted a run (Ctrl-C). ``run_dir`` is the directory to resume, or
+    None when nothing was written yet."""
+
+    def __init__(self, run_dir=None):
+        self.run_dir = run_dir
+        hint = (f"; continue it with: splitfed run --resume {run_dir}" if run_dir is not None
+                else "")
+        super().__init__(f"interrupted{hint}")

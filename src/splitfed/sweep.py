@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 
+from splitfed.configtools import yaml_load
 from splitfed.errors import ConfigError
 from splitfed.study import (StudyResult, read_records, run_numbers, run_study,
                             study_from_mapping, value_text)
@@ -48,11 +48,7 @@ def parse_axes(items: list[str]) -> tuple[dict[str, list[Any]], list[str]]:
         if not sep or not key or any(not part for part in key.split(".")):
             raise ConfigError(f"sweep: '{item}' must look like key.sub=v1,v2,... "
                               "(e.g. train.lr=0.01,0.1)")
-        try:
-            values = yaml.safe_load(f"[{text}]")
-        except yaml.YAMLError as e:
-            raise ConfigError(f"sweep: '{item}': cannot parse the values as YAML: "
-                              f"{str(e).splitlines()[0]}") from None
+        values = yaml_load(f"[{text}]", f"sweep: '{item}': cannot parse the values as YAML")
         if not values:
             raise ConfigError(f"sweep: '{item}' gives no value; write key=v1,v2,...")
         if key in axes or any(o.partition("=")[0] == key for o in overrides):

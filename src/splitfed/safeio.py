@@ -1,0 +1,121 @@
+"""Plain data and tensors to bytes and back, with no code path on loading.
+
+Checkpoints (:mod:`splitfed.checkpoint`) and the multi-process runtime's messages hold
+nested containers of tensors, numpy arrays and plain values. Python's pickle (and
+``torch.load(weights_only=False)``) can run arbitrary code while loading, so a shared
+file or a message from the network could take over the process. Here:
+
+- :func:`encode` turns a value into what PyTorch's restricted loader accepts: ``None``,
+  ``bool``, ``int``, ``float``, ``str``, ``bytes``, tensors, and lists, tuples and dicts
+  of these (keys: ``str``, ``int``, ``float``, ``bool`` or ``None``). A numpy array becomes
+  a tagged dict ``{"__ndarray__": [dtype, shape, raw bytes]}`` (object arrays are refused)
+  and a numpy scalar a Python number. Anything else (a class instance, a function)
+  raises :class:`TypeError` naming where it sits: such a value cannot be written.
+- :func:`dumps`/:func:`save` write with ``torch.save``; :func:`loads`/:func:`load` read with
+  ``torch.load(weights_only=True)``, whose unpickler only builds the types above and
+  refuses every other global, then :func:`decode` restores the numpy arrays. A file
+  that holds anything else raises :class:`~splitfed.errors.FormatError`; nothing in it
+  is executed.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+import torch
+
+from splitfed.errors import FormatError
+
+TAG = "__ndarray__"
+_SCALARS = (type(None), bool, int, float, str, bytes)
+_KEYS = (str, int, float, bool, type(None))
+
+
+def encode(obj: Any, where: str = "value") -> Any:
+    """``obj`` as containers of plain values and tensors (see the module doc)."""
+    if isinstance(obj, _SCALARS) or isinstance(obj, torch.Tensor):
+        return obj
+    if isinstance(obj, np.ndarray):
+        if obj.dtype.hasobject:
+            raise TypeError(f"{where}: numpy arrays of Python objects cannot be saved")
+        arr = np.ascontiguousarray(obj)
+        return {TAG: [arr.dtype.str, list(arr.shape), arr.tobytes()]}
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, dict):
+        out = {}
+        for k, v in obj.items():
+            key = k.item() if isinstance(k, np.generic) else k
+            if not isinstance(key, _KEYS):
+                raise TypeError(f"{where}: dict key {k!r} of type {type(k).__name__} "
+                                "cannot be saved")
+            out[key] = encode(v, f"{where}[{key!r}]")
+        return out
+    if isinstance(obj, list):
+        return [encode(v, f"{where}[{i}]") for i, v in enumerate(obj)]
+    if isinstance(obj, tuple):
+        return tuple(encode(v, f"{where}[{i}]") for i, v in enumerate(obj))
+    raise TypeError(f"{where}: a {type(obj).__module__}.{type(obj).__qualname__} cannot be "
+                    "saved; only plain data, tensors and numpy arrays can")
+
+
+def decode(obj: Any) -> Any:
+    """Inverse of :func:`encode`: tagged dicts back to numpy arrays."""
+    if isinstance(obj, dict):
+        if len(obj) == 1 and TAG in obj:
+            return _array(obj[TAG])
+        return {k: decode(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [decode(v) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(decode(v) for v in obj)
+    return obj
+
+
+def _array(spec: Any) -> np.ndarray:
+    try:
+        dtype, shape, raw = spec
+        dt = np.dtype(str(dtype))
+        if dt.hasobject or not isinstance(raw, bytes):
+            raise ValueError("not a plain numeric array")
+        shape = tuple(int(s) for s in shape)
+        if any(s < 0 for s in shape):
+            raise ValueError("negative dimension")
+        return np.frombuffer(raw, dtype=dt).reshape(shape).copy()
+    except (TypeError, ValueError) as e:
+        raise FormatError(f"a stored numpy array is malformed ({e})") from None
+
+
+def save(obj: Any, fh: BinaryIO | str | Path) -> None:
+    """Write ``encode(obj)`` with ``torch.save`` to a binary file handle or path."""
+    torch.save(encode(obj), fh)
+
+
+def dumps(obj: Any) -> bytes:
+    buf = io.BytesIO()
+    save(obj, buf)
+    return buf.getvalue()
+
+
+def load(fh: BinaryIO | str | Path, what: str = "file") -> Any:
+    """Read what :func:`save` wrote, with PyTorch's restricted (weights-only) loader.
+
+    Raises :class:`FormatError` naming ``what`` when the data is torn, foreign, or holds
+    anything but plain data and tensors; nothing in it is executed."""
+    try:
+        obj = torch.load(fh, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - the restricted unpickler raises many kinds
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if "Weights only load failed" in first or "Unsupported global" in str(e):
+            reason = "it holds objects other than plain data and tensors, refused unread"
+        else:
+            reason = f"{type(e).__name__}: {first[:200]}"
+        raise FormatError(f"{what}: not a splitfed data file ({reason})") from None
+    return decode(obj)
+
+
+def loads(data: bytes, what: str = "message") -> Any:
+    return load(io.BytesIO(data), what)
