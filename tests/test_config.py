@@ -72,3 +72,28 @@ def test_readme_test_command_is_what_ci_runs():
     test_cmd = blocks[2].split("\n```")[0].strip()
     assert "pytest" in test_cmd
     assert test_cmd in ci
+
+
+def test_check_against_data_batch_and_round_size():
+    from splitfed.config import MAX_ROUND_SAMPLES, check_against_data
+    cfg = build_config({"train": {"batch_size": 50, "local_steps": 2}})
+    check_against_data(cfg, [30, 30], slots=2)                # B > a client's data: fine
+    with pytest.raises(ConfigError, match=r"train.batch_size: 50 exceeds the 40 .*1\.\.40"):
+        check_against_data(cfg, [20, 20], slots=2)
+    big = build_config({"train": {"batch_size": 1000, "local_steps": 10**6}})
+    with pytest.raises(ConfigError, match=f"train.local_steps: .*{MAX_ROUND_SAMPLES}"):
+        check_against_data(big, [10**4], slots=1)
+    epochs = build_config({"train": {"batch_size": 10, "local_epochs": 10**4}})
+    with pytest.raises(ConfigError, match="train.local_epochs"):
+        check_against_data(epochs, [10**4] * 2, slots=2)
+
+
+def test_check_model_size_static_and_memory(monkeypatch):
+    import splitfed.config as config
+    cfg = build_config({"model": {"name": "mlp", "hidden": [4]}})
+    config.check_model_size(cfg, 10**6, copies=4)
+    with pytest.raises(ConfigError, match=r"model.options: mlp would have .*model.hidden"):
+        config.check_model_size(cfg, config.MAX_MODEL_PARAMS + 1, copies=1)
+    monkeypatch.setattr(config, "machine_memory", lambda: 10**8)
+    with pytest.raises(ConfigError, match="engine.chunk_size"):
+        config.check_model_size(cfg, 10**7, copies=4)

@@ -328,3 +328,34 @@ def _has_nan(data: Any) -> bool:
     if isinstance(data, list):
         return any(_has_nan(v) for v in data)
     return isinstance(data, float) and math.isnan(data)
+
+
+@dataclass
+class Bounded:
+    steps: int = field(default=1, metadata={"ge": 1, "le": 100})
+    rate: float = field(default=0.5, metadata={"gt": 0, "lt": 1})
+    floor: int = field(default=0, metadata={"ge": 0})
+
+
+@pytest.mark.parametrize("data,message", [
+    ({"steps": 101}, "steps: must be <= 100, got 101 (allowed: >= 1 and <= 100)"),
+    ({"steps": 0}, "steps: must be >= 1, got 0 (allowed: >= 1 and <= 100)"),
+    ({"steps": "1e18"}, "steps: expected an integer, got '1e18' (str) "
+                        "(allowed: >= 1 and <= 100)"),
+    ({"steps": 1e18}, "steps: expected an integer, got 1e+18 (float) "
+                      "(allowed: >= 1 and <= 100)"),
+    ({"rate": "inf"}, "rate: must be < 1, got inf (allowed: > 0 and < 1)"),
+    ({"floor": -1}, "floor: must be >= 0, got -1"),
+])
+def test_bound_messages_name_the_allowed_range(data, message):
+    with pytest.raises(ConfigError) as err:
+        from_dict(Bounded, data)
+    assert str(err.value) == message
+
+
+@pytest.mark.parametrize("item", ["a=[\n1", "a.b=\x00[", "x" * 500, "a=&x [*x]\n\n",
+                                  "k=" + "[" * 100])
+def test_override_errors_stay_on_one_line(item):
+    with pytest.raises(ConfigError) as err:
+        parse_overrides([item])
+    assert "\n" not in str(err.value) and len(str(err.value)) < 300, str(err.value)

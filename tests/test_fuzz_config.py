@@ -4,18 +4,37 @@ loading and building a run either succeeds or raises one of splitfed's own error
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import io
+import json
 import math
 import os
 import string
+import time
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from splitfed.config import RunConfig, build_config, load_config
-from splitfed.configtools import from_dict, parse_overrides, to_dict
+import numpy as np
+
+from splitfed.algorithms import ALGORITHMS
+from splitfed.cli import main
+from splitfed.config import (
+    MAX_BATCH_SIZE,
+    MAX_CLIENTS,
+    MAX_LOCAL_EPOCHS,
+    MAX_LOCAL_STEPS,
+    MAX_OVER_SELECT,
+    MAX_ROUNDS,
+    MAX_SAMPLES,
+    RunConfig,
+    build_config,
+    load_config,
+)
+from splitfed.configtools import MAX_YAML_BYTES, from_dict, parse_overrides, to_dict
 from splitfed.errors import ConfigError, SplitfedError
 from splitfed.experiment import build_algorithm, build_environment
 
@@ -285,3 +304,305 @@ def test_overrides_parse_errors_name_the_item():
             continue
         with pytest.raises(ConfigError, match=word.replace(".", r"\.").replace("[", r"\[")):
             parse_overrides([item])
+
+
+# ------------------------------------------ through the command line: refused at once
+
+CONFIG_YAML = """name: fuzz
+rounds: 2
+progress: false
+data: {name: digits, limit_train: 300, limit_test: 50}
+partition: {scheme: iid, num_clients: 4}
+model: {name: mlp, hidden: [16]}
+train: {batch_size: 8, local_steps: 1, lr: 0.1}
+participation: {mode: full}
+"""
+
+
+@pytest.fixture(scope="module")
+def config_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cfg") / "base.yaml"
+    path.write_text(CONFIG_YAML)
+    return str(path)
+
+
+def cli_refuses(config, overrides, out, capsys=None) -> str:
+    """``splitfed run config overrides``: exit 2, one ``splitfed: error:`` line, nothing
+    written under ``out``; returns the line."""
+    stderr = io.StringIO()
+    with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
+        code = main(["run", config, f"out_dir={out}", *overrides])
+    err = stderr.getvalue().strip()
+    assert code == 2, (overrides, err)
+    assert len(err.splitlines()) == 1 and err.startswith("splitfed: error: "), err
+    assert not os.path.exists(out), f"{overrides}: wrote {os.listdir(out)}"
+    return err
+
+
+# key, its upper bound, and overrides the key needs to be read
+BOUNDED = [
+    ("rounds", MAX_ROUNDS, []), ("eval_every", MAX_ROUNDS, []),
+    ("checkpoint_every", MAX_ROUNDS, []),
+    ("train.batch_size", MAX_BATCH_SIZE, []), ("train.local_steps", MAX_LOCAL_STEPS, []),
+    ("train.local_epochs", MAX_LOCAL_EPOCHS, ["train.local_steps=null"]),
+    ("partition.num_clients", MAX_CLIENTS, []),
+    ("participation.clients_per_round", MAX_CLIENTS, ["participation.mode=uniform"]),
+    ("engine.chunk_size", MAX_CLIENTS, []), ("engine.eval_batch_size", MAX_BATCH_SIZE, []),
+    ("data.limit_train", MAX_SAMPLES, []), ("data.limit_test", MAX_SAMPLES, []),
+    ("server_data.samples_per_round", MAX_SAMPLES, []),
+    ("server_data.min_per_class", MAX_SAMPLES, []),
+    ("clock.over_select", MAX_OVER_SELECT, ["participation.mode=uniform",
+                                            "participation.clients_per_round=2"]),
+    ("algorithm.tau", 10**4, ["algorithm.name=musplitfed"]),
+    ("algorithm.max_tau", 10**4, ["algorithm.name=musplitfed"]),
+    ("algorithm.directions", 10**4, ["algorithm.name=gas"]),
+    ("algorithm.buffer_size", 10**6, ["algorithm.name=gas"]),
+    ("algorithm.period", 10**6, ["algorithm.name=csefsl"]),
+    ("algorithm.aux_hidden", 10**5, ["algorithm.name=csefsl"]),
+    ("algorithm.server_period", 10**6, ["algorithm.name=sflv1"]),
+    ("algorithm.server_steps", 10**6, ["algorithm.name=server_only"]),
+    ("algorithm.server_batch_size", 10**6, ["algorithm.name=server_only"]),
+    ("algorithm.server_epochs", 10**4, ["algorithm.name=server_only"]),
+    ("algorithm.rank", 10**4, ["algorithm.name=fedlora"]),
+]
+
+
+@st.composite
+def huge_values(draw, bound):
+    """A number above ``bound`` in one of the forms a user may type."""
+    k = draw(st.integers(len(str(int(bound))), 40))
+    n = draw(st.integers(int(bound) + 1, max(int(bound) + 1, 10**k)))
+    return draw(st.sampled_from([str(n), f"1e{k}", f"1.0e+{k}", f"{n}.0", "inf", ".inf",
+                                 f"{float(n):e}", f"0x{n:x}"]))
+
+
+@settings(max_examples=80, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_numbers_beyond_their_bound_are_refused_at_once(config_file, tmp_path, data):
+    key, bound, needs = data.draw(st.sampled_from(BOUNDED))
+    value = data.draw(huge_values(bound))
+    t0 = time.process_time()
+    line = cli_refuses(config_file, [*needs, f"{key}={value}"], tmp_path / "runs")
+    assert time.process_time() - t0 < 1.0
+    assert key in line and f"<= {bound}" in line, line
+
+
+@settings(max_examples=30, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(num_clients=st.integers(301, 10**6), batch=st.integers(301, 10**6),
+       which=st.sampled_from(["partition.num_clients", "train.batch_size"]))
+def test_numbers_beyond_the_data_are_refused(config_file, tmp_path, num_clients, batch,
+                                             which):
+    value = num_clients if which == "partition.num_clients" else batch
+    line = cli_refuses(config_file, [f"{which}={value}"], tmp_path / "runs")
+    assert which in line and "1..300" in line, line
+
+
+# ------------------------------------------------------- YAML: aliases, depth, size
+
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(anchored=st.sampled_from(["train", "model", "partition", "data"]),
+       style=st.sampled_from(["value", "merge", "list", "laughs"]))
+def test_yaml_aliases_are_refused(config_file, tmp_path, anchored, style):
+    base = yaml.safe_load(CONFIG_YAML)
+    body = yaml.safe_dump({k: v for k, v in base.items() if k != anchored}, sort_keys=False)
+    section = yaml.safe_dump({anchored: base[anchored]}, default_flow_style=True).strip()
+    section = section.replace(f"{anchored}: ", f"{anchored}: &a ", 1)
+    extra = {"value": "copy: *a", "merge": "other:\n  <<: *a",
+             "list": "lists: [*a, *a]",
+             "laughs": "l1: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
+                       "l2: [*b, *b, *b, *b, *b, *b, *b, *b, *b]"}[style]
+    path = tmp_path / "alias.yaml"
+    path.write_text(f"{body}{section}\n{extra}\n")
+    with pytest.raises(ConfigError, match="aliases") as err:
+        load_config(str(path))
+    assert str(path) in str(err.value) and "\n" not in str(err.value)
+    line = cli_refuses(str(path), [], tmp_path / "runs")
+    assert "aliases" in line
+
+
+@settings(max_examples=20, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(depth=st.integers(65, 20000), flow=st.booleans(), where=st.sampled_from(
+    ["file", "override"]))
+def test_deep_nesting_is_refused(config_file, tmp_path, depth, flow, where):
+    if flow:
+        text = "[" * depth + "]" * depth
+    else:
+        text = "".join(f"\n{'  ' * i}k{i}:" for i in range(min(depth, 600))) + " 1"
+    t0 = time.process_time()
+    if where == "file":
+        path = tmp_path / "deep.yaml"
+        path.write_text(f"model:\n  options:\n    deep: {text}\n" if flow else
+                        f"data:{text}\n")
+        line = cli_refuses(str(path), [], tmp_path / "runs")
+    else:
+        line = cli_refuses(config_file, [f"model.deep={text}"], tmp_path / "runs")
+    assert time.process_time() - t0 < 1.0
+    assert "nested" in line, line
+
+
+@settings(max_examples=6, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(size=st.integers(MAX_YAML_BYTES + 1, 4 * MAX_YAML_BYTES),
+       kind=st.sampled_from(["comment", "string", "list", "override"]))
+def test_huge_yaml_texts_are_refused(config_file, tmp_path, size, kind):
+    filler = {"comment": "#" + "x" * size, "string": "name: " + "x" * size,
+              "list": "model: {hidden: [" + "1," * (size // 2) + "1]}",
+              "override": None}[kind]
+    t0 = time.process_time()
+    if filler is None:
+        line = cli_refuses(config_file, ["name=" + "x" * size], tmp_path / "runs")
+    else:
+        path = tmp_path / "huge.yaml"
+        path.write_text(CONFIG_YAML + filler + "\n")
+        line = cli_refuses(str(path), [], tmp_path / "runs")
+    assert time.process_time() - t0 < 1.0
+    assert str(MAX_YAML_BYTES) in line, line
+
+
+@settings(max_examples=30, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(items=st.lists(st.builds(lambda k, v: f"{k}={v}", st.sampled_from(KEYS),
+                                st.sampled_from(["&a [*a]", "*a", "&x 1", "[&y 1, *y]",
+                                                 "{a: &z 2, b: *z}", "!!python/object:os.system",
+                                                 "!!binary aGk=", "!!set {a, b}",
+                                                 "1e18", "-1e18", "1e999", ".nan"])),
+                      min_size=1, max_size=3))
+def test_hostile_overrides_raise_one_line(config_file, tmp_path, items):
+    stderr = io.StringIO()
+    with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            cfg = build_config(yaml.safe_load(CONFIG_YAML), items)
+        except ConfigError as err:
+            assert "\n" not in str(err)
+            cli_refuses(config_file, items, tmp_path / "runs")
+            return
+    assert isinstance(cfg, RunConfig)
+
+
+# ------------------------------------------------- partitions and participation
+
+@settings(max_examples=30, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(scheme=st.sampled_from(["iid", "dirichlet", "pathological", "shard"]),
+       num_clients=st.sampled_from([1, 2, 5, 20, 60, 150, 299, 300]),
+       alpha=st.sampled_from([1e-3, 0.05, 0.5, 10.0]), min_size=st.integers(0, 3),
+       classes=st.integers(1, 3), shards=st.integers(1, 3),
+       mode=st.sampled_from(["deterministic", "first-deterministic", "random"]),
+       seed=st.integers(0, 3))
+def test_partitions_with_empty_clients_are_refused(scheme, num_clients, alpha, min_size,
+                                                   classes, shards, mode, seed):
+    options = {"iid": {}, "dirichlet": {"alpha": alpha, "min_partition_size": min_size},
+               "pathological": {"num_classes_per_partition": classes,
+                                "class_assignment_mode": mode},
+               "shard": {"num_shards_per_partition": shards}}[scheme]
+    raw = set_key(BASE, "partition", {"scheme": scheme, "num_clients": num_clients,
+                                      **options})
+    raw["seed"] = seed
+    try:
+        cfg = build_config(raw)
+        env = build_environment(cfg)
+    except ConfigError as err:
+        assert "\n" not in str(err)
+        if "no samples" in str(err):
+            assert "partition.scheme" in str(err) and scheme in str(err)
+            assert "num_clients" in str(err)
+        return
+    assert all(len(i) > 0 for i in env.client_indices)
+
+
+@settings(max_examples=30, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(mode=st.sampled_from(["full", "uniform", "with_replacement", "bernoulli"]),
+       m=st.one_of(st.none(), st.integers(-1, 12)),
+       q=st.one_of(st.none(), st.sampled_from([0, 0.0, -0.5, 1e-9, 0.5, 1, 1.5, [0] * 6,
+                                               [0.5] * 6, [1] * 5, "half"])),
+       over=st.sampled_from([0, 0.5, 3.0]), n=st.sampled_from([1, 3, 6]))
+def test_participation_is_met_or_refused(mode, m, q, over, n):
+    raw = set_key(BASE, "participation", {"mode": mode, "clients_per_round": m, "q": q})
+    raw = set_key(raw, "partition.num_clients", n)
+    raw = set_key(raw, "clock", {"over_select": over})
+    try:
+        cfg = build_config(raw)
+        env = build_environment(cfg)
+    except ConfigError as err:
+        assert "\n" not in str(err)
+        assert "participation" in str(err) or "clock.over_select" in str(err), str(err)
+        return
+    rng = np.random.default_rng(0)
+    cohorts = [env.sampler.sample(rng) for _ in range(20)]
+    if mode == "bernoulli":
+        assert any(c.size for c in cohorts)       # q > 0: someone joins in 20 rounds
+    else:
+        assert all(c.size >= 1 for c in cohorts)
+
+
+# --------------------------------------------- random small runs: refused or finished
+
+ALGORITHM_NAMES = sorted(ALGORITHMS)
+
+
+@st.composite
+def small_runs(draw):
+    """Overrides of a small synthetic run, many of them incompatible on purpose."""
+    alg = draw(st.sampled_from(ALGORITHM_NAMES))
+    o = ["data.name=synthetic", "model.name=mlp", "model.hidden=[8]", "rounds=2",
+         f"algorithm.name={alg}", "progress=false",
+         f"data.num_devices={draw(st.sampled_from([1, 2, 5, 10]))}",
+         f"data.num_classes={draw(st.sampled_from([2, 3, 10]))}"]
+    if alg == "fedlora":
+        o.append("model.hidden=[8, 8]")
+    if draw(st.booleans()):
+        o.append(f"data.limit_train={draw(st.sampled_from([1, 5, 20, 200]))}")
+    scheme = draw(st.sampled_from(["iid", "dirichlet", "pathological", "shard", "natural"]))
+    o += [f"partition.scheme={scheme}",
+          f"partition.num_clients={draw(st.sampled_from([1, 2, 5, 10, 100, 1000]))}"]
+    o += {"iid": [], "natural": [],
+          "dirichlet": [f"partition.alpha={draw(st.sampled_from([0.01, 1.0]))}",
+                        f"partition.min_partition_size={draw(st.integers(0, 2))}"],
+          "pathological": [f"partition.num_classes_per_partition={draw(st.integers(1, 2))}"],
+          "shard": [f"partition.num_shards_per_partition={draw(st.integers(1, 2))}"]}[scheme]
+    mode = draw(st.sampled_from(["full", "uniform", "with_replacement", "bernoulli"]))
+    o.append(f"participation.mode={mode}")
+    if mode in ("uniform", "with_replacement"):
+        o.append(f"participation.clients_per_round={draw(st.sampled_from([1, 3, 50]))}")
+    if mode == "bernoulli":
+        o.append(f"participation.q={draw(st.sampled_from([0.01, 0.5, 1.0]))}")
+    o.append(f"train.batch_size={draw(st.sampled_from([1, 4, 64, 5000]))}")
+    o.append(draw(st.sampled_from(["train.local_steps=1", "train.local_steps=2",
+                                   "train.local_steps=null train.local_epochs=0.5"])))
+    if draw(st.booleans()):
+        o.append(f"clock.profile={draw(st.sampled_from(['fixed', 'exponential']))}")
+        o.append(f"clock.deadline={draw(st.sampled_from([1e-9, 0.01, 1e9]))}")
+    if draw(st.booleans()):
+        o.append(f"server_data.fraction={draw(st.sampled_from([0.05, 0.5, 0.9]))}")
+        o.append(f"server_data.min_per_class={draw(st.sampled_from([0, 1]))}")
+    return " ".join(o).split()
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(overrides=small_runs())
+def test_random_small_runs_are_refused_or_finish(tmp_path_factory, overrides):
+    folder = tmp_path_factory.mktemp("runs")
+    base = folder / "small.yaml"
+    base.write_text("name: small\nmodel: {name: mlp}\n")
+    out = folder / "out"
+    stderr, stdout = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(stdout):
+        code = main(["run", str(base), f"out_dir={out}", *overrides])
+    event("refused" if code == 2 else "ran")
+    if code == 2:
+        err = stderr.getvalue().strip()
+        assert len(err.splitlines()) == 1 and err.startswith("splitfed: error: "), err
+        assert not out.exists()
+        return
+    assert code in (0, 3), (overrides, stderr.getvalue()[-2000:])
+    (run_dir,) = list(out.iterdir())
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] in ("completed", "diverged", "no_client_trained")
+    assert (code == 0) == (summary["status"] == "completed")
+    assert f"status {summary['status']}" in stdout.getvalue()

@@ -4,13 +4,20 @@ truncation points, random byte flips in IDX headers and gzip streams, random pic
 
 from __future__ import annotations
 
+import _codecs
 import builtins
+import codecs
+import functools
 import gzip
 import os
+import pathlib
 import pickle
 import re
+import shutil
 import struct
 import subprocess
+import time
+import zlib
 
 import numpy as np
 import pytest
@@ -18,6 +25,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from test_data_loaders import IDX_NAMES, dump, fake_cifar10, fake_idx, idx_bytes, write
 
+from splitfed.cli import main
 from splitfed.data import load_dataset, read_idx
 from splitfed.data.cifar import read_pickle
 from splitfed.data.datasets import labels_tensor
@@ -330,3 +338,186 @@ def test_image_label_count_mismatch(tmp_path_factory, n_img, n_lbl):
     write(folder / "train-labels-idx1-ubyte", idx_bytes(np.zeros(n_lbl)))
     with pytest.raises(DataError, match=f"has {n_img} images but .* has {n_lbl}"):
         load_dataset("fashion_mnist", str(folder))
+
+
+# ------------------------------------------------- compressed and pickled payloads
+
+def gzip_bomb(path, header: bytes, zeros: int, chunk: int = 1 << 24):
+    """A gzip file of ``header`` then ``zeros`` zero bytes, written cheaply: one chunk of
+    zeros is compressed once (ending in a full flush, so the compressed chunk is
+    self-contained) and its bytes repeated. The trailer's CRC is not computed: a reader
+    that refuses the file in time never gets there."""
+    comp = zlib.compressobj(9, zlib.DEFLATED, -15)
+    head = comp.compress(header) + comp.flush(zlib.Z_FULL_FLUSH)
+    block = comp.compress(b"\0" * chunk) + comp.flush(zlib.Z_FULL_FLUSH)
+    with open(path, "wb") as f:
+        f.write(b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x02\xff" + head)
+        for _ in range(zeros // chunk):
+            f.write(block)
+        f.write(comp.compress(b"\0" * (zeros % chunk)) + comp.flush())
+        f.write(struct.pack("<II", 0, (len(header) + zeros) & 0xFFFFFFFF))
+    return path
+
+
+def test_ten_gigabyte_gzip_bomb_is_refused_at_once(tmp_path):
+    header = bytes([0, 0, 8, 3]) + struct.pack(">III", 60000, 28, 28)   # declares 47 MB
+    path = gzip_bomb(tmp_path / "train-images-idx3-ubyte.gz", header, 10 * 2**30)
+    assert path.stat().st_size < 20 * 2**20                              # 10 GiB of zeros
+    t0 = time.process_time()
+    with pytest.raises(DataError, match="more than 47040000") as err:
+        read_idx(path)
+    assert time.process_time() - t0 < 1.0
+    assert str(path) in str(err.value) and "\n" not in str(err.value)
+
+
+def test_absurd_declared_size_is_refused_before_inflating(tmp_path):
+    header = bytes([0, 0, 8, 3]) + struct.pack(">III", 2**32 - 1, 2**16, 2**16)
+    path = gzip_bomb(tmp_path / "x-idx3-ubyte.gz", header, 2**30)
+    t0 = time.process_time()
+    with pytest.raises(DataError, match="more than the .* accepted") as err:
+        read_idx(path)
+    assert time.process_time() - t0 < 0.5
+    assert str(path) in str(err.value)
+
+
+@FUZZ
+@given(declared=st.integers(0, 5000), actual=st.integers(0, 5000),
+       limit=st.integers(0, 4000))
+def test_gzip_never_inflates_past_the_declared_size(tmp_path, declared, actual, limit):
+    """With a lowered limit: refused iff the header declares more than the limit or the
+    stream holds other than the declared bytes; at most declared + 1 bytes are read."""
+    header = bytes([0, 0, 8, 1]) + struct.pack(">I", declared)
+    path = write(tmp_path / "bomb", header + b"\x07" * actual, gz=True)
+    reads = []
+    real_open = gzip.open
+
+    def counting_open(*args, **kwargs):
+        f = real_open(*args, **kwargs)
+        read = f.read
+        f.read = lambda n=-1: reads.append(len(chunk := read(n))) or chunk
+        return f
+
+    gzip.open = counting_open
+    try:
+        out = read_idx(path, max_bytes=limit)
+    except DataError as err:
+        assert str(path) in str(err) and "\n" not in str(err)
+        assert declared > limit or declared != actual
+        out = None
+    finally:
+        gzip.open = real_open
+    assert sum(reads) <= len(header) + min(declared, limit) + 1
+    if out is not None:
+        assert declared <= limit and declared == actual and out.size == declared
+
+
+def test_bomb_in_a_data_dir_through_the_cli(tmp_path, capsys):
+    fake_idx(tmp_path / "data", gz=True, n_train=20, n_test=5)
+    header = bytes([0, 0, 8, 3]) + struct.pack(">III", 20, 28, 28)
+    bomb = gzip_bomb(tmp_path / "data" / "train-images-idx3-ubyte.gz", header, 2**30)
+    out = tmp_path / "runs"
+    code = main(["run", "quick_digits", "data.name=mnist", f"data.data_dir={tmp_path}/data",
+                 "model.name=mlp", f"out_dir={out}", "progress=false"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and str(bomb) in err, err
+    assert not out.exists()
+
+
+MARKER = "splitfed-pickle-payload-ran"
+_RECONSTRUCT = np.zeros(1).__reduce__()[0]      # numpy's _reconstruct, whatever its module
+
+PAYLOADS = [
+    (os.system, ("touch {marker}",)),
+    (subprocess.call, (["touch", "{marker}"],)),
+    (builtins.exec, ("open('{marker}', 'w').close()",)),
+    (builtins.eval, ("open('{marker}', 'w')",)),
+    (builtins.open, ("{marker}", "w")),
+    (builtins.getattr, (builtins, "exec")),
+    (builtins.__import__, ("os",)),
+    (functools.partial, (os.system, "touch {marker}")),
+    (pathlib.Path.touch, (pathlib.Path("{marker}"),)),
+    (np.load, ("{marker}",)),
+    (np.fromfile, ("{marker}",)),
+    (shutil.rmtree, ("{marker}",)),
+    (codecs.decode, (b"x\x9c\x03\x00\x00\x00\x00\x01", "zlib")),
+    (_codecs.encode, ("abc", "rot13")),
+    (_codecs.encode, ("abc", "zlib")),
+    (_RECONSTRUCT, (np.ndarray, (10**12,), b"b")),
+    (_RECONSTRUCT, (np.matrix, (0,), b"b")),
+]
+
+
+class _Payload:
+    def __init__(self, fn, args):
+        self.fn, self.args = fn, args
+
+    def __reduce__(self):
+        return self.fn, self.args
+
+
+def _fill(args, marker):
+    if isinstance(args, str):
+        return args.format(marker=marker)
+    if isinstance(args, pathlib.Path):
+        return pathlib.Path(str(args).format(marker=marker))
+    if isinstance(args, (list, tuple)):
+        return type(args)(_fill(a, marker) for a in args)
+    return args
+
+
+@FUZZ
+@given(payload=st.sampled_from(PAYLOADS), protocol=st.integers(2, 5),
+       where=st.sampled_from(["top", "data", "labels", "nested", "key"]))
+def test_pickle_payloads_are_refused_and_never_run(tmp_path, payload, protocol, where):
+    marker = tmp_path / MARKER
+    fn, args = payload
+    evil = _Payload(fn, _fill(args, str(marker)))
+    ok = {b"data": np.zeros((2, 3072), np.uint8), b"labels": [0, 1]}
+    obj = {"top": evil, "data": {**ok, b"data": evil}, "labels": {**ok, b"labels": [0, evil]},
+           "nested": {**ok, b"extra": [{b"x": (evil,)}]},
+           "key": {**ok, b"k": {1: evil}}}[where]
+    path = tmp_path / "data_batch_1"
+    try:
+        raw = pickle.dumps(obj, protocol=protocol)
+    except Exception:  # noqa: BLE001 - some callables cannot be pickled by reference
+        assume(False)
+    path.write_bytes(raw)
+    with pytest.raises(DataError) as err:
+        read_pickle(path)
+    msg = str(err.value)
+    assert str(path) in msg and "\n" not in msg and "refusing" in msg, msg
+    assert not marker.exists()
+
+
+def test_pickle_larger_than_the_limit_is_refused(tmp_path):
+    path = tmp_path / "big"
+    path.write_bytes(VALID_TEST)
+    with pytest.raises(DataError, match="more than the 10 a CIFAR batch") as err:
+        read_pickle(path, max_bytes=10)
+    assert str(path) in str(err.value)
+
+
+def test_real_array_pickles_still_load(tmp_path):
+    for protocol in (2, 3, 4, 5):
+        obj = {b"data": np.arange(3072 * 2, dtype=np.uint8).reshape(2, 3072) % 7,
+               b"labels": [3, 4], b"filenames": [b"a.png", "b.png"],
+               b"batch_label": "training batch 1 of 5", b"x": np.float64(2.5)}
+        path = tmp_path / f"b{protocol}"
+        path.write_bytes(pickle.dumps(obj, protocol=protocol))
+        got = read_pickle(path)
+        assert np.array_equal(got[b"data"], obj[b"data"]) and got[b"labels"] == [3, 4]
+
+
+def test_text_files_beyond_the_limit_or_not_utf8(tmp_path, monkeypatch):
+    from splitfed.data import text
+    root = tmp_path / "sst2"
+    root.mkdir()
+    (root / "train.tsv").write_text("sentence\tlabel\nsome words\t1\n")
+    (root / "dev.tsv").write_bytes(b"sentence\tlabel\ncaf\xe9\t0\n")
+    with pytest.raises(DataError, match="not UTF-8") as err:
+        load_dataset("sst2", str(root))
+    assert str(root / "dev.tsv") in str(err.value)
+    monkeypatch.setattr(text, "MAX_TEXT_BYTES", 10)
+    with pytest.raises(DataError, match="more than the 10") as err:
+        load_dataset("sst2", str(root))
+    assert str(root / "train.tsv") in str(err.value)

@@ -9,6 +9,8 @@ dotted key in the message. Every shipped config is loaded in a test.
 
 from __future__ import annotations
 
+import math
+import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
@@ -18,15 +20,32 @@ from splitfed.errors import ConfigError
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 
+# Upper bounds of numeric keys: far above any real run, low enough that a mistyped value
+# (1e18 steps, 10**30 rounds) is refused at once instead of hanging or exhausting memory.
+# Keys that depend on the data (num_clients, batch_size, the samples a round trains on)
+# are also checked against it when the run is built (splitfed.experiment).
+MAX_ROUNDS = 10**7
+MAX_CLIENTS = 10**6
+MAX_BATCH_SIZE = 10**6
+MAX_LOCAL_STEPS = 10**6
+MAX_LOCAL_EPOCHS = 10**4
+MAX_SAMPLES = 10**9
+#: samples one round's cohort may train on (sum over its clients of K * batch_size): the
+#: batch plans of a round hold 8 bytes per sample, so this keeps them under 400 MB
+MAX_ROUND_SAMPLES = 5 * 10**7
+MAX_OVER_SELECT = 100.0
+#: parameters of a model (4 GB of float32): checked on the meta device before it is built
+MAX_MODEL_PARAMS = 10**9
+
 
 @dataclass
 class DataConfig:
     name: str = field(default="fashion_mnist", metadata={"help": "data set (splitfed list)"})
     data_dir: str | None = field(default=None, metadata={"help": "directory of data files"})
     limit_train: int | None = field(default=None, metadata={
-        "gt": 0, "help": "keep a random subset of this many training samples"})
+        "gt": 0, "le": MAX_SAMPLES, "help": "keep a random subset of this many training samples"})
     limit_test: int | None = field(default=None, metadata={
-        "gt": 0, "help": "keep a random subset of this many test samples"})
+        "gt": 0, "le": MAX_SAMPLES, "help": "keep a random subset of this many test samples"})
     options: dict[str, Any] = field(default_factory=dict, metadata={
         "help": "data-set options (e.g. label_mode for cifar100, alpha/beta for synthetic)"})
 
@@ -35,7 +54,8 @@ class DataConfig:
 class PartitionConfig:
     scheme: str = field(default="iid", metadata={
         "help": "iid | dirichlet | pathological | shard | natural"})
-    num_clients: int = field(default=10, metadata={"ge": 1})
+    num_clients: int = field(default=10, metadata={
+        "ge": 1, "le": MAX_CLIENTS, "help": "N clients (at most the training samples)"})
     options: dict[str, Any] = field(default_factory=dict, metadata={
         "help": "scheme parameters, e.g. alpha, num_classes_per_partition"})
 
@@ -51,11 +71,16 @@ class ModelConfig:
 
 @dataclass
 class TrainConfig:
-    batch_size: int = field(default=32, metadata={"ge": 1})
+    batch_size: int = field(default=32, metadata={
+        "ge": 1, "le": MAX_BATCH_SIZE,
+        "help": "B samples per step (at most the training samples; a client holding fewer "
+                "than B repeats samples within a batch)"})
     local_steps: int | None = field(default=None, metadata={
-        "ge": 1, "help": "K local steps per round (exclusive with local_epochs)"})
+        "ge": 1, "le": MAX_LOCAL_STEPS,
+        "help": "K local steps per round (exclusive with local_epochs)"})
     local_epochs: float | None = field(default=None, metadata={
-        "gt": 0, "help": "E local epochs: K = ceil(D_n / batch_size) * E (default 1)"})
+        "gt": 0, "le": MAX_LOCAL_EPOCHS,
+        "help": "E local epochs: K = ceil(D_n / batch_size) * E (default 1)"})
     lr: float = field(default=0.01, metadata={"gt": 0, "help": "client learning rate"})
     momentum: float = field(default=0.0, metadata={"ge": 0, "lt": 1})
     weight_decay: float = field(default=0.0, metadata={"ge": 0})
@@ -79,7 +104,7 @@ class TrainConfig:
 class ParticipationConfig:
     mode: Literal["full", "uniform", "with_replacement", "bernoulli"] = "full"
     clients_per_round: int | None = field(default=None, metadata={
-        "ge": 1, "help": "M, for uniform and with_replacement"})
+        "ge": 1, "le": MAX_CLIENTS, "help": "M, for uniform and with_replacement"})
     q: Any = field(default=None, metadata={
         "help": "bernoulli participation probability: one number or a list per client"})
     weighting: Literal["data_size", "uniform"] = "data_size"
@@ -89,8 +114,12 @@ class ParticipationConfig:
 class EngineConfig:
     device: str = field(default="cpu", metadata={"help": "cpu, cuda, cuda:0, ..."})
     chunk_size: int | None = field(default=None, metadata={
-        "ge": 1, "help": "clients per batched call (null: about 320 samples per call)"})
-    eval_batch_size: int = field(default=1000, metadata={"ge": 1})
+        "ge": 1, "le": MAX_CLIENTS,
+        "help": "clients per batched call (null: about 320 samples per call)"})
+    eval_batch_size: int = field(default=1000, metadata={
+        "ge": 1, "le": MAX_BATCH_SIZE,
+        "help": "test samples per evaluation call (a value above the test set's size "
+                "evaluates it in one call)"})
 
 
 @dataclass
@@ -107,11 +136,13 @@ class ServerDataConfig:
         "gt": 0, "lt": 1, "help": "server pool as a fraction of the training set "
                                   "(paper 004 Sec. VI: 0.01 for MNIST, 0.05 for CIFAR)"})
     min_per_class: int = field(default=10, metadata={
-        "ge": 0, "help": "the pool holds at least this many samples per class on average "
-                         "(a floor for small data sets; no effect on MNIST or CIFAR)"})
+        "ge": 0, "le": MAX_SAMPLES,
+        "help": "the pool holds at least this many samples per class on average "
+                "(a floor for small data sets; no effect on MNIST or CIFAR)"})
     samples_per_round: int | None = field(default=None, metadata={
-        "ge": 1, "help": "m_s: samples of D_s^t, drawn from the pool without replacement "
-                         "every round (null: the whole pool)"})
+        "ge": 1, "le": MAX_SAMPLES,
+        "help": "m_s: samples of D_s^t, drawn from the pool without replacement "
+                "every round (null: the whole pool)"})
     full_batch: bool = field(default=False, metadata={
         "help": "server gradients (g_s and the E server steps) on the whole D_s^t"})
     shift_cosine: float | None = field(default=None, metadata={
@@ -138,9 +169,10 @@ class ClockConfig:
         "gt": 0, "help": "round deadline in simulated seconds: clients whose model "
                          "upload arrives later are dropped from the round (null: none)"})
     over_select: float = field(default=0.0, metadata={
-        "ge": 0, "help": "over-selection (FedScale's over-commitment): sample "
-                         "ceil((1 + over_select) M) clients and keep the M the profiles "
-                         "predict to finish first (participation.mode uniform; 0: off)"})
+        "ge": 0, "le": MAX_OVER_SELECT,
+        "help": "over-selection (FedScale's over-commitment): sample "
+                "ceil((1 + over_select) M) clients and keep the M the profiles "
+                "predict to finish first (participation.mode uniform; 0: off)"})
     options: dict[str, Any] = field(default_factory=dict, metadata={
         "help": "profile parameters (speeds, distribution parameters, trace path)"})
 
@@ -148,12 +180,14 @@ class ClockConfig:
 @dataclass
 class RunConfig:
     name: str = field(default="run", metadata={"help": "run name (prefix of the run dir)"})
-    seed: int = 0
-    rounds: int = field(default=20, metadata={"ge": 0})
-    eval_every: int = field(default=1, metadata={"ge": 1})
+    seed: int = field(default=0, metadata={
+        "ge": -(2**63), "le": 2**63 - 1, "help": "master seed of every random stream"})
+    rounds: int = field(default=20, metadata={"ge": 0, "le": MAX_ROUNDS})
+    eval_every: int = field(default=1, metadata={"ge": 1, "le": MAX_ROUNDS})
     checkpoint_every: int = field(default=10, metadata={
-        "ge": 0, "help": "write checkpoint.pt every k rounds and at the last round, for "
-                         "splitfed run --resume (0: no checkpoints)"})
+        "ge": 0, "le": MAX_ROUNDS,
+        "help": "write checkpoint.pt every k rounds and at the last round, for "
+                "splitfed run --resume (0: no checkpoints)"})
     out_dir: str = "runs"
     progress: bool = field(default=True, metadata={"help": "progress bar on the console"})
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
@@ -231,3 +265,93 @@ def shipped_configs() -> list[str]:
 def flat_options(section: Any) -> dict:
     """The options of an open section, as the user wrote them (for error paths)."""
     return dict(section.options)
+
+
+# ------------------------------------------------------------- checks against the data
+
+
+def check_against_data(cfg: RunConfig, data_sizes, slots: int,
+                       server_rows: int | None = None) -> None:
+    """Refuse keys that do not fit the data (ConfigError naming the key and the range).
+
+    ``data_sizes``: the clients' sample counts; ``slots``: the most cohort slots one
+    round samples (N for full and bernoulli participation, M otherwise); ``server_rows``:
+    the samples of the server's D_s^t when the algorithm trains on server data.
+
+    - ``train.batch_size`` is at most the training samples the clients hold (a client
+      with fewer than B samples repeats samples within a batch, as documented in
+      :mod:`splitfed.engine.batches`);
+    - the samples one round trains on (the ``slots`` largest K_n * B, and the server's
+      steps * B_s) are at most :data:`MAX_ROUND_SAMPLES`: every round's batch plans are
+      held in memory at once.
+    """
+    sizes = [int(n) for n in data_sizes]
+    total = sum(sizes)
+    tr = cfg.train
+    if tr.batch_size > total:
+        raise ConfigError(f"train.batch_size: {tr.batch_size} exceeds the {total} training "
+                          f"samples of the clients; allowed: 1..{total}")
+    per_client = sorted((_steps(n, tr.batch_size, tr.local_steps, tr.local_epochs)
+                         * tr.batch_size for n in sizes), reverse=True)
+    if cfg.participation.mode == "with_replacement":
+        work = per_client[0] * slots
+    else:
+        work = sum(per_client[:max(1, slots)])
+    if work > MAX_ROUND_SAMPLES:
+        key = "train.local_steps" if tr.local_steps is not None else "train.local_epochs"
+        raise ConfigError(f"{key}: a round would train on {work} samples (steps x "
+                          f"train.batch_size={tr.batch_size} over {slots} sampled clients), "
+                          f"more than the {MAX_ROUND_SAMPLES} allowed; lower {key}, "
+                          "train.batch_size or the clients per round")
+    if server_rows is None:
+        return
+    opts = cfg.algorithm.options
+    batch = opts.get("server_batch_size") or tr.batch_size
+    if isinstance(batch, int) and batch > MAX_ROUND_SAMPLES:
+        return                                  # the algorithm's options report it
+    steps = opts.get("server_steps")
+    if steps is None:
+        epochs = opts.get("server_epochs")
+        epochs = 1.0 if epochs is None else epochs
+        if not isinstance(epochs, (int, float)) or isinstance(epochs, bool) or epochs <= 0:
+            return
+        steps = _steps(server_rows, batch, None, epochs)
+    if isinstance(steps, int) and steps * batch > MAX_ROUND_SAMPLES:
+        raise ConfigError(f"algorithm.server_steps: the server would train on {steps * batch} "
+                          f"samples a round ({steps} steps x {batch}), more than the "
+                          f"{MAX_ROUND_SAMPLES} allowed; lower algorithm.server_steps, "
+                          "algorithm.server_epochs or algorithm.server_batch_size")
+
+
+def machine_memory() -> int | None:
+    """Bytes of physical memory of this machine (None where the system does not say)."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def check_model_size(cfg: RunConfig, params: int, copies: int) -> None:
+    """Refuse a model of ``params`` parameters that is absurd (more than
+    :data:`MAX_MODEL_PARAMS`) or would not fit this machine's memory: the global model and
+    its ``copies`` stacked client copies, each with its gradient (float32)."""
+    given = ", ".join(f"model.{k}={v!r}" for k, v in cfg.model.options.items())
+    what = f"{cfg.model.name} would have {params} parameters" + (f" ({given})" if given
+                                                                 else "")
+    if params > MAX_MODEL_PARAMS:
+        raise ConfigError(f"model.options: {what}, more than the {MAX_MODEL_PARAMS} "
+                          "allowed; choose smaller widths")
+    memory = machine_memory()
+    need = params * 4 * (2 + 2 * max(1, copies))
+    if memory is not None and need > memory:
+        raise ConfigError(f"model.options: {what}; with {copies} client copies per batched "
+                          f"call it needs about {need / 2**30:.1f} GiB, more than the "
+                          f"{memory / 2**30:.1f} GiB of memory of this machine; choose smaller "
+                          "widths or a smaller engine.chunk_size")
+
+
+def _steps(size: int, batch: int, steps: int | None, epochs: float | None) -> int:
+    """K of a client holding ``size`` samples (as splitfed.engine.batches computes it)."""
+    if steps is not None:
+        return int(steps)
+    return max(1, math.ceil(math.ceil(size / batch) * float(epochs)))

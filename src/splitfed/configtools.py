@@ -105,9 +105,21 @@ def _suggest(word: str, options: Sequence[str]) -> str:
 
 
 def _field_value(tp: Any, value: Any, key: str, meta: Mapping) -> Any:
-    out = _convert(tp, value, key)
+    try:
+        out = _convert(tp, value, key)
+    except ConfigError as err:
+        allowed = bounds_text(meta)
+        if allowed and str(err).startswith(f"{key}: expected"):
+            raise ConfigError(f"{err} (allowed: {allowed})") from None
+        raise
     _check_bounds(out, key, meta)
     return out
+
+
+def bounds_text(meta: Mapping) -> str:
+    """The bounds of a field's metadata as text, e.g. ``>= 1 and <= 1000000``."""
+    parts = [f"{sign} {meta[n]}" for n, (sign, _) in _BOUNDS.items() if n in meta]
+    return " and ".join(parts)
 
 
 # ------------------------------------------------------------------ conversion
@@ -252,7 +264,9 @@ def _check_item(item: Any, key: str, meta: Mapping) -> None:
         if isinstance(item, bool) or not isinstance(item, (int, float)):
             raise _type_error(key, "a number", item)
         if not ok(item, meta[name]):
-            raise ConfigError(f"{key}: must be {sign} {meta[name]}, got {item!r}")
+            allowed = bounds_text(meta)
+            span = f" (allowed: {allowed})" if " and " in allowed else ""
+            raise ConfigError(f"{key}: must be {sign} {meta[name]}, got {item!r}{span}")
     if "choices" in meta and not any(_equal(item, c) for c in meta["choices"]):
         allowed = ", ".join(repr(c) for c in meta["choices"])
         raise ConfigError(f"{key}: must be one of {allowed}, got {item!r}")
@@ -384,7 +398,7 @@ def load_yaml(path: str | Path) -> dict:
 
 def _yaml_problem(err: yaml.YAMLError) -> str:
     mark = getattr(err, "problem_mark", None)
-    problem = getattr(err, "problem", None) or str(err)
+    problem = " ".join(str(getattr(err, "problem", None) or err).split())  # one line
     return f"line {mark.line + 1}, column {mark.column + 1}: {problem}" if mark else problem
 
 
@@ -405,7 +419,8 @@ def parse_overrides(items: Sequence[str]) -> dict:
         for part in parents:
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
-                raise ConfigError(f"override '{item}': '{part}' was already set to a value")
+                raise ConfigError(f"override {_quote(item)}: '{part}' was already set to a "
+                                  "value")
         node[leaf] = value
     return out
 
@@ -414,8 +429,17 @@ def _split_item(item: str) -> tuple[str, Any]:
     key, sep, text = item.partition("=")
     key = key.strip()
     if not sep or not key or any(not part for part in key.split(".")):
-        raise ConfigError(f"override '{item}' must look like key.sub=value")
-    return key, yaml_load(text, f"override '{item}': cannot parse value")
+        raise ConfigError(f"override {_quote(item)} must look like key.sub=value")
+    return key, yaml_load(text, f"override {_quote(item)}: cannot parse value")
+
+
+def _quote(item: str, limit: int = 80) -> str:
+    """``item`` quoted for a one-line message: line breaks and control characters
+    escaped, shortened to about ``limit`` characters."""
+    text = item.encode("unicode_escape").decode("ascii").replace("'", "\\'")
+    if len(text) > limit:
+        text = text[:limit - 3] + "..."
+    return f"'{text}'"
 
 
 def merge(base: Mapping, override: Mapping) -> dict:

@@ -80,7 +80,7 @@ from splitfed.rng import derive_seed
 @dataclass
 class CSEFSLOptions:
     period: int = field(default=1, metadata={
-        "ge": 1, "help": "l: uploads in rounds t with (t - 1) mod l = 0 and t > 1"})
+        "ge": 1, "le": 10**6, "help": "l: uploads in rounds t with (t - 1) mod l = 0 and t > 1"})
     server_feedback: bool = field(default=True, metadata={
         "help": "send the cut-layer gradient back for the client's first step "
                 "(Algorithm 1); false: original CSE-FSL, nothing comes down"})
@@ -93,7 +93,7 @@ class CSEFSLOptions:
     aux: Literal["linear", "mlp"] = field(default="linear", metadata={
         "help": "auxiliary head: one linear layer, or linear-ReLU-linear"})
     aux_hidden: int = field(default=128, metadata={
-        "ge": 1, "help": "hidden units of the mlp auxiliary head"})
+        "ge": 1, "le": 10**5, "help": "hidden units of the mlp auxiliary head"})
 
 
 class _Chunk:

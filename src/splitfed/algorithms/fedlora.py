@@ -29,7 +29,7 @@ from splitfed.rng import derive_seed
 @dataclass
 class FedLoRAOptions:
     global_lr: float = field(default=1.0, metadata={"gt": 0, "help": "eta_g"})
-    rank: int = field(default=8, metadata={"ge": 1, "help": "LoRA rank r"})
+    rank: int = field(default=8, metadata={"ge": 1, "le": 10**4, "help": "LoRA rank r"})
     alpha: float = field(default=16.0, metadata={"gt": 0, "help": "LoRA scaling alpha / r"})
     lora_dropout: float = field(default=0.0, metadata={"ge": 0, "lt": 1})
     targets: list[str] | None = field(default=None, metadata={

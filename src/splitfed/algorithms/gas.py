@@ -85,7 +85,7 @@ COVARIANCES = ("diagonal", "full")
 @dataclass
 class GASOptions:
     buffer_size: Optional[int] = field(default=None, metadata={
-        "ge": 1, "help": "uploads per server step (null: the round's participants)"})
+        "ge": 1, "le": 10**6, "help": "uploads per server step (null: the round's participants)"})
     covariance: Literal["diagonal", "full"] = field(default="diagonal", metadata={
         "help": "per-class activation statistics: diagonal variance or full covariance"})
     generate: bool = field(default=True, metadata={
@@ -93,7 +93,9 @@ class GASOptions:
     server_lr: float = field(default=0.01, metadata={"gt": 0, "help": "eta_s (Table 6)"})
     global_lr: float = field(default=1.0, metadata={"gt": 0, "help": "eta_g (1: average)"})
     smoothing: float = field(default=0.005, metadata={"gt": 0, "help": "lambda (Table 6)"})
-    directions: int = field(default=1, metadata={"ge": 1, "help": "q directions averaged"})
+    directions: int = field(default=1, metadata={
+        "ge": 1, "le": 10**4,
+        "help": "q directions averaged"})
     direction_kind: Literal["sphere", "gaussian"] = "sphere"
     server_order: Literal["zeroth", "first"] = field(default="zeroth", metadata={
         "help": "zeroth: ZO server steps (paper 001); first: GAS's first-order server"})

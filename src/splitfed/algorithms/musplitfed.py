@@ -67,17 +67,23 @@ from splitfed.rng import derive_seed
 
 @dataclass
 class MUSplitFedOptions:
-    tau: int = field(default=2, metadata={"ge": 1, "help": "server ZO steps per round"})
+    tau: int = field(default=2, metadata={
+        "ge": 1, "le": 10**4,
+        "help": "server ZO steps per round"})
     global_lr: float = field(default=0.3, metadata={"gt": 0, "help": "eta_g (Table 6)"})
     server_lr: float = field(default=0.01, metadata={"gt": 0, "help": "eta_s (Table 6)"})
     smoothing: float = field(default=0.005, metadata={"gt": 0, "help": "lambda (Table 6)"})
-    directions: int = field(default=1, metadata={"ge": 1, "help": "q directions averaged"})
+    directions: int = field(default=1, metadata={
+        "ge": 1, "le": 10**4,
+        "help": "q directions averaged"})
     direction_kind: Literal["sphere", "gaussian"] = "sphere"
     client_order: Literal["zeroth", "first"] = "zeroth"
     server_order: Literal["zeroth", "first"] = "zeroth"
     adaptive_tau: bool = field(default=False, metadata={
         "help": "tau = t_straggler / t_server from the clock every round (eq. 12)"})
-    max_tau: int = field(default=8, metadata={"ge": 1, "help": "cap of the adaptive tau"})
+    max_tau: int = field(default=8, metadata={
+        "ge": 1, "le": 10**4,
+        "help": "cap of the adaptive tau"})
     server_lr_over_tau: bool = field(default=False, metadata={
         "help": "server steps of eta_s / tau (Theorems 4.1/4.3: eta_s = O(1/tau)), "
                 "so that tau changes the noise of a round, not its length"})

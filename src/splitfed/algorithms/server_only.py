@@ -55,11 +55,11 @@ class ServerTrainingOptions:
     server_lr: float | None = field(default=None, metadata={
         "gt": 0, "help": "gamma, the server's learning rate (null: train.lr)"})
     server_epochs: float | None = field(default=None, metadata={
-        "ge": 0, "help": "E server epochs on D_s^t per round (default 1; 0: none)"})
+        "ge": 0, "le": 10**4, "help": "E server epochs on D_s^t per round (default 1; 0: none)"})
     server_steps: int | None = field(default=None, metadata={
-        "ge": 0, "help": "E server steps per round (exclusive with server_epochs)"})
+        "ge": 0, "le": 10**6, "help": "E server steps per round (exclusive with server_epochs)"})
     server_batch_size: int | None = field(default=None, metadata={
-        "ge": 1, "help": "B_s (null: train.batch_size)"})
+        "ge": 1, "le": 10**6, "help": "B_s (null: train.batch_size)"})
 
     def __post_init__(self):
         if self.server_steps is None and self.server_epochs is None:

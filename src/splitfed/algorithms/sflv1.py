@@ -47,8 +47,9 @@ from splitfed.errors import ConfigError
 @dataclass
 class SFLV1Options:
     server_period: Optional[int] = field(default=None, metadata={
-        "ge": 1, "help": "tau_tilde: server copies are averaged every this many iterations "
-                         "(null: once per round, tau_tilde = tau)"})
+        "ge": 1, "le": 10**6,
+        "help": "tau_tilde: server copies are averaged every this many iterations "
+                "(null: once per round, tau_tilde = tau)"})
     server_lr: Optional[float] = field(default=None, metadata={
         "gt": 0, "help": "server step size (null: train.lr)"})
 

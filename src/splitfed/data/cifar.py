@@ -38,18 +38,56 @@ _ALLOWED = {
     "numpy._core.numeric": {"_frombuffer"},
     "_codecs": {"encode"},
 }
+#: the largest pickle read (CIFAR-100's train file is 155 MB)
+MAX_PICKLE_BYTES = 1 << 30
+
+
+def _guard_reconstruct(reconstruct):
+    """numpy's ``_reconstruct`` as the pickles of arrays call it: an empty ndarray that
+    ``__setstate__`` then fills; any other subtype or shape is refused (a shape would
+    allocate memory before the data is seen)."""
+    def guarded(subtype, shape, dtype):
+        if subtype is not np.ndarray or tuple(shape) != (0,):
+            raise pickle.UnpicklingError(f"refusing numpy _reconstruct({subtype!r}, "
+                                         f"{shape!r})")
+        return reconstruct(subtype, shape, dtype)
+    return guarded
+
+
+def _encode(text, encoding="utf-8", errors="strict"):
+    """``_codecs.encode`` as Python 2 pickles use it (str -> latin-1 bytes), nothing else."""
+    if not isinstance(text, str) or str(encoding).lower().replace("_", "-") not in (
+            "latin1", "latin-1", "iso-8859-1"):
+        raise pickle.UnpicklingError(f"refusing _codecs.encode with {encoding!r}")
+    return text.encode("latin-1")
+
+
 
 
 class _SafeUnpickler(pickle.Unpickler):
+    """Resolves only the numpy and codec names an array's pickle needs (``_ALLOWED``);
+    any other global (``os.system``, ``builtins.eval``, ...) is refused, so no code
+    named by the file runs."""
+
     def find_class(self, module, name):
         if name in _ALLOWED.get(module, ()):
-            return super().find_class(module, name)
+            if name == "encode":
+                return _encode
+            found = super().find_class(module, name)
+            return _guard_reconstruct(found) if name == "_reconstruct" else found
         raise pickle.UnpicklingError(f"refusing to load {module}.{name}")
 
 
-def read_pickle(path: Path) -> dict:
-    """The dict in a CIFAR pickle (bytes keys); DataError naming the file if it is corrupt."""
+def read_pickle(path: Path, max_bytes: int | None = None) -> dict:
+    """The dict in a CIFAR pickle (bytes keys); DataError naming the file if it is corrupt,
+    larger than ``max_bytes`` (default :data:`MAX_PICKLE_BYTES`) or names anything but
+    the numpy constructs of an array."""
+    limit = MAX_PICKLE_BYTES if max_bytes is None else int(max_bytes)
     try:
+        size = Path(path).stat().st_size
+        if size > limit:
+            raise DataError(f"{path}: {size} bytes, more than the {limit} a CIFAR batch "
+                            "may have")
         raw = Path(path).read_bytes()
     except OSError as e:
         raise DataError(f"{path}: cannot read ({e})") from e

@@ -59,7 +59,7 @@ class DataBundle:
 def find_file(name: str, dirs: Sequence[Path], how_to: str, gz: bool = False) -> Path:
     """The first existing ``dir/name`` (or ``dir/name.gz`` when ``gz``), in the order of ``dirs``.
 
-    Raises DataError listing every path looked at, followed by ``how_to``.
+    Raises DataError (one line) listing every path looked at, followed by ``how_to``.
     """
     tried = []
     for d in dirs:
@@ -68,8 +68,27 @@ def find_file(name: str, dirs: Sequence[Path], how_to: str, gz: bool = False) ->
             tried.append(str(path))
             if path.is_file():
                 return path
-    looked = "\n  ".join(tried)
-    raise DataError(f"data file {name!r} not found; looked at:\n  {looked}\n{how_to}")
+    looked = ", ".join(tried)
+    raise DataError(f"data file {name!r} not found; looked at: {looked}. {how_to}")
+
+
+def int_option(where: str, name: str, value, low: int, high: int) -> int:
+    """``value`` as an int in [low, high]; ConfigError naming ``where.name`` otherwise."""
+    ok = not isinstance(value, (bool, np.bool_)) and isinstance(value, (int, np.integer))
+    if not ok or not low <= value <= high:
+        raise ConfigError(f"{where}: {name} must be an integer in [{low}, {high}], "
+                          f"got {value!r}")
+    return int(value)
+
+
+def check_file_size(path: Path, limit: int, what: str) -> None:
+    """DataError naming ``path`` if it is larger than ``limit`` bytes."""
+    try:
+        size = Path(path).stat().st_size
+    except OSError as e:
+        raise DataError(f"{path}: cannot read ({e.strerror or e})") from e
+    if size > limit:
+        raise DataError(f"{path}: {size} bytes, more than the {limit} a {what} may have")
 
 
 def to_unit_float(raw: np.ndarray, scale: float) -> torch.Tensor:

@@ -38,37 +38,77 @@ _LAYOUT = ("the four files train-images-idx3-ubyte, train-labels-idx1-ubyte, "
            "t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte (plain or .gz)")
 
 
-def _read_bytes(path: Path) -> bytes:
+#: the most data bytes an IDX file may declare (1 GiB; MNIST's train images are 47 MB,
+#: EMNIST's largest split 550 MB): a header declaring more is refused before anything is
+#: read or inflated
+MAX_IDX_BYTES = 1 << 30
+
+
+def _open(path: Path):
+    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
+
+
+def _read_exactly(f, n: int) -> bytes:
+    """Up to ``n`` bytes of ``f`` (fewer only at its end); never more."""
+    parts, left = [], n
+    while left > 0:
+        chunk = f.read(min(left, 1 << 24))
+        if not chunk:
+            break
+        parts.append(chunk)
+        left -= len(chunk)
+    return b"".join(parts)
+
+
+def _parse_header(path: Path, f) -> tuple[tuple[int, ...], int]:
+    """The dims and header length of the IDX stream ``f`` (read up to its data)."""
+    head = _read_exactly(f, 4)
+    if len(head) < 4:
+        raise DataError(f"{path}: truncated IDX file ({len(head)} bytes, no header)")
+    if head[0] != 0 or head[1] != 0:
+        raise DataError(f"{path}: bad IDX magic number {head.hex()} (must start with 0000)")
+    if head[2] != 0x08:
+        raise DataError(f"{path}: IDX dtype code 0x{head[2]:02x}, expected 0x08 (uint8)")
+    ndim = head[3]
+    header = 4 + 4 * ndim
+    raw = _read_exactly(f, 4 * ndim)
+    if len(raw) < 4 * ndim:
+        raise DataError(f"{path}: truncated IDX header ({ndim} dims need {header} bytes)")
+    dims = tuple(int(d) for d in np.frombuffer(raw, dtype=">u4", count=ndim))
+    return dims, header
+
+
+def read_idx(path: str | Path, max_bytes: int | None = None) -> np.ndarray:
+    """The uint8 array stored in the IDX file ``path``; DataError naming the file if malformed.
+
+    The header is read first: a file declaring more than ``max_bytes`` (default
+    :data:`MAX_IDX_BYTES`) data bytes is refused before its data is read, and a gzip file
+    is never inflated beyond the declared size plus one byte (a file holding more data
+    than its header declares is refused), so a compressed bomb costs nothing.
+    """
+    path = Path(path)
+    limit = MAX_IDX_BYTES if max_bytes is None else int(max_bytes)
     try:
-        if path.suffix == ".gz":
-            with gzip.open(path, "rb") as f:
-                return f.read()
-        return path.read_bytes()
+        with _open(path) as f:
+            dims, header = _parse_header(path, f)
+            expected = math.prod(dims)  # Python ints: no overflow for absurd header dims
+            if expected > limit:
+                raise DataError(f"{path}: IDX dims {dims} need {expected} data bytes, more "
+                                f"than the {limit} accepted; the file is corrupt or not an "
+                                "image/label file")
+            if path.suffix != ".gz":
+                size = path.stat().st_size - header
+                if size != expected:
+                    raise DataError(f"{path}: IDX dims {dims} need {expected} data bytes, "
+                                    f"file has {size}")
+            data = _read_exactly(f, expected)
+            extra = len(f.read(1)) if len(data) == expected else 0
     except (OSError, EOFError, zlib.error) as e:
         raise DataError(f"{path}: cannot read ({e})") from e
-
-
-def read_idx(path: str | Path) -> np.ndarray:
-    """The uint8 array stored in the IDX file ``path``; DataError naming the file if malformed."""
-    path = Path(path)
-    data = _read_bytes(path)
-    if len(data) < 4:
-        raise DataError(f"{path}: truncated IDX file ({len(data)} bytes, no header)")
-    if data[0] != 0 or data[1] != 0:
-        raise DataError(f"{path}: bad IDX magic number {data[:4].hex()} (must start with 0000)")
-    if data[2] != 0x08:
-        raise DataError(f"{path}: IDX dtype code 0x{data[2]:02x}, expected 0x08 (uint8)")
-    ndim = data[3]
-    header = 4 + 4 * ndim
-    if len(data) < header:
-        raise DataError(f"{path}: truncated IDX header ({ndim} dims need {header} bytes)")
-    dims = tuple(int(d) for d in np.frombuffer(data, dtype=">u4", count=ndim, offset=4))
-    expected = math.prod(dims)  # Python ints: no overflow for absurd header dims
-    if len(data) - header != expected:
-        raise DataError(
-            f"{path}: IDX dims {dims} need {expected} data bytes, file has {len(data) - header}"
-        )
-    return np.frombuffer(data, dtype=np.uint8, offset=header).reshape(dims)
+    if len(data) != expected or extra:
+        got = f"{len(data)}" if not extra else f"more than {expected}"
+        raise DataError(f"{path}: IDX dims {dims} need {expected} data bytes, file has {got}")
+    return np.frombuffer(data, dtype=np.uint8).reshape(dims)
 
 
 def _read_split(dirs: list[Path], split: str, how_to: str) -> tuple[np.ndarray, torch.Tensor]:

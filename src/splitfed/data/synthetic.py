@@ -26,14 +26,28 @@ from splitfed.data.datasets import ArrayDataset, DataBundle
 from splitfed.errors import ConfigError
 
 
+#: upper bounds of the generator's sizes, and of the values it may draw in all
+MAX_DEVICES = 10**5
+MAX_DIM = 10**5
+MAX_CLASSES = 10**4
+MAX_VALUES = 10**8
+
+
 def _check(alpha, beta, num_devices, dim, num_classes, test_fraction, iid) -> None:
     for name, value in (("alpha", alpha), ("beta", beta)):
         if not _is_number(value) or not np.isfinite(value) or value < 0:
             raise ConfigError(f"synthetic: {name} must be a finite number >= 0, got {value!r}")
-    for name, value, low in (("num_devices", num_devices, 1), ("dim", dim, 1),
-                             ("num_classes", num_classes, 2)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-            raise ConfigError(f"synthetic: {name} must be an integer >= {low}, got {value!r}")
+    for name, value, low, high in (("num_devices", num_devices, 1, MAX_DEVICES),
+                                   ("dim", dim, 1, MAX_DIM),
+                                   ("num_classes", num_classes, 2, MAX_CLASSES)):
+        if (isinstance(value, bool) or not isinstance(value, (int, np.integer))
+                or not low <= value <= high):
+            raise ConfigError(f"synthetic: {name} must be an integer in [{low}, {high}], "
+                              f"got {value!r}")
+    if num_classes * dim * num_devices > MAX_VALUES:
+        raise ConfigError(f"synthetic: num_devices={num_devices} x num_classes={num_classes} "
+                          f"x dim={dim} weights exceed {MAX_VALUES} values; lower one of "
+                          "data.num_devices, data.num_classes, data.dim")
     if not _is_number(test_fraction) or not 0 < test_fraction < 1:
         raise ConfigError(f"synthetic: test_fraction must be in (0, 1), got {test_fraction!r}")
     if not isinstance(iid, (bool, np.bool_)):
@@ -55,6 +69,10 @@ def generate(rng: np.random.Generator, alpha=1.0, beta=1.0, num_devices=30, dim=
              num_classes=10, iid=False) -> list[tuple[np.ndarray, np.ndarray]]:
     """Per device (x [n_k, dim] float64, y [n_k] int64), drawn as in the module docstring."""
     sizes = rng.lognormal(4, 2, num_devices).astype(np.int64) + 50
+    if int(sizes.sum()) * dim > MAX_VALUES:
+        raise ConfigError(f"synthetic: {num_devices} devices draw {int(sizes.sum())} samples "
+                          f"of dim={dim}, more than {MAX_VALUES} values; lower "
+                          "data.num_devices or data.dim")
     u = rng.normal(0, alpha, num_devices)
     B = rng.normal(0, beta, num_devices)
     sd = np.arange(1, dim + 1, dtype=np.float64) ** (-1.2 / 2)

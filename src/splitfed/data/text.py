@@ -37,10 +37,25 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from splitfed.data.datasets import ArrayDataset, DataBundle, labels_tensor
+from splitfed.data.datasets import (
+    ArrayDataset,
+    DataBundle,
+    check_file_size,
+    int_option,
+    labels_tensor,
+)
 from splitfed.errors import ConfigError, DataError
 
 PAD, BOS, UNK, FIRST_WORD = 1, 2, 3, 4
+#: the largest text file read (GLUE's SST-2 train.tsv is 4 MB)
+MAX_TEXT_BYTES = 1 << 28
+#: the most bytes a parquet file may inflate to (pyarrow's metadata, read first)
+MAX_PARQUET_BYTES = 1 << 30
+MAX_LEN = 1 << 14
+MAX_VOCAB = 1 << 20
+MAX_TEXT_SAMPLES = 10**6
+#: tokens (samples x max_len) a split may hold: 800 MB as int64 ids and mask
+MAX_TOKENS = 5 * 10**7
 _WORD = re.compile(r"\w+|[^\w\s]")
 
 
@@ -90,8 +105,14 @@ def hf_encode(tokenizer_dir: str, texts: Sequence[str], max_len: int) -> torch.T
 
 
 def _read_tsv(path: Path) -> tuple[list[str], np.ndarray]:
-    with open(path, newline="", encoding="utf-8") as f:
-        rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+    check_file_size(path, MAX_TEXT_BYTES, "text file")
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason})") from e
+    except (OSError, csv.Error) as e:
+        raise DataError(f"{path}: cannot read ({e})") from e
     if not rows or [c.strip() for c in rows[0][:2]] != ["sentence", "label"]:
         raise DataError(f"{path}: expected a header 'sentence<TAB>label', "
                         f"got {rows[0] if rows else 'an empty file'}")
@@ -106,7 +127,24 @@ def _read_parquet(path: Path) -> tuple[list[str], np.ndarray]:
         import pandas as pd
     except ImportError as e:
         raise DataError(f"{path}: reading parquet needs pandas and pyarrow") from e
-    frame = pd.read_parquet(path, columns=["sentence", "label"])
+    check_file_size(path, MAX_TEXT_BYTES, "parquet file")
+    try:
+        import pyarrow.parquet as pq
+        meta = pq.ParquetFile(path).metadata
+        inflated = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+    except ImportError:
+        inflated = 0
+    except Exception as e:  # noqa: BLE001 - pyarrow raises many kinds on corrupt files
+        raise DataError(f"{path}: not a readable parquet file ({type(e).__name__}: {e})") \
+            from e
+    if inflated > MAX_PARQUET_BYTES:
+        raise DataError(f"{path}: declares {inflated} bytes of data, more than the "
+                        f"{MAX_PARQUET_BYTES} accepted")
+    try:
+        frame = pd.read_parquet(path, columns=["sentence", "label"])
+    except Exception as e:  # noqa: BLE001 - corrupt files raise many kinds
+        raise DataError(f"{path}: not a readable parquet file ({type(e).__name__}: {e})") \
+            from e
     return frame["sentence"].astype(str).tolist(), frame["label"].to_numpy(np.int64)
 
 
@@ -123,8 +161,12 @@ def _sst2_split(root: Path, tsv: str, parquet: str) -> tuple[list[str], np.ndarr
 
 def encode(train_texts, test_texts, tokenizer: str | None, max_len: int, vocab_size: int):
     """Token tensors of both splits (the built-in vocabulary from the train texts)."""
-    if max_len < 2:
-        raise ConfigError(f"max_len must be >= 2, got {max_len}")
+    max_len = int_option("data", "max_len", max_len, 2, MAX_LEN)
+    vocab_size = int_option("data", "vocab_size", vocab_size, FIRST_WORD + 1, MAX_VOCAB)
+    for texts in (train_texts, test_texts):
+        if len(texts) * max_len > MAX_TOKENS:
+            raise ConfigError(f"data: max_len={max_len} x {len(texts)} texts exceeds "
+                              f"{MAX_TOKENS} tokens; lower data.max_len")
     if tokenizer is not None:
         return hf_encode(tokenizer, train_texts, max_len), hf_encode(tokenizer, test_texts,
                                                                        max_len)
@@ -171,6 +213,17 @@ def load_synthetic_text(data_dir: str | None, rng: np.random.Generator,
                         vocab_size: int = 64, min_len: int = 4,
                         marker: int = FIRST_WORD) -> DataBundle:
     """The synthetic marker task (module docstring); ``data_dir`` is unused."""
+    num_train = int_option("synthetic_text", "num_train", num_train, 1, MAX_TEXT_SAMPLES)
+    num_test = int_option("synthetic_text", "num_test", num_test, 1, MAX_TEXT_SAMPLES)
+    seq_len = int_option("synthetic_text", "seq_len", seq_len, 2, MAX_LEN)
+    vocab_size = int_option("synthetic_text", "vocab_size", vocab_size, FIRST_WORD + 2,
+                            MAX_VOCAB)
+    min_len = int_option("synthetic_text", "min_len", min_len, 2, MAX_LEN)
+    marker = int_option("synthetic_text", "marker", marker, FIRST_WORD, MAX_VOCAB)
+    if max(num_train, num_test) * seq_len > MAX_TOKENS:
+        raise ConfigError(f"synthetic_text: num_train/num_test x seq_len={seq_len} exceeds "
+                          f"{MAX_TOKENS} tokens; lower data.num_train, data.num_test or "
+                          "data.seq_len")
     if not FIRST_WORD <= marker < vocab_size or vocab_size < FIRST_WORD + 2:
         raise ConfigError(f"synthetic_text: need {FIRST_WORD} <= marker < vocab_size and "
                           f"vocab_size >= {FIRST_WORD + 2}; got marker={marker}, "

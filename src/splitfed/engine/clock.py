@@ -256,6 +256,12 @@ class VirtualClock:
         self._dropped.update(ids[~ok].tolist())
         return ok
 
+    def used(self, ids) -> int:
+        """How many distinct clients of ``ids`` the open round has not dropped (by the
+        deadline: :meth:`on_time`, :meth:`can_start`): the clients whose work it used."""
+        kept = np.setdiff1d(np.unique(_ids(ids)), np.fromiter(self._dropped, np.int64))
+        return int(kept.size)
+
     def can_start(self, ids) -> np.ndarray:
         """Whether a turn that begins with a model download to each client would begin
         by the deadline (SL); the refused ones are counted as dropped."""

@@ -8,6 +8,13 @@ samples than its clients, defaults to ``samples``), record the server-side model
 every ``eval_every`` rounds (and at round 0 and the last round), log one record. A
 non-finite training loss stops the run with status ``diverged`` at that round.
 
+``clients_used`` counts the round's distinct participants whose work the round used (the
+cohort after availability and over-selection, less the clients the deadline dropped). A
+federated run (``algorithm.federated``) whose rounds all had ``clients_used == 0`` (every
+client unavailable, late or dropped, in every round) ends with status
+``no_client_trained`` instead of ``completed``: its model never saw client data. Runs
+where the server alone trains (``centralized``, ``server_only``) are not affected.
+
 The virtual clock (``env.clock``, :mod:`splitfed.engine.clock`) opens each round for the
 sampled cohort (taking out clients a trace marks unavailable) and closes it after the
 algorithm's round: every record has ``sim_round_s`` (simulated seconds of the round),
@@ -88,6 +95,8 @@ def run_rounds(algorithm, env, logger, state: dict | None = None,
     if start_round == 1:
         logger.log({"round": 0, **_evaluate(algorithm, env, state)})
     status = "completed"
+    needs_clients = getattr(algorithm, "federated", True)
+    used_any = any(r.get("clients_used", 0) for r in getattr(logger, "records", []) or [])
     client_macs, server_macs = macs_per_sample(algorithm, env)
     copy_bytes = server_copy_bytes(algorithm, env)
     work = client_work(algorithm, env) if env.clock.keep is not None else None
@@ -100,7 +109,10 @@ def run_rounds(algorithm, env, logger, state: dict | None = None,
         if env.clock.keep is not None:
             cohort = _over_select(env, cohort, work)
         state, metrics = algorithm.round(env, state, t, cohort)
-        record = {"round": t, "participants": int(cohort.size), **metrics,
+        used = env.clock.used(cohort.ids)
+        used_any = used_any or used > 0
+        record = {"round": t, "participants": int(cohort.size), "clients_used": used,
+                  **metrics,
                   **env.ledger.round_totals(t), **env.clock.end_round(),
                   "round_time_s": time.perf_counter() - t0}
         samples = record.pop("samples", 0)
@@ -112,6 +124,8 @@ def run_rounds(algorithm, env, logger, state: dict | None = None,
             status = "diverged"
         elif t % cfg.eval_every == 0 or t == cfg.rounds:
             record.update(_evaluate(algorithm, env, state))
+        if t == cfg.rounds and status == "completed" and needs_clients and not used_any:
+            status = "no_client_trained"
         logger.log(record)
         if checkpoint is not None:
             checkpoint(t, state, status)

@@ -93,6 +93,15 @@ class Profiles:
         delay = rng.exponential(self.delay_mean, n) if self.delay_mean else np.zeros(n)
         return scale, delay
 
+    def never_available(self) -> np.ndarray:
+        """Which clients no round can ever include: their availability window is empty
+        or ends at or before simulated time 0, where the first round starts (simulated
+        time never goes back)."""
+        if self.available_from is None:
+            return np.zeros(self.num_clients, dtype=bool)
+        return ((self.available_until <= np.maximum(self.available_from, 0.0))
+                | (self.available_until <= 0.0))
+
     def available(self, ids: np.ndarray, t: float) -> np.ndarray:
         """Which of ``ids`` are available at simulated time ``t``."""
         if self.available_from is None:
