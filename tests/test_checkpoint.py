@@ -16,9 +16,10 @@ import pytest
 import torch
 
 import splitfed.experiment as experiment
+from splitfed.algorithms import get_algorithm
 from splitfed.checkpoint import CHECKPOINT, Checkpointer, atomic_save, load_checkpoint
 from splitfed.configtools import dump_yaml
-from splitfed.errors import ConfigError
+from splitfed.errors import ConfigError, FormatError, RunInterrupted
 from splitfed.experiment import resume_experiment, run_experiment
 from tests.helpers import digits_config
 
@@ -196,7 +197,7 @@ def test_resume_errors_name_the_problem(tmp_path):
     run_dir = tmp_path / "r"
     run_experiment(digits_config(rounds=2, checkpoint_every=1), run_dir=run_dir)
     (run_dir / CHECKPOINT).write_bytes(b"torn")
-    with pytest.raises(ConfigError, match="not a readable checkpoint.*delete it"):
+    with pytest.raises(FormatError, match="checkpoint.pt: not a splitfed data file.*delete it"):
         resume_experiment(run_dir)
 
 
@@ -259,3 +260,139 @@ def test_cli_resume_arguments(tmp_path, capsys):
     run_experiment(digits_config(rounds=2, checkpoint_every=1), run_dir=run_dir)
     assert main(["run", "--resume", str(run_dir)]) == 0
     assert "status completed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name,over", [
+    ("fedprox", {}), ("scaffold_plus", {}), ("fedlora", {}), ("sflv1", SPLIT),
+    ("csefsl", SPLIT), ("clgsgd", SPLIT), ("fedclg_c", SPLIT), ("fedclg_s", SPLIT),
+    ("server_only", SPLIT),
+])
+def test_every_algorithm_resumes_bit_identically(tmp_path, monkeypatch, name, over):
+    """The saved state must fit the state ``init_state`` builds (checked on resume) for
+    every algorithm, not only the ones above."""
+    cfg = digits_config(algorithm={"name": name}, rounds=3, checkpoint_every=2, **over,
+                        **MOVING)
+    check_resume(tmp_path, monkeypatch, cfg, 2)
+
+
+def interrupt_round(monkeypatch, name: str, stop: int) -> None:
+    """Ctrl-C in the middle of round ``stop`` of the next run of algorithm ``name``."""
+    cls = get_algorithm(name)
+    original = cls.round
+
+    def round_(self, env, state, t, cohort):
+        if t == stop:
+            raise KeyboardInterrupt
+        return original(self, env, state, t, cohort)
+
+    monkeypatch.setattr(cls, "round", round_)
+
+
+def test_ctrl_c_leaves_a_resumable_run(tmp_path, monkeypatch):
+    cfg = digits_config(algorithm={"name": "scaffold"}, rounds=6, checkpoint_every=2,
+                        **MOVING)
+    full = run_experiment(cfg, run_dir=tmp_path / "full")
+    cut = tmp_path / "cut"
+    interrupt_round(monkeypatch, "scaffold", 5)
+    with pytest.raises(RunInterrupted) as info:
+        run_experiment(cfg, run_dir=cut)
+    monkeypatch.undo()
+    assert info.value.run_dir == cut
+    assert f"splitfed run --resume {cut}" in str(info.value)
+    assert load_checkpoint(cut)["round"] == 4
+    assert sorted(p.name for p in cut.iterdir()) == [
+        CHECKPOINT, "config.yaml", "metrics.csv", "metrics.jsonl", "partition.txt"]
+    assert [r["round"] for r in records(cut)] == [0, 1, 2, 3, 4]
+    resumed = resume_experiment(cut)
+    same(full.state, resumed.state)
+    assert records(cut) == records(tmp_path / "full")
+    assert json.loads((cut / "summary.json").read_text())["resumed_from"] == [4]
+
+
+def test_ctrl_c_while_a_checkpoint_is_written_keeps_the_previous_one(tmp_path,
+                                                                     monkeypatch):
+    import splitfed.safeio as safeio
+
+    cfg = digits_config(rounds=6, checkpoint_every=2, **MOVING)
+    full = run_experiment(cfg, run_dir=tmp_path / "full")
+    cut, original = tmp_path / "cut", safeio.save
+
+    def save(obj, fh):
+        if obj["round"] == 4:
+            fh.write(b"PK\x03\x04 half a checkpoint")
+            raise KeyboardInterrupt
+        original(obj, fh)
+
+    monkeypatch.setattr(safeio, "save", save)
+    with pytest.raises(RunInterrupted):
+        run_experiment(cfg, run_dir=cut)
+    monkeypatch.undo()
+    assert load_checkpoint(cut)["round"] == 2
+    assert not [p for p in cut.iterdir() if p.name.endswith(".tmp")]
+    resumed = resume_experiment(cut)
+    same(full.state, resumed.state)
+    assert records(cut) == records(tmp_path / "full")
+
+
+def test_ctrl_c_before_the_first_round_leaves_nothing(tmp_path, monkeypatch):
+    def interrupted(cfg):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(experiment, "build_environment", interrupted)
+    with pytest.raises(RunInterrupted) as info:
+        run_experiment(digits_config(), run_dir=tmp_path / "r")
+    assert info.value.run_dir is None and not (tmp_path / "r").exists()
+
+
+def test_ctrl_c_during_a_resume_leaves_it_resumable(tmp_path, monkeypatch):
+    cfg = digits_config(rounds=6, checkpoint_every=2)
+    full = run_experiment(cfg, run_dir=tmp_path / "full")
+    cut = tmp_path / "cut"
+    interrupt_round(monkeypatch, "fedavg", 3)
+    with pytest.raises(RunInterrupted):
+        run_experiment(cfg, run_dir=cut)
+    monkeypatch.undo()
+    interrupt_round(monkeypatch, "fedavg", 5)
+    with pytest.raises(RunInterrupted) as info:
+        resume_experiment(cut)
+    monkeypatch.undo()
+    assert info.value.run_dir == cut and load_checkpoint(cut)["round"] == 4
+    resumed = resume_experiment(cut)
+    same(full.state, resumed.state)
+    assert records(cut) == records(tmp_path / "full")
+    summary = json.loads((cut / "summary.json").read_text())
+    assert summary["resumed_from"] == [2, 4] and len(summary["resumed_threads"]) == 2
+
+
+def test_the_thread_count_is_recorded_and_a_change_is_reported(tmp_path, monkeypatch,
+                                                               capsys):
+    cfg = digits_config(rounds=4, checkpoint_every=2)
+    run_dir = tmp_path / "r"
+    interrupt_round(monkeypatch, "fedavg", 3)
+    with pytest.raises(RunInterrupted):
+        run_experiment(cfg, run_dir=run_dir)
+    monkeypatch.undo()
+    threads = torch.get_num_threads()
+    ckpt = load_checkpoint(run_dir)
+    assert ckpt["threads"] == threads and ckpt["cpu_capability"]
+    capsys.readouterr()
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads + 3)
+    resume_experiment(run_dir)
+    err = capsys.readouterr().err
+    assert (f"resumed with {threads + 3} threads, the run was started with {threads}: "
+            "results will differ from an uninterrupted run in the last bits") in err
+    assert len(err.strip().splitlines()) == 1
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["threads"] == threads and summary["resumed_threads"] == [threads + 3]
+    assert summary["cpu_capability"] == ckpt["cpu_capability"]
+
+
+def test_resuming_with_the_same_threads_says_nothing(tmp_path, monkeypatch, capsys):
+    cfg = digits_config(rounds=4, checkpoint_every=2)
+    interrupt_round(monkeypatch, "fedavg", 3)
+    with pytest.raises(RunInterrupted):
+        run_experiment(cfg, run_dir=tmp_path / "r")
+    monkeypatch.undo()
+    capsys.readouterr()
+    resume_experiment(tmp_path / "r")
+    assert "warning" not in capsys.readouterr().err

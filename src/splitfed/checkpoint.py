@@ -3,10 +3,13 @@
 Every ``checkpoint_every`` rounds (config key, default 10; 0 turns checkpoints off), at
 the last round and at the round a run diverges, the round loop hands its state to a
 :class:`Checkpointer`, which writes ``checkpoint.pt`` in the run directory. The file
-holds:
+holds plain data, tensors and numpy arrays only:
 
 - ``state``: the algorithm's state dict (tensors and plain values, nested as the
-  algorithm keeps them: global models, server optimizer state, SCAFFOLD's controls, ...);
+  algorithm keeps them: global models, server optimizer state, SCAFFOLD's controls, ...;
+  a module or an optimizer in it is stored as its ``state_dict()`` under the tag
+  ``__module__`` or ``__optimizer__`` and loaded back into the objects the algorithm's
+  ``init_state`` builds);
 - ``streams``: every named random stream of the run (numpy and torch generators);
 - ``clock``: the virtual clock (simulated time, its generator, the client profiles);
 - ``ledger``: the communication ledger (bytes by round, kind, direction and client);
@@ -14,7 +17,18 @@ holds:
   (the participation sampler, the server's data pool) when it has ``state()``;
 - ``round`` (the last finished round: the learning-rate schedule is a function of it),
   ``records`` (how many records ``metrics.jsonl`` held, the metrics offset), ``status``,
-  ``wall_time_s`` (measured so far) and ``resumed_from`` (rounds a run was resumed at).
+  ``wall_time_s`` (measured so far), ``resumed_from`` (rounds a run was resumed at),
+  ``threads`` and ``cpu_capability`` (``torch.get_num_threads()`` and the CPU kernels
+  the run was started with: a convolution's reduction order, hence the last bits of the
+  results, depends on them) and ``resumed_threads`` (the thread count of each resume).
+
+It is written with :func:`splitfed.safeio.save` and read with :func:`splitfed.safeio.load`,
+PyTorch's restricted (weights-only) loader, which builds nothing but those types: loading
+a checkpoint cannot execute code, whoever wrote the file. :func:`load_checkpoint` then
+checks the whole structure (keys, types, ranges) and :func:`restore` checks it against the
+run being resumed, so a torn, foreign or altered file is refused with one line naming it,
+before anything in the run directory is changed. Checkpoints of format 1 (pickles written
+by earlier versions) are refused unread: such a run is rerun from the start.
 
 The file is written atomically: to a temporary file in the run directory, flushed and
 fsynced, then renamed over the old checkpoint with :func:`os.replace` (and the
@@ -26,38 +40,60 @@ rebuilds the run from its ``config.yaml`` (same seed: same data, partition and i
 model), restores all of the above, cuts ``metrics.jsonl`` back to the checkpoint's
 records and continues with the next round, so that the finished run equals an
 uninterrupted one in its parameters and in every metric except the measured wall times
-(``round_time_s``, ``wall_time_s``).
-
-A checkpoint is a pickle (``torch.save``): load only checkpoints you wrote.
+(``round_time_s``, ``wall_time_s``), provided it is resumed with the thread count and
+on the kind of CPU it was started with (else a warning says the last bits will differ).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import tempfile
+import warnings
+import zipfile
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
+import numpy as np
 import torch
 
-from splitfed.errors import ConfigError
+from splitfed import safeio
+from splitfed.errors import FormatError
 
 CHECKPOINT = "checkpoint.pt"
-FORMAT = 1
+FORMAT = 2
+#: the statuses a checkpoint can record (those the round loop ends a round with)
+STATUSES = ("completed", "diverged", "no_client_trained")
 #: engine parts whose ``state()``/``load_state()`` (when they have them) are saved
 COMPONENTS = ("sampler", "server_data")
+MODULE, OPTIMIZER = "__module__", "__optimizer__"
+RERUN = "delete it to rerun the run from the start, or delete the run directory"
+#: the keys of a checkpoint and the types of their values
+KEYS: dict[str, tuple[type, ...]] = {
+    "format": (int,), "round": (int,), "records": (int,), "status": (str,),
+    "wall_time_s": (int, float), "resumed_from": (list,), "threads": (int,),
+    "cpu_capability": (str,), "resumed_threads": (list,), "state": (dict,),
+    "streams": (dict,), "clock": (dict,), "ledger": (dict,), "components": (dict,)}
+
+
+def cpu_capability() -> str:
+    """The CPU kernels PyTorch dispatches to here (``AVX2``, ``AVX512``, ``DEFAULT``...)."""
+    try:
+        return str(torch.backends.cpu.get_cpu_capability())
+    except Exception:  # noqa: BLE001 - an older or a non-x86 build
+        return "unknown"
 
 
 def atomic_save(obj: Any, path: str | Path) -> None:
-    """``torch.save`` to ``path`` atomically: temp file in the same directory, fsync,
-    :func:`os.replace`, fsync of the directory."""
+    """:func:`splitfed.safeio.save` to ``path`` atomically: temp file in the same
+    directory, fsync, :func:`os.replace`, fsync of the directory."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
-            torch.save(obj, fh)
+            safeio.save(obj, fh)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
@@ -81,84 +117,517 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+# ------------------------------------------------------------------ writing
+
+
+def _plain(obj: Any) -> Any:
+    """The algorithm state with modules and optimizers replaced by tagged state dicts."""
+    if isinstance(obj, torch.nn.Module):
+        return {MODULE: obj.state_dict()}
+    if isinstance(obj, torch.optim.Optimizer):
+        return {OPTIMIZER: obj.state_dict()}
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_plain(v) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(_plain(v) for v in obj)
+    return obj
+
+
 def capture(env, state: dict, t: int, *, records: int, status: str,
-            wall_time_s: float, resumed_from: list[int]) -> dict:
-    """The checkpoint of a run after round ``t`` (see the module doc)."""
+            wall_time_s: float, resumed_from: list[int], threads: int | None = None,
+            cpu: str | None = None, resumed_threads: list[int] | None = None) -> dict:
+    """The checkpoint of a run after round ``t`` (see the module doc). ``threads`` and
+    ``cpu``: those the run was started with (default: this process's)."""
     components = {}
     for name in COMPONENTS:
         saver = getattr(getattr(env, name, None), "state", None)
         if callable(saver):
             components[name] = saver()
     return {"format": FORMAT, "round": int(t), "records": int(records), "status": status,
-            "wall_time_s": float(wall_time_s), "resumed_from": list(resumed_from),
-            "state": state, "streams": env.streams.state(), "clock": env.clock.state(),
-            "ledger": env.ledger.state(), "components": components}
+            "wall_time_s": float(wall_time_s), "resumed_from": [int(r) for r in resumed_from],
+            "threads": int(threads if threads is not None else torch.get_num_threads()),
+            "cpu_capability": cpu if cpu is not None else cpu_capability(),
+            "resumed_threads": [int(n) for n in (resumed_threads or [])],
+            "state": _plain(state), "streams": env.streams.state(),
+            "clock": env.clock.state(), "ledger": env.ledger.state(),
+            "components": components}
 
 
-def restore(env, ckpt: dict) -> dict:
-    """Load a checkpoint's streams, clock, ledger and components into ``env``; returns
-    the algorithm state."""
-    env.streams.load_state(ckpt["streams"])
-    env.clock.load_state(ckpt["clock"])
-    env.ledger.load_state(ckpt["ledger"])
-    for name, saved in ckpt["components"].items():
-        loader = getattr(getattr(env, name, None), "load_state", None)
-        if not callable(loader):
-            raise ConfigError(f"checkpoint: it holds the state of the run's {name}, "
-                              "which this run's engine cannot load")
-        loader(saved)
-    return ckpt["state"]
+# ------------------------------------------------------------------ reading
 
 
-def load_checkpoint(run_dir: str | Path) -> dict | None:
-    """The checkpoint in ``run_dir``, or None when there is none."""
-    path = Path(run_dir) / CHECKPOINT
-    if not path.is_file():
-        return None
+def _bad(path, what: str) -> FormatError:
+    return FormatError(f"{path}: not a valid splitfed checkpoint ({what}); {RERUN}")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _short(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 24 else text[:20] + "..."
+
+
+def _is_num(v: Any) -> bool:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as e:  # a torn or foreign file: say which and what to do
-        raise ConfigError(f"{path}: not a readable checkpoint ({type(e).__name__}: {e}); "
-                          "delete it to rerun the run from the start") from None
-    if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
-        raise ConfigError(f"{path}: not a splitfed checkpoint of format {FORMAT}; delete it "
-                          "to rerun the run from the start")
+        return math.isfinite(v)
+    except OverflowError:                   # an int too large for a float
+        return False
+
+
+def load_checkpoint(run_dir: str | Path, *, rounds: int | None = None) -> dict | None:
+    """The checkpoint in ``run_dir``, checked (see :func:`check_checkpoint`), or None
+    when there is none. Raises :class:`FormatError` naming the file and what to do when
+    it cannot be read or is not a checkpoint of this format; nothing in it is executed."""
+    path = Path(run_dir) / CHECKPOINT
+    if not os.path.lexists(path):
+        return None
+    if path.is_dir():
+        raise FormatError(f"{path} is a directory, not a checkpoint file; remove it to "
+                          "rerun the run from the start, or delete the run directory")
+    if not path.is_file():
+        raise FormatError(f"{path} is not a regular file (a broken link, a pipe, a "
+                          f"device); {RERUN}")
+    try:
+        with open(path, "rb") as fh:
+            _check_archive(fh, path)
+            ckpt = _load(fh, path)
+    except OSError as e:
+        raise FormatError(f"{path}: cannot be read ({e.strerror or e}); fix its "
+                          f"permissions, or {RERUN}") from None
+    check_checkpoint(ckpt, path, rounds=rounds)
     return ckpt
 
 
-def truncate_metrics(run_dir: str | Path, count: int) -> list[dict]:
-    """Cut ``metrics.jsonl`` back to its first ``count`` records (atomically) and return
-    them; records written after the checkpoint are dropped, so none is duplicated."""
+def _load(fh: BinaryIO, path) -> Any:
+    fh.seek(0)
+    try:
+        with warnings.catch_warnings():     # torch's notes on foreign pickle protocols
+            warnings.simplefilter("ignore")
+            return safeio.load(fh, what=str(path))
+    except RecursionError:
+        raise _bad(path, "its data is nested too deeply") from None
+    except FormatError as e:
+        if "refused unread" in str(e):
+            raise FormatError(f"{e}; if it is a checkpoint of an earlier splitfed (format 1, "
+                              f"a pickle), the run cannot be resumed: {RERUN}") from None
+        raise FormatError(f"{e}; the file is torn or foreign: {RERUN}") from None
+
+
+def _check_archive(fh: BinaryIO, path) -> None:
+    """The open file ``fh`` is a whole zip archive (what ``torch.save`` writes) whose
+    members all match their CRC-32: a torn file or a flipped bit is refused before
+    anything in it is unpickled. Nothing else (an older torch format, a bare pickle) is
+    ever unpickled."""
+    magic = fh.read(4)
+    if not magic:
+        raise _bad(path, "the file is empty")
+    if magic != b"PK\x03\x04":
+        raise FormatError(f"{path}: not a splitfed data file (not a zip archive, the format "
+                          f"torch.save writes); the file is torn or foreign: {RERUN}")
+    fh.seek(0)
+    try:
+        with zipfile.ZipFile(fh) as archive:
+            bad = archive.testzip()
+    except Exception as e:  # noqa: BLE001 - a damaged archive fails in many ways
+        first = (str(e).strip().splitlines() or [""])[0][:120]
+        raise FormatError(f"{path}: not a splitfed data file (a damaged zip archive: "
+                          f"{type(e).__name__}: {first}); the file is torn: {RERUN}") from None
+    if bad is not None:
+        raise FormatError(f"{path}: not a splitfed data file ({bad[:80]!r} fails its CRC "
+                          f"check: the file is damaged); {RERUN}")
+
+
+def check_checkpoint(ckpt: Any, path: str | Path = CHECKPOINT, *,
+                     rounds: int | None = None) -> None:
+    """Raise :class:`FormatError` unless ``ckpt`` has every key of a checkpoint of this
+    format, of the right type and in range (``round`` within ``0..rounds``)."""
+    if not isinstance(ckpt, dict):
+        raise _bad(path, f"it holds a {type(ckpt).__name__}, not a dict")
+    fmt = ckpt.get("format")
+    if not _is_int(fmt):
+        raise _bad(path, "it has no format number")
+    if fmt != FORMAT:
+        raise FormatError(f"{path}: a checkpoint of format {_short(fmt)}; this splitfed reads "
+                          f"format {FORMAT} only, so the run cannot be resumed: {RERUN}")
+    missing = [k for k in KEYS if k not in ckpt]
+    extra = [repr(k)[:40] for k in ckpt if k not in KEYS]
+    if missing or extra:
+        parts = ([f"missing {', '.join(missing)}"] if missing else []) + \
+                ([f"unknown {', '.join(extra[:5])}"] if extra else [])
+        raise _bad(path, "; ".join(parts))
+    for key, types in KEYS.items():
+        v = ckpt[key]
+        if isinstance(v, bool) or not isinstance(v, types):
+            raise _bad(path, f"{key} is a {type(v).__name__}")
+    t = ckpt["round"]
+    if t < 0 or (rounds is not None and t > rounds):
+        limit = f"0..{rounds}" if rounds is not None else ">= 0"
+        raise _bad(path, f"round {_short(t)} is not in {limit} (config.yaml's rounds)")
+    if ckpt["records"] != t + 1:
+        raise _bad(path, f"it counts {_short(ckpt['records'])} records after round {t}, "
+                         f"not {t + 1}")
+    if ckpt["status"] not in STATUSES:
+        raise _bad(path, f"status {ckpt['status'][:40]!r} is not one of {', '.join(STATUSES)}")
+    wall = ckpt["wall_time_s"]
+    if not _is_num(wall) or wall < 0:
+        raise _bad(path, f"wall_time_s {_short(wall)} is not a time")
+    resumed = ckpt["resumed_from"]
+    if not all(_is_int(r) and 0 <= r <= t for r in resumed) or resumed != sorted(resumed):
+        raise _bad(path, f"resumed_from is not a list of rounds 0..{t} in order")
+    threads = ckpt["resumed_threads"]
+    if not all(_is_int(n) and n >= 1 for n in threads) or len(threads) != len(resumed):
+        raise _bad(path, "resumed_threads is not a thread count per resume")
+    if ckpt["threads"] < 1 or len(ckpt["cpu_capability"]) > 64:
+        raise _bad(path, "threads or cpu_capability is out of range")
+    if not all(isinstance(k, str) for k in ckpt["state"]):
+        raise _bad(path, "the algorithm state's keys are not names")
+    _check_streams(ckpt["streams"], path)
+    _check_clock(ckpt["clock"], path)
+    _check_ledger(ckpt["ledger"], t, path)
+    unknown = [repr(k)[:40] for k in ckpt["components"] if k not in COMPONENTS]
+    if unknown:
+        raise _bad(path, f"unknown components {', '.join(unknown[:5])}")
+
+
+def _check_streams(streams: dict, path) -> None:
+    if set(streams) != {"seed", "numpy", "torch"}:
+        raise _bad(path, "streams does not hold seed, numpy and torch")
+    if not _is_int(streams["seed"]):
+        raise _bad(path, "streams.seed is not an integer")
+    gens = streams["numpy"]
+    if not isinstance(gens, dict) or not all(
+            isinstance(k, str) and isinstance(v, dict) for k, v in gens.items()):
+        raise _bad(path, "streams.numpy is not a dict of generator states by name")
+    gens = streams["torch"]
+    if not isinstance(gens, dict) or not all(
+            isinstance(k, str) and isinstance(v, torch.Tensor) and v.dtype == torch.uint8
+            and v.dim() == 1 for k, v in gens.items()):
+        raise _bad(path, "streams.torch is not a dict of generator states by name")
+
+
+def _check_clock(clock: dict, path) -> None:
+    if set(clock) != {"now", "rng", "profiles"}:
+        raise _bad(path, "clock does not hold now, rng and profiles")
+    if not _is_num(clock["now"]) or clock["now"] < 0:
+        raise _bad(path, "clock.now is not a time")
+    if not isinstance(clock["rng"], dict) or not isinstance(clock["profiles"], dict):
+        raise _bad(path, "clock.rng or clock.profiles is not a dict")
+
+
+def _check_ledger(ledger: dict, t: int, path) -> None:
+    if set(ledger) != {"num_clients", "round", "rounds"}:
+        raise _bad(path, "ledger does not hold num_clients, round and rounds")
+    n = ledger["num_clients"]
+    if not _is_int(n) or n < 1 or not _is_int(ledger["round"]) or \
+            not 0 <= ledger["round"] <= t or not isinstance(ledger["rounds"], dict):
+        raise _bad(path, "ledger.num_clients, ledger.round or ledger.rounds is malformed")
+    for r, table in ledger["rounds"].items():
+        if not _is_int(r) or not 0 <= r <= t or not isinstance(table, dict):
+            raise _bad(path, f"ledger.rounds has an entry {str(r)[:20]!r} that is not a "
+                             f"round 0..{t}")
+        for key, per_client in table.items():
+            if not isinstance(key, str) or key.count("|") != 1:
+                raise _bad(path, f"ledger.rounds[{r}] has a key {str(key)[:40]!r} that is "
+                                 "not kind|direction")
+            if not isinstance(per_client, list) or len(per_client) != n or \
+                    not all(_is_int(b) and 0 <= b < 2 ** 63 for b in per_client):
+                raise _bad(path, f"ledger.rounds[{r}][{key!r}] is not {n} byte counts")
+
+
+# ------------------------------------------------------------------ restoring
+
+
+def restore(env, ckpt: dict, template: Any = None, *, where: str | Path = CHECKPOINT):
+    """Load a checkpoint's streams, clock, ledger and components into ``env``; returns
+    the algorithm state.
+
+    ``template``: the algorithm's ``init_state(env)``; the saved state must have its
+    structure (keys, tensor shapes and dtypes), and its modules and optimizers are loaded
+    from the saved state dicts and returned. Without one, the saved state is returned
+    as it is (it must then hold no module or optimizer). Raises :class:`FormatError`
+    naming ``where`` when the checkpoint does not fit the run; changes no file."""
+    try:
+        _check_env(env, ckpt, where)
+        env.streams.load_state(ckpt["streams"])
+        env.clock.load_state(ckpt["clock"])
+        env.ledger.load_state(ckpt["ledger"])
+        for name, saved in ckpt["components"].items():
+            loader = getattr(getattr(env, name, None), "load_state", None)
+            if not callable(loader):
+                raise FormatError(f"{where}: it holds the state of the run's {name}, which "
+                                  f"this run's engine cannot load; {RERUN}")
+            loader(saved)
+        state = ckpt["state"]
+        if state is None:
+            return None
+        if template is None:
+            if _tagged(state):
+                raise FormatError(f"{where}: its algorithm state holds a model or optimizer "
+                                  "that only the algorithm can load")
+            return state
+        _conform(state, template, "state", where)
+        return _live(state, template)
+    except FormatError:
+        raise
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError, RuntimeError,
+            OverflowError) as e:
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        raise FormatError(f"{where}: does not fit this run ({type(e).__name__}: {first}); "
+                          f"{RERUN}") from None
+
+
+def _check_env(env, ckpt: dict, where) -> None:
+    seed = ckpt["streams"]["seed"]
+    if seed != env.streams.seed:
+        raise FormatError(f"{where}: written by a run of seed {seed}, config.yaml has seed "
+                          f"{env.streams.seed}; it is not this run's checkpoint: {RERUN}")
+    n = ckpt["ledger"]["num_clients"]
+    if n != env.ledger.num_clients:
+        raise FormatError(f"{where}: written by a run of {n} clients, this run has "
+                          f"{env.ledger.num_clients}; it is not this run's checkpoint: {RERUN}")
+    profiles = env.clock.state()["profiles"]
+    _conform(ckpt["clock"]["profiles"], profiles, "clock.profiles", where, loose=False)
+    generator = np.random.default_rng(0).bit_generator.state    # the streams' kind
+    _conform(ckpt["clock"]["rng"], generator, "clock.rng", where, loose=False)
+    saved = ckpt["streams"]
+    for name, s in saved["numpy"].items():
+        _conform(s, generator, f"streams.numpy[{name[:40]!r}]", where, loose=False)
+    have = env.streams.state()                  # the streams a run has from its start
+    for kind in ("numpy", "torch"):
+        lost = sorted(set(have[kind]) - set(saved[kind]))
+        if lost:
+            raise FormatError(f"{where}: streams.{kind} lacks the run's stream "
+                              f"{lost[0]!r}; it is not a checkpoint of this run: {RERUN}")
+
+
+def _tagged(obj: Any) -> bool:
+    if isinstance(obj, dict):
+        return MODULE in obj or OPTIMIZER in obj or any(_tagged(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return any(_tagged(v) for v in obj)
+    return False
+
+
+def _conform(saved: Any, template: Any, at: str, where, *, loose: bool = True) -> None:
+    """``saved`` has ``template``'s structure: the same keys, sequence lengths, tensor and
+    array shapes and dtypes, kinds of scalars. A None in the template allows anything
+    when ``loose`` (state that starts empty), else only None."""
+    def bad(what: str) -> FormatError:
+        return FormatError(f"{where}: {at} {what}; it is not a checkpoint of this run: "
+                           f"{RERUN}")
+
+    if template is None:
+        if not loose and saved is not None:
+            raise bad("should be empty")
+        return
+    if isinstance(template, torch.nn.Module):
+        sd = saved.get(MODULE) if isinstance(saved, dict) and len(saved) == 1 else None
+        if not isinstance(sd, dict):
+            raise bad("is not a saved model")
+        _conform(sd, dict(template.state_dict()), at, where)
+        return
+    if isinstance(template, torch.optim.Optimizer):
+        sd = saved.get(OPTIMIZER) if isinstance(saved, dict) and len(saved) == 1 else None
+        if not isinstance(sd, dict):
+            raise bad("is not a saved optimizer")
+        _conform_optimizer(sd, template, at, bad)
+        return
+    if isinstance(template, torch.Tensor):
+        if not isinstance(saved, torch.Tensor) or saved.dtype != template.dtype or \
+                saved.shape != template.shape:
+            raise bad(f"is not a {template.dtype} tensor of shape {tuple(template.shape)}")
+        return
+    if isinstance(template, np.ndarray):
+        if not isinstance(saved, np.ndarray) or saved.dtype != template.dtype or \
+                saved.shape != template.shape:
+            raise bad(f"is not a {template.dtype} array of shape {template.shape}")
+        return
+    if isinstance(template, dict):
+        if not isinstance(saved, dict):
+            raise bad("is not a dict")
+        if set(saved) != set(template):
+            diff = sorted(repr(k)[:40] for k in set(saved) ^ set(template))
+            raise bad(f"has other keys ({', '.join(diff[:5])})")
+        for k, v in template.items():
+            _conform(saved[k], v, f"{at}.{k}", where, loose=loose)
+        return
+    if isinstance(template, (list, tuple)):
+        if type(saved) is not type(template) or len(saved) != len(template):
+            raise bad(f"is not a {type(template).__name__} of {len(template)}")
+        for i, (s, v) in enumerate(zip(saved, template)):
+            _conform(s, v, f"{at}[{i}]", where, loose=loose)
+        return
+    if isinstance(template, bool):
+        ok = isinstance(saved, bool)
+    elif isinstance(template, int):
+        ok = _is_int(saved)
+    elif isinstance(template, float):
+        ok = isinstance(saved, (int, float)) and not isinstance(saved, bool)
+    elif isinstance(template, (str, bytes)):
+        ok = isinstance(saved, type(template))
+    else:
+        ok = type(saved) is type(template)
+    if not ok:
+        raise bad(f"is a {type(saved).__name__}, not a {type(template).__name__}")
+
+
+def _conform_optimizer(sd: dict, opt: torch.optim.Optimizer, at: str, bad) -> None:
+    ref = opt.state_dict()
+    if set(sd) != {"state", "param_groups"} or not isinstance(sd["state"], dict) or \
+            not isinstance(sd["param_groups"], list) or \
+            len(sd["param_groups"]) != len(ref["param_groups"]):
+        raise bad("is not a saved optimizer of this run")
+    shapes = {}
+    for group, ref_group, live in zip(sd["param_groups"], ref["param_groups"],
+                                      opt.param_groups):
+        if not isinstance(group, dict) or set(group) != set(ref_group) or \
+                group["params"] != ref_group["params"]:
+            raise bad("has other parameter groups")
+        for k, v in ref_group.items():
+            if k != "params" and v is not None:
+                ok = (isinstance(group[k], (int, float)) and not isinstance(group[k], bool)
+                      if isinstance(v, (int, float)) and not isinstance(v, bool)
+                      else isinstance(group[k], type(v)))
+                if not ok:
+                    raise bad(f"has a {k} of type {type(group[k]).__name__}")
+        shapes.update(zip(ref_group["params"], (p.shape for p in live["params"])))
+    for pid, entry in sd["state"].items():
+        if pid not in shapes or not isinstance(entry, dict):
+            raise bad(f"has state for an unknown parameter {str(pid)[:20]}")
+        for name, v in entry.items():
+            if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape != shapes[pid]:
+                raise bad(f"has a {name} of shape {tuple(v.shape)} for a parameter of "
+                          f"shape {tuple(shapes[pid])}")
+            if not isinstance(v, (torch.Tensor, int, float)) or isinstance(v, bool):
+                raise bad(f"has a {name} of type {type(v).__name__}")
+
+
+def _live(saved: Any, template: Any) -> Any:
+    """``saved`` with the template's modules and optimizers loaded from their saved state
+    dicts (in the order modules first, so that optimizers see the loaded parameters)."""
+    if isinstance(template, torch.nn.Module):
+        template.load_state_dict(saved[MODULE])
+        return template
+    if isinstance(template, torch.optim.Optimizer):
+        template.load_state_dict(saved[OPTIMIZER])
+        return template
+    if isinstance(template, dict):
+        return {k: _live(saved[k], template[k]) for k in saved}
+    if isinstance(template, (list, tuple)):
+        return type(saved)(_live(s, v) for s, v in zip(saved, template))
+    return saved
+
+
+# ------------------------------------------------------------------ metrics
+
+
+def _metric_lines(run_dir: str | Path, count: int, t: int | None) -> tuple[list[str],
+                                                                            list[dict]]:
     path = Path(run_dir) / "metrics.jsonl"
-    lines = path.read_text(encoding="utf-8").splitlines() if path.is_file() else []
-    lines = [line for line in lines if line.strip()]
+    try:
+        text = path.read_text(encoding="utf-8") if os.path.lexists(path) else ""
+    except (OSError, UnicodeDecodeError) as e:
+        why = e.strerror if isinstance(e, OSError) and e.strerror else type(e).__name__
+        raise FormatError(f"{path}: cannot be read ({why}); the run directory is damaged, "
+                          "delete it to rerun the run from the start") from None
+    lines = [line for line in text.splitlines() if line.strip()]
     if len(lines) < count:
-        raise ConfigError(f"{path}: holds {len(lines)} records but the checkpoint was "
-                          f"written after {count}; the run directory is damaged, rerun "
-                          "it from the start")
-    kept = lines[:count]
-    records = [json.loads(line) for line in kept]
+        raise FormatError(f"{path}: holds {len(lines)} records but the checkpoint was "
+                          f"written after {count}; the run directory is damaged, delete it "
+                          "to rerun the run from the start")
+    kept, records = lines[:count], []
+    for i, line in enumerate(kept, 1):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            record = None
+        if not isinstance(record, dict) or not _is_int(record.get("round")):
+            raise FormatError(f"{path}: record {i} is not a JSON record with a round; the "
+                              "run directory is damaged, delete it to rerun the run from "
+                              "the start")
+        records.append(record)
+    if t is not None and records and records[-1]["round"] != t:
+        raise FormatError(f"{path}: record {count} is of round {records[-1]['round']}, the "
+                          f"checkpoint of round {t}; the run directory is damaged, delete "
+                          "it to rerun the run from the start")
+    return kept, records
+
+
+def checkpoint_records(run_dir: str | Path, ckpt: dict) -> list[dict]:
+    """The records of ``metrics.jsonl`` up to ``ckpt``, checked; changes no file."""
+    return _metric_lines(run_dir, ckpt["records"], ckpt["round"])[1]
+
+
+def truncate_metrics(run_dir: str | Path, count: int, t: int | None = None) -> list[dict]:
+    """Cut ``metrics.jsonl`` back to its first ``count`` records (atomically) and return
+    them; records written after the checkpoint are dropped, so none is duplicated. The
+    records are checked first (the last one of round ``t`` when given); a damaged file is
+    refused unchanged."""
+    path = Path(run_dir) / "metrics.jsonl"
+    kept, records = _metric_lines(run_dir, count, t)
     fd, tmp = tempfile.mkstemp(prefix=".metrics.jsonl.", suffix=".tmp", dir=path.parent)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write("".join(line + "\n" for line in kept))
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write("".join(line + "\n" for line in kept))
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
     return records
+
+
+# ------------------------------------------------------------------ threads
+
+
+def thread_warnings(ckpt: dict) -> list[str]:
+    """What differs from the session that started the run, in words: the thread count
+    and the CPU kernels decide the reduction order of convolutions and matrix products,
+    so results differ from an uninterrupted run in the last bits."""
+    out = []
+    n, m = torch.get_num_threads(), ckpt["threads"]
+    if n != m:
+        out.append(f"resumed with {n} threads, the run was started with {m}: results will "
+                   "differ from an uninterrupted run in the last bits (set "
+                   f"OMP_NUM_THREADS={m} to match)")
+    cap, cap0 = cpu_capability(), ckpt["cpu_capability"]
+    if cap != cap0:
+        out.append(f"resumed on a CPU with {cap} kernels, the run was started with "
+                   f"{cap0[:64]}: results will differ from an uninterrupted run in the last "
+                   "bits")
+    return out
 
 
 class Checkpointer:
     """Called by the round loop after each round's record is logged; writes a
-    checkpoint every ``every`` rounds, at the last round and when the run stops early."""
+    checkpoint every ``every`` rounds, at the last round and when the run stops early.
+
+    ``threads``, ``cpu`` and ``resumed_threads``: the thread count and CPU kernels the
+    run was started with and the thread count of each resume (default: this process's,
+    and none)."""
 
     def __init__(self, run_dir: str | Path, env, logger, *, every: int, rounds: int,
                  wall_offset: float = 0.0, resumed_from: list[int] | None = None,
-                 clock=None):
+                 clock=None, threads: int | None = None, cpu: str | None = None,
+                 resumed_threads: list[int] | None = None):
         self.path = Path(run_dir) / CHECKPOINT
         self.env, self.logger = env, logger
         self.every, self.rounds = int(every), int(rounds)
         self.wall_offset = float(wall_offset)
         self.resumed_from = list(resumed_from or [])
+        self.threads = int(threads if threads is not None else torch.get_num_threads())
+        self.cpu = cpu if cpu is not None else cpu_capability()
+        self.resumed_threads = list(resumed_threads or [])
+        if len(self.resumed_threads) != len(self.resumed_from):   # a caller without them
+            self.resumed_threads = [torch.get_num_threads()] * len(self.resumed_from)
         self._clock = clock   # () -> seconds measured since this session's start
         self.saved: list[int] = []
 
@@ -173,5 +642,6 @@ class Checkpointer:
         wall = self.wall_offset + (self._clock() if self._clock is not None else 0.0)
         atomic_save(capture(self.env, state, t, records=len(self.logger.records),
                             status=status, wall_time_s=wall,
-                            resumed_from=self.resumed_from), self.path)
+                            resumed_from=self.resumed_from, threads=self.threads,
+                            cpu=self.cpu, resumed_threads=self.resumed_threads), self.path)
         self.saved.append(t)

@@ -7,10 +7,12 @@ run behind.
 
 from __future__ import annotations
 
-import math
-
 import inspect
 import json
+import math
+import os
+import shutil
+import sys
 import time
 from dataclasses import dataclass
 from datetime import datetime
@@ -20,7 +22,9 @@ import numpy as np
 import torch
 
 from splitfed.algorithms import ALGORITHMS, get_algorithm
-from splitfed.checkpoint import Checkpointer, load_checkpoint, restore, truncate_metrics
+from splitfed.checkpoint import (CHECKPOINT, Checkpointer, checkpoint_records,
+                                 cpu_capability, load_checkpoint, restore,
+                                 thread_warnings, truncate_metrics)
 from splitfed.config import RunConfig, build_config
 from splitfed.configtools import dump_yaml, from_dict, load_yaml
 from splitfed.data import load_dataset
@@ -31,7 +35,8 @@ from splitfed.engine.env import Environment
 from splitfed.engine.loop import run_rounds
 from splitfed.engine.participation import make_sampler
 from splitfed.engine.profiles import build_profiles
-from splitfed.errors import ConfigError
+from splitfed.errors import ConfigError, RunInterrupted
+from splitfed.locking import LOCK_NAME, DirLock
 from splitfed.metrics import MetricLogger, best_value, last_value
 from splitfed.models import build_model, resolve_cut
 from splitfed.rng import RandomStreams, derive_seed
@@ -73,7 +78,11 @@ def load_data(cfg: RunConfig, streams: RandomStreams, device: torch.device):
 
 def make_partition(cfg: RunConfig, bundle, streams: RandomStreams,
                exclude: np.ndarray | None = None) -> list[np.ndarray]:
-    """The clients' index arrays; ``exclude`` (the server's pool) is taken out first."""
+    """The clients' index arrays; ``exclude`` (the server's pool) is taken out first.
+
+    ConfigError when ``partition.num_clients`` exceeds the training samples or when the
+    scheme leaves a client without samples (such a client could not train when sampled).
+    """
     p = cfg.partition
     if p.scheme == "natural":
         if bundle.natural_partition is None:
@@ -84,7 +93,14 @@ def make_partition(cfg: RunConfig, bundle, streams: RandomStreams,
             raise ConfigError(f"partition.num_clients: the natural partition of {bundle.name} "
                               f"has {len(parts)} clients, got {p.num_clients}")
         parts = [np.asarray(i, dtype=np.int64) for i in parts]
-        return parts if exclude is None else [i[~np.isin(i, exclude)] for i in parts]
+        parts = parts if exclude is None else [i[~np.isin(i, exclude)] for i in parts]
+        empty = sum(len(i) == 0 for i in parts)
+        if empty:
+            raise ConfigError(f"partition.scheme: the natural partition of {bundle.name} "
+                              f"leaves {empty} of {len(parts)} clients with no samples "
+                              "(data.limit_train or the server's pool took them); raise "
+                              "data.limit_train or lower server_data.fraction")
+        return parts
     if p.scheme in PARTITIONERS:
         allowed = [n for n in inspect.signature(PARTITIONERS[p.scheme]).parameters
                    if n not in ("labels", "num_clients", "rng")]
@@ -96,8 +112,21 @@ def make_partition(cfg: RunConfig, bundle, streams: RandomStreams,
     keep = np.arange(len(labels))
     if exclude is not None:
         keep = np.setdiff1d(keep, exclude)
+    if p.num_clients > len(keep):
+        pooled = " left after the server's pool" if exclude is not None else ""
+        raise ConfigError(f"partition.num_clients: {p.num_clients} clients for the "
+                          f"{len(keep)} training samples{pooled} of {bundle.name}; allowed: "
+                          f"1..{len(keep)}")
     parts = partition(labels[keep], p.num_clients, p.scheme, streams.numpy("partition"),
                       **p.options)
+    empty = sum(len(i) == 0 for i in parts)
+    if empty:
+        fix = {"dirichlet": "a larger alpha or partition.min_partition_size>=1",
+               "pathological": "a larger partition.num_classes_per_partition",
+               "shard": "fewer partition.num_shards_per_partition"}.get(p.scheme, "")
+        raise ConfigError(f"partition.scheme: {p.scheme} leaves {empty} of {len(parts)} "
+                          f"clients with no samples; use fewer clients (partition.num_clients)"
+                          + (f" or {fix}" if fix else ""))
     return [keep[i] for i in parts]
 
 
@@ -123,15 +152,21 @@ def _build_model(cfg: RunConfig, bundle, streams: RandomStreams):
 
 
 def build_environment(cfg: RunConfig) -> Environment:
-    """Load data, partition it, build the model and engine parts; validates everything."""
+    """Load data, partition it, build the model and engine parts; validates everything.
+
+    Besides each part's own checks, the config is checked against the data and the
+    machine before anything is allocated for the run: the model's parameter count (built
+    on the meta device first), the batch size and the samples a round trains on
+    (:func:`splitfed.config.check_against_data`), and a clock trace under which no client
+    could ever take part."""
+    from splitfed.config import check_against_data, check_model_size
+
     streams = RandomStreams(cfg.seed)
     device = _device(cfg.engine.device)
     bundle = load_data(cfg, streams, device)
     server = _server_data(cfg, bundle, streams)
     pool = server.pool if server is not None and cfg.server_data.disjoint else None
     parts = make_partition(cfg, bundle, streams, exclude=pool)
-    model, cut = _build_model(cfg, bundle, streams)
-    model.to(device)
     pc = cfg.participation
     per_round = _sampled_per_round(cfg, len(parts))
     try:
@@ -139,7 +174,34 @@ def build_environment(cfg: RunConfig) -> Environment:
                                clients_per_round=per_round, q=pc.q, weighting=pc.weighting)
     except ConfigError as e:
         raise ConfigError(f"participation.{e}") from None
+    slots = per_round if pc.mode in ("uniform", "with_replacement") else len(parts)
+    check_against_data(cfg, [len(i) for i in parts], slots,
+                       server.samples_per_round if server is not None else None)
+    try:
+        with torch.device("meta"), torch.random.fork_rng(devices=[]):
+            probe = build_model(cfg.model.name, bundle.input_shape, bundle.num_classes,
+                                **cfg.model.options)
+        size = sum(q.numel() for q in probe.parameters())
+    except Exception:  # noqa: BLE001 - the real build below reports what is wrong
+        size = 0
+    chunk = cfg.engine.chunk_size or max(1, 320 // cfg.train.batch_size)
+    check_model_size(cfg, size, min(chunk, max(1, slots or 1)))
+    model, cut = _build_model(cfg, bundle, streams)
+    model.to(device)
     clock = build_clock(cfg, len(parts), streams)
+    never = clock.profiles.never_available()
+    if cfg.rounds and never.all():
+        raise ConfigError(f"clock.path: the trace makes every one of the {len(parts)} "
+                          "clients unavailable for the whole run (available_until <= 0 or "
+                          "<= available_from); give some client a window that ends after 0")
+    algorithm = ALGORITHMS.get(cfg.algorithm.name)
+    alone = getattr(algorithm, "federated", True) and not (
+        getattr(algorithm, "needs_server_data", False))
+    if cfg.rounds and alone and not clock.profiles.available(np.arange(len(parts)), 0.0).any():
+        raise ConfigError(f"clock.path: no client is available at simulated time 0, so no "
+                          f"round of {cfg.algorithm.name} can take place (simulated time "
+                          "advances only when clients work); let some client's window "
+                          "start at 0 (available_from empty or 0)")
     ledger = Ledger(len(parts))
     return Environment(config=cfg, data=bundle, client_indices=parts, model=model, cut=cut,
                        sampler=sampler, transport=InProcessTransport(ledger, clock=clock),
@@ -179,20 +241,39 @@ def _new_run_dir(cfg: RunConfig) -> Path:
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     base = Path(cfg.out_dir) / f"{cfg.name}-{stamp}"
     run_dir, i = base, 1
-    while run_dir.exists():
-        run_dir, i = Path(f"{base}-{i}"), i + 1
-    try:
-        run_dir.mkdir(parents=True)
-    except OSError as e:
-        raise ConfigError(f"out_dir: cannot create the run directory {run_dir} "
-                          f"({e.strerror or e}); choose another out_dir") from e
-    return run_dir
+    while True:
+        try:
+            run_dir.mkdir(parents=True)
+            return run_dir
+        except FileExistsError:                 # another run of this second took it
+            run_dir, i = Path(f"{base}-{i}"), i + 1
+        except OSError as e:
+            raise ConfigError(f"out_dir: cannot create the run directory {run_dir} "
+                              f"({e.strerror or e}); choose another out_dir") from e
 
 
 def _check_empty(run_dir: Path) -> None:
-    if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
+    """Refuse a ``run_dir`` that exists and holds anything but a lock file."""
+    if run_dir.exists() and (not run_dir.is_dir()
+                             or any(p.name != LOCK_NAME for p in run_dir.iterdir())):
         raise ConfigError(f"run directory {run_dir} exists and is not empty; "
                           "remove it or choose another")
+
+
+def lock_run_dir(run_dir: str | Path) -> DirLock:
+    """Take the run directory's lock (one writer per run directory: ``.splitfed.lock``,
+    an exclusive ``flock``), or raise :class:`ConfigError` naming the directory and the
+    process that holds it. Hold it, as a context manager, for as long as the process
+    writes into the directory; the kernel releases it when the process dies."""
+    return DirLock.acquire(run_dir, "run directory",
+                           hint="wait for it to end, or stop it (a run directory has one "
+                                "writer at a time)")
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def run_experiment(cfg: RunConfig, *, write: bool = True,
@@ -201,73 +282,159 @@ def run_experiment(cfg: RunConfig, *, write: bool = True,
 
     ``run_dir``: write into this directory (created; it must be absent or empty) instead
     of a new timestamped ``<out_dir>/<name>-<time>/``. Ignored when ``write`` is false.
+    The run directory is locked (:func:`lock_run_dir`) while the run writes it. Ctrl-C
+    raises :class:`~splitfed.errors.RunInterrupted` with the directory to resume (None
+    when the run had not started: nothing is left behind then).
     """
     if write and run_dir is not None:
         run_dir = Path(run_dir)
         _check_empty(run_dir)
-    algorithm = build_algorithm(cfg)
-    env = build_environment(cfg)
-    algorithm.check(env)
+    try:
+        algorithm = build_algorithm(cfg)
+        env = build_environment(cfg)
+        algorithm.check(env)
+    except KeyboardInterrupt:
+        raise RunInterrupted(None) from None
     if not write:
-        run_dir = None
-    elif run_dir is None:
+        return _execute(cfg, algorithm, env, None)
+    created = run_dir is None or not run_dir.exists()
+    if run_dir is None:
         run_dir = _new_run_dir(cfg)
     else:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    if run_dir is not None:
-        dump_yaml(cfg, run_dir / "config.yaml")
-        labels = env.data.train.y.cpu().numpy()
-        (run_dir / "partition.txt").write_text(
-            partition_summary(env.client_indices, labels, env.data.num_classes) + "\n")
-    return _execute(cfg, algorithm, env, run_dir)
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ConfigError(f"run directory {run_dir}: cannot create it "
+                              f"({e.strerror or e}); choose another") from None
+    with lock_run_dir(run_dir):
+        _check_empty(run_dir)                   # again, now that no one else writes it
+        try:
+            dump_yaml(cfg, run_dir / ".config.yaml.tmp")
+            os.replace(run_dir / ".config.yaml.tmp", run_dir / "config.yaml")
+            labels = env.data.train.y.cpu().numpy()
+            _write_atomic(run_dir / "partition.txt", partition_summary(
+                env.client_indices, labels, env.data.num_classes) + "\n")
+        except KeyboardInterrupt:               # before the first round: leave nothing
+            for p in run_dir.iterdir():
+                if p.name != LOCK_NAME:
+                    p.unlink()
+            if created:
+                shutil.rmtree(run_dir, ignore_errors=True)
+            raise RunInterrupted(None) from None
+        return _execute(cfg, algorithm, env, run_dir)
 
 
 def _execute(cfg: RunConfig, algorithm, env: Environment, run_dir: Path | None, *,
              state: dict | None = None, start_round: int = 1,
              records: list[dict] | None = None, wall_offset: float = 0.0,
-             resumed_from: list[int] | None = None, finished: str | None = None
-             ) -> RunResult:
+             resumed_from: list[int] | None = None, finished: str | None = None,
+             started: dict | None = None) -> RunResult:
     """Run rounds ``start_round..`` (none when ``finished`` names the status of a run that
-    already ended), checkpointing into ``run_dir``; write metrics and the summary."""
-    logger = MetricLogger(run_dir)
-    logger.records = list(records or [])
-    t0 = time.perf_counter()
-    checkpoint = None
-    if run_dir is not None:
-        checkpoint = Checkpointer(run_dir, env, logger, every=cfg.checkpoint_every,
-                                  rounds=cfg.rounds, wall_offset=wall_offset,
-                                  resumed_from=resumed_from,
-                                  clock=lambda: time.perf_counter() - t0)
+    already ended), checkpointing into ``run_dir``; write metrics and the summary.
+
+    ``started``: the checkpoint's ``threads``, ``cpu_capability`` and ``resumed_threads``
+    (a resumed run). Ctrl-C raises :class:`~splitfed.errors.RunInterrupted`: the last
+    checkpoint is whole (written atomically), ``metrics.jsonl`` holds whole records."""
+    started = started or {"threads": torch.get_num_threads(),
+                          "cpu_capability": cpu_capability(), "resumed_threads": []}
     try:
-        if finished is None:
-            state, status = run_rounds(algorithm, env, logger, state, start_round,
-                                       checkpoint=checkpoint)
-        else:
-            status = finished
-    finally:
-        logger.close()
-    wall = wall_offset + time.perf_counter() - t0
-    result = RunResult(status, logger.records, run_dir, wall, state)
-    if run_dir is not None:
-        summary = {"name": cfg.name, "algorithm": cfg.algorithm.name, "dataset": cfg.data.name,
-                   "model": cfg.model.name, "status": status,
-                   "rounds": last_value(logger.records, "round"),
-                   "final_test_acc": result.final_accuracy,
-                   "best_test_acc": best_value(logger.records, "test_acc"),
-                   "wall_time_s": round(wall, 3),
-                   "resumed_from": list(resumed_from or [])}
-        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        logger = MetricLogger(run_dir)
+        logger.records = list(records or [])
+        t0 = time.perf_counter()
+        checkpoint = None
+        if run_dir is not None:
+            checkpoint = Checkpointer(run_dir, env, logger, every=cfg.checkpoint_every,
+                                      rounds=cfg.rounds, wall_offset=wall_offset,
+                                      resumed_from=resumed_from,
+                                      clock=lambda: time.perf_counter() - t0,
+                                      threads=started["threads"],
+                                      cpu=started["cpu_capability"],
+                                      resumed_threads=started["resumed_threads"])
+        try:
+            if finished is None:
+                state, status = run_rounds(algorithm, env, logger, state, start_round,
+                                           checkpoint=checkpoint)
+            else:
+                status = finished
+        finally:
+            logger.close()
+        wall = wall_offset + time.perf_counter() - t0
+        result = RunResult(status, logger.records, run_dir, wall, state)
+        if run_dir is not None:
+            summary = {"name": cfg.name, "algorithm": cfg.algorithm.name,
+                       "dataset": cfg.data.name, "model": cfg.model.name, "status": status,
+                       "rounds": last_value(logger.records, "round"),
+                       "final_test_acc": result.final_accuracy,
+                       "best_test_acc": best_value(logger.records, "test_acc"),
+                       "wall_time_s": round(wall, 3),
+                       "resumed_from": list(resumed_from or []),
+                       "threads": started["threads"],
+                       "cpu_capability": started["cpu_capability"],
+                       "resumed_threads": list(started["resumed_threads"])}
+            _write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
+    except KeyboardInterrupt:
+        raise RunInterrupted(run_dir) from None
     return result
+
+
+@dataclass
+class Resume:
+    """A checked checkpoint, restored into a run's environment (:func:`open_resume`)."""
+
+    checkpoint: dict
+    state: dict | None          # the algorithm state, modules and optimizers loaded
+    records: list[dict]         # metrics.jsonl up to the checkpoint
+
+    @property
+    def round(self) -> int:
+        return self.checkpoint["round"]
+
+    def finished(self, cfg: RunConfig) -> bool:
+        """The run had ended: it diverged, or it reached ``cfg.rounds``."""
+        return self.checkpoint["status"] != "completed" or self.round >= cfg.rounds
+
+    def started(self, resuming: bool) -> dict:
+        """The thread counts for :func:`_execute` (this process's added when resuming)."""
+        ck = self.checkpoint
+        more = [torch.get_num_threads()] if resuming else []
+        return {"threads": ck["threads"], "cpu_capability": ck["cpu_capability"],
+                "resumed_threads": list(ck["resumed_threads"]) + more}
+
+
+def open_resume(run_dir: Path, cfg: RunConfig, algorithm, env: Environment
+                ) -> Resume | None:
+    """Load and check ``run_dir``'s checkpoint and the metrics records it counts, and
+    restore it into ``env`` (None when there is no checkpoint). Changes no file: a bad
+    checkpoint raises :class:`~splitfed.errors.FormatError` naming it, with the run
+    directory as it was. The caller then cuts ``metrics.jsonl`` with
+    :func:`~splitfed.checkpoint.truncate_metrics`, holding :func:`lock_run_dir`."""
+    ckpt = load_checkpoint(run_dir, rounds=cfg.rounds)
+    if ckpt is None:
+        return None
+    return _restore(run_dir, ckpt, checkpoint_records(run_dir, ckpt), algorithm, env)
+
+
+def _restore(run_dir: Path, ckpt: dict, records: list[dict], algorithm, env) -> Resume:
+    template = algorithm.init_state(env)         # the objects the saved state goes into
+    state = restore(env, ckpt, template, where=run_dir / CHECKPOINT)
+    return Resume(ckpt, state, records)
 
 
 def resume_experiment(run_dir: str | Path) -> RunResult:
     """Continue the run in ``run_dir`` from its last checkpoint (``checkpoint.pt``),
     rebuilding it from the directory's ``config.yaml``; see :mod:`splitfed.checkpoint`.
 
+    The config, the checkpoint and the metrics records are all checked before any file
+    is changed; a checkpoint that is torn, foreign, of an earlier format or altered is
+    refused (:class:`~splitfed.errors.FormatError` naming it), and loading it cannot
+    execute code. The directory is locked while the run writes it (:func:`lock_run_dir`).
     Without a checkpoint the run starts again from round 0 in the same directory. A run
     that already ended (its checkpoint is at the last round, or it diverged) is not run
     again: its result is returned. Raising ``rounds`` in ``config.yaml`` extends a
     finished run. The summary's ``resumed_from`` lists the rounds the run was resumed at.
+    Resuming with another thread count (or CPU kernels) than the run was started with
+    prints a warning: the results then differ from an uninterrupted run in the last bits.
+    Ctrl-C raises :class:`~splitfed.errors.RunInterrupted`.
     """
     run_dir = Path(run_dir)
     saved = run_dir / "config.yaml"
@@ -275,24 +442,37 @@ def resume_experiment(run_dir: str | Path) -> RunResult:
         raise ConfigError(f"--resume {run_dir}: no config.yaml there; give the directory "
                           "of a run (runs/<name>-<time>/)")
     try:
+        with lock_run_dir(run_dir):
+            return _resume(run_dir, saved)
+    except KeyboardInterrupt:
+        raise RunInterrupted(run_dir) from None
+
+
+def _resume(run_dir: Path, saved: Path) -> RunResult:
+    try:
         cfg = build_config(load_yaml(saved))
     except ConfigError as e:
         raise ConfigError(f"{saved}: {e}") from None
+    ckpt = load_checkpoint(run_dir, rounds=cfg.rounds)  # checked before the data loads
+    records = checkpoint_records(run_dir, ckpt) if ckpt is not None else None
     algorithm = build_algorithm(cfg)
     env = build_environment(cfg)
-    ckpt = load_checkpoint(run_dir)
-    if ckpt is None:
+    resume = None                                         # every check; no file changed
+    if ckpt is not None:
+        resume = _restore(run_dir, ckpt, records, algorithm, env)
+    if resume is None:
         for name in ("metrics.jsonl", "metrics.csv", "summary.json"):
             (run_dir / name).unlink(missing_ok=True)
         return _execute(cfg, algorithm, env, run_dir)
-    t = ckpt["round"]
-    records = truncate_metrics(run_dir, ckpt["records"])
-    state = restore(env, ckpt)
-    resumed = list(ckpt["resumed_from"])
-    if ckpt["status"] != "completed" or t >= cfg.rounds:
-        return _execute(cfg, algorithm, env, run_dir, state=state, records=records,
-                        wall_offset=ckpt["wall_time_s"], resumed_from=resumed,
-                        finished=ckpt["status"])
-    return _execute(cfg, algorithm, env, run_dir, state=state, start_round=t + 1,
-                    records=records, wall_offset=ckpt["wall_time_s"],
-                    resumed_from=resumed + [t])
+    ckpt, t = resume.checkpoint, resume.round
+    records = truncate_metrics(run_dir, ckpt["records"], t)
+    common = {"state": resume.state, "records": records, "wall_offset": ckpt["wall_time_s"]}
+    if resume.finished(cfg):
+        return _execute(cfg, algorithm, env, run_dir, **common,
+                        resumed_from=list(ckpt["resumed_from"]), finished=ckpt["status"],
+                        started=resume.started(False))
+    for line in thread_warnings(ckpt):
+        print(f"splitfed: warning: {run_dir}: {line}", file=sys.stderr, flush=True)
+    return _execute(cfg, algorithm, env, run_dir, **common, start_round=t + 1,
+                    resumed_from=list(ckpt["resumed_from"]) + [t],
+                    started=resume.started(True))

@@ -1,0 +1,594 @@
+"""No checkpoint can execute code, a damaged one is refused before anything changes, and
+a run directory has one writer.
+
+A crafted ``checkpoint.pt`` whose unpickling would create a marker file is planted in
+real run directories and reached through every entry point that loads checkpoints:
+``splitfed run --resume`` (in-process and the installed binary), the auto-resume of
+sweeps and studies, and ``splitfed launch --resume``; each refuses it with one line
+naming the file, and the marker never appears.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+import splitfed.checkpoint as checkpoint
+from splitfed import safeio
+from splitfed.algorithms import get_algorithm
+from splitfed.checkpoint import CHECKPOINT, FORMAT, load_checkpoint
+from splitfed.cli import main
+from splitfed.configtools import dump_yaml
+from splitfed.errors import ConfigError, FormatError, RunInterrupted, SplitfedError
+from splitfed.experiment import lock_run_dir, resume_experiment, run_experiment
+from splitfed.locking import LOCK_NAME, holder
+from splitfed.study import run_study, study_from_mapping
+from splitfed.sweep import run_sweep
+from tests.helpers import digits_config
+
+BIN = Path(sys.executable).parent / "splitfed"
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class Payload:
+    """Unpickling this runs a shell command that creates ``marker``."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+class ExecPayload(Payload):
+    def __reduce__(self):
+        return (builtins.exec, (f"open({str(self.marker)!r}, 'w').close()",))
+
+
+def plant(run_dir: Path, marker: Path, how: str = "zip") -> None:
+    """A malicious checkpoint.pt that looks like one: the keys of a checkpoint, with a
+    payload where the algorithm state goes."""
+    cls = ExecPayload if how == "exec" else Payload
+    obj = {"format": FORMAT, "round": 2, "records": 3, "status": "completed",
+           "state": {"model": cls(marker)}}
+    path = run_dir / CHECKPOINT
+    if how == "legacy":
+        torch.save(obj, path, _use_new_zipfile_serialization=False)
+    elif how == "pickle":
+        path.write_bytes(pickle.dumps(obj))
+    else:
+        torch.save(obj, path)
+
+
+def interrupt_round(monkeypatch, name: str, stop: int) -> None:
+    cls = get_algorithm(name)
+    original = cls.round
+
+    def round_(self, env, state, t, cohort):
+        if t == stop:
+            raise KeyboardInterrupt
+        return original(self, env, state, t, cohort)
+
+    monkeypatch.setattr(cls, "round", round_)
+
+
+def interrupted_run(run_dir: Path, monkeypatch, **over) -> Path:
+    """A run of 6 rounds interrupted in round 4, checkpointed at round 2."""
+    cfg = digits_config(rounds=6, checkpoint_every=2, **over)
+    with monkeypatch.context() as m:
+        interrupt_round(m, cfg.algorithm.name, 4)
+        with pytest.raises(RunInterrupted):
+            run_experiment(cfg, run_dir=run_dir)
+    assert load_checkpoint(run_dir)["round"] == 2
+    return run_dir
+
+
+def snapshot(run_dir: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(run_dir.iterdir()) if p.is_file()}
+
+
+def one_line(text: str) -> str:
+    lines = text.strip().splitlines()
+    assert len(lines) == 1, text
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def stopped(tmp_path_factory) -> Path:
+    """An interrupted run (checkpoint at round 2, records of rounds 0..3) to copy."""
+    root = tmp_path_factory.mktemp("stopped")
+    mp = pytest.MonkeyPatch()
+    try:
+        return interrupted_run(root / "run", mp)
+    finally:
+        mp.undo()
+
+
+def copy_run(src: Path, dst: Path) -> Path:
+    dst.mkdir(parents=True)
+    for p in src.iterdir():
+        (dst / p.name).write_bytes(p.read_bytes())
+    return dst
+
+
+# ------------------------------------------------------------------ the payload
+
+
+@pytest.mark.parametrize("how", ["zip", "legacy", "pickle", "exec"])
+def test_load_checkpoint_never_runs_the_payload(tmp_path, how):
+    marker = tmp_path / "MARKER"
+    plant(tmp_path, marker, how)
+    with pytest.raises(FormatError) as info:
+        load_checkpoint(tmp_path)
+    msg = one_line(str(info.value))
+    assert str(tmp_path / CHECKPOINT) in msg and "not a splitfed data file" in msg
+    assert ("refused unread" if how in ("zip", "exec") else "not a zip archive") in msg
+    assert "delete it to rerun the run from the start" in msg
+    assert not marker.exists()
+
+
+def test_the_payload_would_run_under_a_plain_load(tmp_path):
+    """The payload is real: the loader that checkpoints used before runs it."""
+    marker = tmp_path / "MARKER"
+    plant(tmp_path, marker, "exec")
+    torch.load(tmp_path / CHECKPOINT, weights_only=False)
+    assert marker.exists()
+
+
+def test_run_resume_refuses_the_payload(tmp_path, stopped, capsys):
+    run_dir = copy_run(stopped, tmp_path / "run")
+    marker = tmp_path / "MARKER"
+    plant(run_dir, marker)
+    before = snapshot(run_dir)
+    capsys.readouterr()
+    assert main(["run", "--resume", str(run_dir)]) == 2
+    err = one_line(capsys.readouterr().err)
+    assert err.startswith("splitfed: error: ") and str(run_dir / CHECKPOINT) in err
+    assert not marker.exists()
+    assert snapshot(run_dir) == before                 # nothing cut, nothing written
+
+
+def test_the_splitfed_binary_refuses_the_payload(tmp_path, stopped):
+    run_dir = copy_run(stopped, tmp_path / "run")
+    marker = tmp_path / "MARKER"
+    plant(run_dir, marker, "legacy")
+    before = snapshot(run_dir)
+    proc = subprocess.run([str(BIN), "run", "--resume", str(run_dir)], env=ENV,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    err = one_line(proc.stderr)
+    assert str(run_dir / CHECKPOINT) in err and "not a zip archive" in err
+    assert not marker.exists() and snapshot(run_dir) == before
+
+
+def _sweep_config(tmp_path) -> str:
+    path = tmp_path / "small.yaml"
+    dump_yaml(digits_config(rounds=4, checkpoint_every=2), path)
+    return str(path)
+
+
+def test_sweep_auto_resume_refuses_the_payload(tmp_path, monkeypatch, capsys):
+    cfg = _sweep_config(tmp_path)
+    axes = ["train.lr=0.05,0.1"]
+    interrupt_round(monkeypatch, "fedavg", 3)
+    with pytest.raises(RunInterrupted):                # Ctrl-C in the first run
+        run_sweep(cfg, axes, out_dir=tmp_path, quiet=True)
+    monkeypatch.undo()
+    run_dir = tmp_path / "small-sweep" / "runs" / "train.lr-0.05-s3"
+    assert load_checkpoint(run_dir)["round"] == 2
+    marker = tmp_path / "MARKER"
+    plant(run_dir, marker)
+    before = snapshot(run_dir)
+    with pytest.raises(SplitfedError, match="checkpoint.pt: not a splitfed data file"):
+        run_sweep(cfg, axes, out_dir=tmp_path, quiet=True)
+    assert not marker.exists() and snapshot(run_dir) == before
+    capsys.readouterr()
+    assert main(["sweep", cfg, *axes, "--out-dir", str(tmp_path)]) == 2
+    err = one_line(capsys.readouterr().err)
+    assert str(run_dir / CHECKPOINT) in err
+    assert not marker.exists() and snapshot(run_dir) == before
+    assert not (tmp_path / "small-sweep" / "runs" / "train.lr-0.1-s3" / "summary.json").exists()
+
+
+def test_sweep_refuses_a_planted_run_of_another_config(tmp_path, stopped):
+    cfg = _sweep_config(tmp_path)
+    run_dir = copy_run(stopped, tmp_path / "small-sweep" / "runs" / "train.lr-0.05-s3")
+    marker = tmp_path / "MARKER"
+    plant(run_dir, marker)                             # rounds 6 here, 4 in the sweep
+    before = snapshot(run_dir)
+    with pytest.raises(ConfigError, match="holds a run of a different config .differs at "
+                                          ".*rounds"):
+        run_sweep(cfg, ["train.lr=0.05,0.1"], out_dir=tmp_path, quiet=True)
+    assert not marker.exists() and snapshot(run_dir) == before
+
+
+STUDY_BASE = {"name": "tiny", "seed": 0, "rounds": 4, "checkpoint_every": 2,
+              "data": {"name": "digits"},
+              "partition": {"scheme": "iid", "num_clients": 3},
+              "model": {"name": "mlp", "hidden": [16]},
+              "train": {"batch_size": 16, "local_steps": 2, "lr": 0.1},
+              "participation": {"mode": "full"}}
+
+
+def _study(tmp_path) -> dict:
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump(STUDY_BASE))
+    return {"name": "st", "base": str(tmp_path / "base.yaml"),
+            "runs": [{"label": "FL", "set": ["algorithm.name=fedavg"]},
+                     {"label": "SL", "set": ["algorithm.name=sl", "model.cut=1",
+                                             "model.hidden=[16,16]"]}],
+            "out_dir": str(tmp_path / "out")}
+
+
+def test_study_auto_resume_refuses_the_payload(tmp_path, monkeypatch):
+    spec = _study(tmp_path)
+    run_dir = study_from_mapping(spec).runs[0].run_dir
+    interrupt_round(monkeypatch, "fedavg", 3)
+    with pytest.raises(RunInterrupted):
+        run_study(spec, quiet=True)
+    monkeypatch.undo()
+    assert load_checkpoint(run_dir)["round"] == 2
+    marker = tmp_path / "MARKER"
+    plant(run_dir, marker, "exec")
+    before = snapshot(run_dir)
+    with pytest.raises(SplitfedError) as info:
+        run_study(spec, quiet=True)
+    msg = one_line(str(info.value))
+    assert str(run_dir / CHECKPOINT) in msg and "refused unread" in msg
+    assert not marker.exists() and snapshot(run_dir) == before
+
+
+def test_study_resumes_a_planted_stale_run_of_its_config(tmp_path, monkeypatch):
+    """A stale run directory of the study's own config (planted by hand) is resumed."""
+    spec = _study(tmp_path)
+    run = study_from_mapping(spec).runs[0]
+    with monkeypatch.context() as m:
+        interrupt_round(m, "fedavg", 3)
+        with pytest.raises(RunInterrupted):
+            run_experiment(run.config, run_dir=run.run_dir)
+    assert load_checkpoint(run.run_dir)["round"] == 2
+    result = run_study(spec, quiet=True)
+    summary = json.loads((run.run_dir / "summary.json").read_text())
+    assert summary["resumed_from"] == [2] and result.completed
+
+
+def test_study_refuses_a_planted_run_of_another_config(tmp_path, stopped):
+    """A run directory whose config.yaml differs is neither resumed nor loaded."""
+    spec = _study(tmp_path)
+    run_dir = study_from_mapping(spec).runs[0].run_dir
+    copy_run(stopped, run_dir)                         # digits_config: other partition
+    marker = tmp_path / "MARKER"
+    plant(run_dir, marker)
+    before = snapshot(run_dir)
+    with pytest.raises(ConfigError, match="holds a run of a different config"):
+        run_study(spec, quiet=True)
+    assert not marker.exists() and snapshot(run_dir) == before
+    # the same with a sound checkpoint of the other config: refused, not resumed
+    (run_dir / CHECKPOINT).write_bytes((stopped / CHECKPOINT).read_bytes())
+    before = snapshot(run_dir)
+    with pytest.raises(ConfigError, match="holds a run of a different config"):
+        run_study(spec, quiet=True)
+    assert snapshot(run_dir) == before
+
+
+def test_launch_resume_refuses_the_payload(tmp_path, stopped):
+    """``splitfed launch --resume``: rank 0 loads the checkpoint (the multi-process
+    runtime); it is refused there and every rank stops."""
+    run_dir = copy_run(stopped, tmp_path / "run")
+    marker = tmp_path / "MARKER"
+    plant(run_dir, marker)
+    before = snapshot(run_dir)
+    proc = subprocess.run([str(BIN), "launch", "--resume", str(run_dir), "--nproc", "2",
+                           "--launcher", "spawn"], env=ENV, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode != 0
+    assert f"{run_dir / CHECKPOINT}: not a splitfed data file" in proc.stderr
+    assert "refused unread" in proc.stderr
+    assert not marker.exists() and snapshot(run_dir) == before
+
+
+# ------------------------------------------------------------------ damaged files
+
+
+def _fifo(path: Path) -> None:
+    os.mkfifo(path)
+
+
+def _old_format(path: Path) -> None:
+    """What splitfed wrote before: a pickle with numpy arrays in it (format 1)."""
+    torch.save({"format": 1, "round": 2, "records": 3, "status": "completed",
+                "clock": {"profiles": {"compute": np.ones(3)}}}, path,
+               pickle_protocol=2)
+
+
+def _foreign_zip(path: Path) -> None:
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("archive/data.pkl", b"\x80\x02}q\x00.")
+        z.writestr("notes.txt", "not a checkpoint")
+
+
+def _flipped(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x10                       # inside a tensor's bytes
+    path.write_bytes(bytes(data))
+
+
+def _truncated(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+BROKEN = {
+    "directory": (lambda p: (p.unlink(), p.mkdir()), "is a directory"),
+    "fifo": (lambda p: (p.unlink(), _fifo(p)), "not a regular file"),
+    "broken link": (lambda p: (p.unlink(), p.symlink_to(p.parent / "gone")),
+                    "not a regular file"),
+    "empty": (lambda p: p.write_bytes(b""), "the file is empty"),
+    "truncated": (_truncated, "a damaged zip archive"),
+    "a flipped bit": (_flipped, "fails its CRC check"),
+    "a bare pickle": (lambda p: p.write_bytes(pickle.dumps({"format": 2})), "not a zip archive"),
+    "random bytes": (lambda p: p.write_bytes(np.random.default_rng(0).bytes(4096)),
+                     "not a splitfed data file"),
+    "foreign zip": (_foreign_zip, "not a splitfed data file"),
+    "old format": (_old_format, "earlier splitfed"),
+    "plain format 1": (lambda p: safeio.save({"format": 1, "round": 2}, p),
+                       "a checkpoint of format 1"),
+    "a tensor": (lambda p: torch.save(torch.zeros(3), p), "holds a Tensor"),
+    "a list": (lambda p: torch.save([1, 2], p), "holds a list"),
+    "a dict": (lambda p: torch.save({"weights": torch.zeros(2)}, p), "no format number"),
+}
+
+
+@pytest.mark.parametrize("kind", list(BROKEN))
+def test_a_damaged_checkpoint_is_refused_before_anything_changes(tmp_path, stopped, kind,
+                                                                 capsys):
+    run_dir = copy_run(stopped, tmp_path / "run")
+    make, what = BROKEN[kind]
+    make(run_dir / CHECKPOINT)
+    before = snapshot(run_dir)
+    with pytest.raises(FormatError) as info:
+        resume_experiment(run_dir)
+    msg = one_line(str(info.value))
+    assert str(run_dir / CHECKPOINT) in msg and what in msg, msg
+    assert "delete" in msg or "remove it" in msg
+    assert snapshot(run_dir) == before
+    assert main(["run", "--resume", str(run_dir)]) == 2
+    assert one_line(capsys.readouterr().err).endswith(msg)
+
+
+def test_an_unreadable_checkpoint_is_refused(tmp_path, stopped, monkeypatch):
+    run_dir = copy_run(stopped, tmp_path / "run")
+    real_open = open
+
+    def deny(path, *args, **kwargs):
+        if Path(path).name == CHECKPOINT:
+            raise PermissionError(13, "Permission denied")
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoint, "open", deny, raising=False)
+    before = snapshot(run_dir)
+    with pytest.raises(FormatError, match="checkpoint.pt: cannot be read .Permission denied"):
+        resume_experiment(run_dir)
+    assert snapshot(run_dir) == before
+
+
+def _rewrite(run_dir: Path, change) -> None:
+    ckpt = load_checkpoint(run_dir)
+    change(ckpt)
+    safeio.save(ckpt, run_dir / CHECKPOINT)
+
+
+WRONG = {
+    "round past rounds": (lambda c: c.update(round=9), "round 9 is not in 0..6"),
+    "negative round": (lambda c: c.update(round=-1), "round -1"),
+    "round of the wrong type": (lambda c: c.update(round="2"), "round is a str"),
+    "records": (lambda c: c.update(records=7), "counts 7 records after round 2"),
+    "status": (lambda c: c.update(status="running"), "status 'running' is not one of"),
+    "missing key": (lambda c: c.pop("ledger"), "missing ledger"),
+    "unknown key": (lambda c: c.update(extra=1), "unknown 'extra'"),
+    "wall time": (lambda c: c.update(wall_time_s=float("nan")), "wall_time_s nan"),
+    "a huge wall time": (lambda c: c.update(wall_time_s=10 ** 400), "is not a time"),
+    "a huge round": (lambda c: c.update(round=10 ** 400), "is not in 0..6"),
+    "resumed_from": (lambda c: c.update(resumed_from=[5]), "resumed_from"),
+    "threads": (lambda c: c.update(threads=0), "threads"),
+    "streams": (lambda c: c["streams"].update(torch=[1]), "streams.torch"),
+    "seed": (lambda c: c["streams"].update(seed=99), "written by a run of seed 99"),
+    "generator": (lambda c: c["streams"]["numpy"].update(
+        batches={"bit_generator": "PCG64", "state": "x"}), "streams.numpy['batches']"),
+    "generator kind": (lambda c: c["streams"]["numpy"]["batches"].update(
+        bit_generator="MT19937"), "does not fit this run"),
+    "lost stream": (lambda c: c["streams"]["numpy"].pop("partition"),
+                    "lacks the run's stream 'partition'"),
+    "clock": (lambda c: c["clock"].update(now="soon"), "clock.now"),
+    "profiles": (lambda c: c["clock"]["profiles"].update(compute=np.ones(7)),
+                 "clock.profiles.compute"),
+    "ledger": (lambda c: c["ledger"]["rounds"].update({1: {"model|up": [1]}}),
+               "is not 3 byte counts"),
+    "clients": (lambda c: c["ledger"].update(num_clients=5, rounds={}),
+                "written by a run of 5 clients"),
+    "components": (lambda c: c["components"].update(pool={}), "unknown components"),
+    "a key with a newline": (lambda c: c["state"].update({"a\nb": 1}), "'a\\nb'"),
+    "state key": (lambda c: c["state"].update(control=torch.zeros(3)), "other keys"),
+    "state shape": (lambda c: c["state"]["model"].update(
+        {next(iter(c["state"]["model"])): torch.zeros(2, 2)}), "of shape"),
+    "state type": (lambda c: c["state"].update(model="weights"), "is not a dict"),
+    "module tag": (lambda c: c["state"].update(model={"__module__": {}}), "other keys"),
+}
+
+
+@pytest.mark.parametrize("kind", list(WRONG))
+def test_a_well_formed_but_wrong_checkpoint_is_refused(tmp_path, stopped, kind):
+    run_dir = copy_run(stopped, tmp_path / "run")
+    change, what = WRONG[kind]
+    _rewrite(run_dir, change)
+    before = snapshot(run_dir)
+    with pytest.raises(FormatError) as info:
+        resume_experiment(run_dir)
+    msg = one_line(str(info.value))
+    assert str(run_dir / CHECKPOINT) in msg and what in msg, msg
+    assert snapshot(run_dir) == before
+
+
+def test_the_checkpoint_of_another_algorithm_is_refused(tmp_path, monkeypatch):
+    ours = interrupted_run(tmp_path / "fedavg", monkeypatch)
+    other = interrupted_run(tmp_path / "scaffold", monkeypatch,
+                            algorithm={"name": "scaffold"})
+    (ours / CHECKPOINT).write_bytes((other / CHECKPOINT).read_bytes())
+    before = snapshot(ours)
+    with pytest.raises(FormatError, match="state has other keys"):
+        resume_experiment(ours)
+    assert snapshot(ours) == before
+
+
+def test_damaged_metrics_are_refused_before_anything_changes(tmp_path, stopped):
+    run_dir = copy_run(stopped, tmp_path / "run")
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    (run_dir / "metrics.jsonl").write_text("\n".join(lines[:2]) + "\n")
+    before = snapshot(run_dir)
+    with pytest.raises(FormatError, match="holds 2 records but the checkpoint was written "
+                                          "after 3"):
+        resume_experiment(run_dir)
+    assert snapshot(run_dir) == before
+    (run_dir / "metrics.jsonl").write_text("\n".join([lines[0], "{torn", *lines[2:]]) + "\n")
+    before = snapshot(run_dir)
+    with pytest.raises(FormatError, match="record 2 is not a JSON record"):
+        resume_experiment(run_dir)
+    assert snapshot(run_dir) == before
+
+
+def test_a_torn_record_after_the_checkpoint_is_dropped(tmp_path, stopped):
+    run_dir = copy_run(stopped, tmp_path / "run")
+    with open(run_dir / "metrics.jsonl", "a") as fh:
+        fh.write('{"round": 4, "train_lo')           # killed in the middle of a write
+    result = resume_experiment(run_dir)
+    assert [r["round"] for r in result.records] == list(range(7))
+
+
+def test_a_checkpoint_that_does_not_exist_is_not_an_error(tmp_path, stopped):
+    run_dir = copy_run(stopped, tmp_path / "run")
+    (run_dir / CHECKPOINT).unlink()
+    assert resume_experiment(run_dir).status == "completed"     # from round 0
+
+
+# ------------------------------------------------------------------ one writer
+
+
+def test_a_locked_run_directory_is_refused_in_process(tmp_path, stopped):
+    run_dir = copy_run(stopped, tmp_path / "run")
+    before = snapshot(run_dir)
+    with lock_run_dir(run_dir):
+        with pytest.raises(ConfigError) as info:
+            resume_experiment(run_dir)
+    with lock_run_dir(tmp_path / "new"):                # an empty directory being set up
+        with pytest.raises(ConfigError, match="in use by another splitfed process"):
+            run_experiment(digits_config(), run_dir=tmp_path / "new")
+        assert [p.name for p in (tmp_path / "new").iterdir()] == [LOCK_NAME]
+    assert one_line(str(info.value)).startswith(
+        f"run directory {run_dir} is in use by another splitfed process (pid {os.getpid()})")
+    assert snapshot(run_dir) == before and not (run_dir / LOCK_NAME).exists()
+
+
+HOLD = """
+import sys, time
+from splitfed.experiment import lock_run_dir
+lock = lock_run_dir(sys.argv[1])
+print("locked", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_second_process_is_refused_with_the_holders_pid(tmp_path, stopped):
+    run_dir = copy_run(stopped, tmp_path / "run")
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(run_dir)], env=ENV,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                              cwd=ROOT)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        before = snapshot(run_dir)
+        proc = subprocess.run([str(BIN), "run", "--resume", str(run_dir)], env=ENV,
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 2
+        assert one_line(proc.stderr) == (
+            f"splitfed: error: run directory {run_dir} is in use by another splitfed "
+            f"process (pid {holder.pid}); wait for it to end, or stop it (a run directory "
+            "has one writer at a time)")
+        assert snapshot(run_dir) == before
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=60)
+    assert resume_experiment(run_dir).status == "completed"     # free again
+
+
+def test_two_resumes_at_once_one_is_refused_and_a_kill_frees_the_lock(tmp_path,
+                                                                     monkeypatch):
+    """Two real ``splitfed run --resume DIR`` processes: the second is refused while the
+    first runs; after the first is killed (SIGKILL) the directory resumes again."""
+    cfg = digits_config(rounds=5000, checkpoint_every=50,
+                        train={"batch_size": 32, "local_steps": 20, "local_epochs": None,
+                               "lr": 0.05})
+    run_dir = tmp_path / "run"
+    with monkeypatch.context() as m:
+        interrupt_round(m, "fedavg", 3)
+        with pytest.raises(RunInterrupted):
+            run_experiment(cfg, run_dir=run_dir)
+    first = subprocess.Popen([str(BIN), "run", "--resume", str(run_dir)], env=ENV,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and first.poll() is None:
+            if holder(run_dir) == first.pid:         # it holds the lock: it is resuming
+                break
+            time.sleep(0.01)
+        assert first.poll() is None, first.stderr.read()
+        second = subprocess.run([str(BIN), "run", "--resume", str(run_dir)], env=ENV,
+                                capture_output=True, text=True, timeout=300)
+        assert first.poll() is None, f"the first run ended: {first.stderr.read()}"
+        assert second.returncode == 2, second.stderr
+        assert f"in use by another splitfed process (pid {first.pid})" in \
+            one_line(second.stderr)
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=60)
+    ckpt = load_checkpoint(run_dir)
+    rounds = (ckpt["round"] if ckpt else 0) + 2
+    short = dict(yaml.safe_load((run_dir / "config.yaml").read_text()), rounds=rounds)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(short, sort_keys=False))
+    result = resume_experiment(run_dir)                 # the killed holder left no lock
+    assert result.status == "completed" and result.records[-1]["round"] == rounds
+
+
+@pytest.mark.parametrize("status", ["diverged", "no_client_trained"])
+def test_a_checkpoint_of_an_ended_run_is_not_run_again(tmp_path, stopped, status):
+    run_dir = copy_run(stopped, tmp_path / "run")
+    _rewrite(run_dir, lambda c: c.update(status=status))
+    result = resume_experiment(run_dir)
+    assert result.status == status and [r["round"] for r in result.records] == [0, 1, 2]
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == status
+
+
+def test_launch_resume_of_a_locked_run_directory_is_refused(tmp_path, stopped):
+    """Rank 0 of the multi-process runtime takes the same run-directory lock."""
+    run_dir = copy_run(stopped, tmp_path / "run")
+    before = snapshot(run_dir)
+    with lock_run_dir(run_dir):
+        proc = subprocess.run([str(BIN), "launch", "--resume", str(run_dir), "--nproc", "2",
+                               "--launcher", "spawn"], env=ENV, capture_output=True,
+                              text=True, timeout=300)
+    assert proc.returncode == 2
+    assert one_line(proc.stderr).startswith(
+        f"splitfed: error: run directory {run_dir} is in use by another splitfed process "
+        f"(pid {os.getpid()})")
+    assert snapshot(run_dir) == before
