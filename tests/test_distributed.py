@@ -107,6 +107,9 @@ def _finish(procs, limit_s=LIMIT_S):
         for p in procs:
             p.kill()
         pytest.fail(f"the ranks did not finish within {limit_s} s")
+    finally:
+        if hasattr(procs, "close"):
+            procs.close()               # the run's store and status directory
     return [p.returncode for p in procs]
 
 
@@ -234,7 +237,9 @@ def test_launch_through_torchrun_refuses_an_unsupported_algorithm(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "splitfed", "launch", str(path),
                            "--nproc", "2"], env={**os.environ, **ENV}, capture_output=True,
                           text=True, timeout=LIMIT_S)
-    assert proc.returncode != 0
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("splitfed: error: "), proc.stderr
     assert "does not run on the multi-process runtime" in proc.stderr
 
 

@@ -1,62 +1,216 @@
 """Start a distributed run on this machine: ``splitfed launch CONFIG --nproc N``.
 
-Two launchers, both binding to the loopback interface (``127.0.0.1``; gloo's
-``GLOO_SOCKET_IFNAME=lo`` unless it is set):
+What listens where (docs/distributed.md, "Security"):
 
-- ``torchrun`` (default): ``python -m torch.distributed.run --standalone
-  --nproc-per-node N -m splitfed.runtime.worker ...``. torchrun's agent stops every
-  rank when one exits with an error: a client process that dies ends the run (resume
-  it with ``--resume``).
-- ``spawn``: starts the N processes itself and returns with rank 0: a client process
-  that dies or hangs is dropped by rank 0 and the run goes on.
+- the run's key-value store (:class:`splitfed.runtime.secure.StoreServer`), a thread of
+  this process, bound to ``--listen`` (default ``127.0.0.1``). Every connection must
+  prove the run's secret (HMAC-SHA256 challenge-response): a random secret per launch
+  unless ``SPLITFED_SECRET`` or ``--secret-file`` gives one; an address that is not
+  loopback is refused without one. The ranks join the process group through it
+  (``init_process_group(store=...)``), not through torch's TCPStore;
+- gloo's connections between the ranks, bound to the interface of ``--listen``
+  (``GLOO_SOCKET_IFNAME``); they are not authenticated (the control messages they carry
+  are: HMAC, and never pickled);
+- torchrun's agent (``--launcher torchrun``) meets its workers through a FileStore in a
+  private temporary directory (``--rdzv-backend c10d``, ``store_type=file``) and, with
+  ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``, hosts no TCP store.
 
-torch.distributed has no authentication: run it on trusted networks only.
+Two launchers:
+
+- ``torchrun`` (default): torchrun's agent stops every rank when one exits with an
+  error: a client process that dies ends the run (resume it with ``--resume``).
+- ``spawn``: starts the N processes itself: a client process that dies or hangs is
+  dropped by rank 0 and the run goes on.
+
+The ranks die with the launcher (``PR_SET_PDEATHSIG`` and a watchdog on the launcher's
+pid), run in their own session (Ctrl-C reaches the launcher only: it stops every rank,
+prints one line and exits 130), and report their status to the launcher through a file
+(so that torchrun does not wrap a ``splitfed: error:`` line in its own report).
 """
 
 from __future__ import annotations
 
+import ctypes
+import math
 import os
-import socket
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from splitfed.errors import ConfigError
+from splitfed.runtime import secure
 
 WORKER = "splitfed.runtime.worker"
+#: most processes ``splitfed launch`` starts
+MAX_NPROC = 256
+LAUNCHER_ENV = "SPLITFED_LAUNCHER_PID"
+STATUS_ENV = "SPLITFED_STATUS_DIR"
+_PR_SET_PDEATHSIG = 1
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def die_with_parent(sig: int = signal.SIGKILL) -> None:
+    """Ask Linux to send ``sig`` to this process when its parent exits (no-op
+    elsewhere)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
 
 
-def _loopback_env(extra: dict | None = None) -> dict:
-    env = dict(os.environ)
-    env.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    env.update(extra or {})
-    return env
+# --------------------------------------------------------------------- options
 
 
-def torchrun_command(nproc: int, worker_args: Sequence[str]) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
-            f"--nproc-per-node={int(nproc)}", "-m", WORKER, *worker_args]
+def _positive(name: str, value, *, zero_ok: bool = False) -> None:
+    if value is None:
+        return
+    ok = math.isfinite(value) and (value >= 0 if zero_ok else value > 0)
+    if not ok:
+        raise ConfigError(f"{name}: expected a finite number {'>= 0' if zero_ok else '> 0'}"
+                          f", got {value:g}")
 
 
-def spawn(nproc: int, worker_args: Sequence[str], *, port: int | None = None,
-          module: str = WORKER, env: dict | None = None, **popen) -> list[subprocess.Popen]:
-    """Start ranks 0..nproc-1 of ``python -m module worker_args`` on 127.0.0.1."""
-    port = port or free_port()
-    procs = []
+def check_run_options(args) -> None:
+    """The options every rank shares (``--timeout``, ``--client-timeout``,
+    ``--real-delays``); raises :class:`ConfigError`."""
+    _positive("--timeout", args.timeout)
+    _positive("--client-timeout", args.client_timeout)
+    _positive("--real-delays", args.real_delays, zero_ok=True)
+
+
+def check_options(args) -> tuple[str, str | None]:
+    """Every option of ``splitfed launch``, before anything starts; returns the listen
+    address and the user's secret (None: a random one per launch)."""
+    if not 2 <= args.nproc <= MAX_NPROC:
+        raise ConfigError(f"--nproc: expected 2 to {MAX_NPROC} processes (rank 0 serves, "
+                          f"the others host clients), got {args.nproc}")
+    check_run_options(args)
+    if args.launcher not in ("torchrun", "spawn"):
+        raise ConfigError(f"--launcher: unknown launcher {args.launcher!r}; launchers: "
+                          "torchrun, spawn")
+    listen = secure.parse_address(args.listen or "127.0.0.1")
+    secret = secure.read_secret(args.secret_file)
+    secure.require_secret(listen, secret)
+    return listen, secret
+
+
+def check_config(args) -> None:
+    """Build the run's config here, so that a bad config or override is reported before
+    any rank starts."""
+    from splitfed.config import build_config, load_config
+    from splitfed.configtools import load_yaml
+    from splitfed.runtime.session import check_supported
+
+    if args.resume is not None:
+        if args.config is not None or args.overrides:
+            raise ConfigError("--resume RUN_DIR continues with RUN_DIR's own config.yaml; "
+                              "give no CONFIG or key=value with it")
+        saved = Path(args.resume) / "config.yaml"
+        if not saved.is_file():
+            raise ConfigError(f"--resume {args.resume}: no config.yaml there")
+        cfg = build_config(load_yaml(saved))
+    elif args.config is None:
+        raise ConfigError("give a CONFIG (YAML file or shipped config name), or --resume "
+                          "RUN_DIR")
+    else:
+        cfg = load_config(args.config, args.overrides)
+    check_supported(cfg)
+
+
+def worker_argv(args) -> list[str]:
+    """The worker's command line from parsed ``splitfed launch`` arguments."""
+    argv = [args.config] if args.config is not None else []
+    argv += list(args.overrides)
+    for flag, value in (("--resume", args.resume), ("--run-dir", args.run_dir),
+                        ("--timeout", args.timeout), ("--client-timeout", args.client_timeout),
+                        ("--real-delays", args.real_delays)):
+        if value is not None:
+            argv += [flag, str(value)]
+    return argv
+
+
+# --------------------------------------------------------------------- processes
+
+
+class Ranks(list):
+    """The started processes (a list of :class:`subprocess.Popen`, rank order for
+    ``spawn``) with the run's store server, secret and status directory."""
+
+    server: secure.StoreServer
+    secret: str
+    status_dir: Path
+
+    def status(self, default: int) -> int:
+        """Rank 0's exit status as it reported it (``default`` if it did not)."""
+        try:
+            return int((self.status_dir / "rank0").read_text().strip())
+        except (OSError, ValueError):
+            return default
+
+    def close(self) -> None:
+        self.server.close()
+        shutil.rmtree(self.status_dir, ignore_errors=True)
+
+
+def _setup(listen: str = "127.0.0.1", secret: str | None = None,
+           env: dict | None = None) -> tuple[Ranks, dict]:
+    secure.require_secret(listen, secret)
+    iface = secure.interface_of(listen)
+    secret = secret or secure.new_secret()
+    ranks = Ranks()
+    ranks.secret = secret
+    ranks.server = secure.StoreServer(secret, listen, 0)
+    ranks.status_dir = Path(tempfile.mkdtemp(prefix="splitfed-launch-"))
+    base = {k: v for k, v in os.environ.items()
+            if k not in ("MASTER_ADDR", "MASTER_PORT", secure.SECRET_ENV)}
+    base.update({"GLOO_SOCKET_IFNAME": iface, secure.STORE_ENV: ranks.server.endpoint,
+                 secure.SECRET_ENV: secret, secure.LISTEN_ENV: listen,
+                 LAUNCHER_ENV: str(os.getpid()), STATUS_ENV: str(ranks.status_dir),
+                 **(env or {})})
+    return ranks, base
+
+
+def spawn(nproc: int, worker_args: Sequence[str], *, module: str = WORKER,
+          env: dict | None = None, listen: str = "127.0.0.1", secret: str | None = None,
+          **popen) -> Ranks:
+    """Start ranks 0..nproc-1 of ``python -m module worker_args``, with this process
+    hosting the run's store (on ``listen``) and the ranks in their own session, dying
+    with this process."""
+    ranks, base = _setup(listen, secret, env)
     for rank in range(int(nproc)):
-        rank_env = _loopback_env({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                                  "RANK": str(rank), "LOCAL_RANK": str(rank),
-                                  "WORLD_SIZE": str(int(nproc)), **(env or {})})
-        procs.append(subprocess.Popen([sys.executable, "-m", module, *worker_args],
-                                      env=rank_env, **popen))
-    return procs
+        rank_env = {**base, "RANK": str(rank), "LOCAL_RANK": str(rank),
+                    "WORLD_SIZE": str(int(nproc))}
+        ranks.append(subprocess.Popen([sys.executable, "-m", module, *worker_args],
+                                      env=rank_env, start_new_session=True, **popen))
+    return ranks
+
+
+def torchrun_command(nproc: int, worker_args: Sequence[str], rdzv_dir: Path) -> list[str]:
+    """torchrun's agent, started through this module's ``__main__`` (it dies with the
+    launcher)."""
+    return [sys.executable, "-m", __name__, "--nnodes=1",
+            f"--nproc-per-node={int(nproc)}", "--max-restarts=0",
+            "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_dir / 'rendezvous'}",
+            "--rdzv-conf=store_type=file", f"--rdzv-id=splitfed-{os.getpid()}",
+            "-m", WORKER, *worker_args]
+
+
+def torchrun(nproc: int, worker_args: Sequence[str], *, listen: str = "127.0.0.1",
+             secret: str | None = None, env: dict | None = None, **popen) -> Ranks:
+    """Start torchrun's agent (one process, listed alone) with ``nproc`` workers."""
+    ranks, base = _setup(listen, secret, {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+                                          **(env or {})})
+    base.setdefault("OMP_NUM_THREADS", "1")
+    ranks.append(subprocess.Popen(torchrun_command(nproc, worker_args, ranks.status_dir),
+                                  env=base, start_new_session=True, **popen))
+    return ranks
 
 
 def wait_all(procs: list[subprocess.Popen], grace_s: float = 30.0) -> int:
@@ -73,31 +227,87 @@ def wait_all(procs: list[subprocess.Popen], grace_s: float = 30.0) -> int:
     return code
 
 
-def worker_argv(args) -> list[str]:
-    """The worker's command line from parsed ``splitfed launch`` arguments."""
-    argv = [args.config] if args.config is not None else []
-    argv += list(args.overrides)
-    for flag, value in (("--resume", args.resume), ("--run-dir", args.run_dir),
-                        ("--timeout", args.timeout), ("--client-timeout", args.client_timeout),
-                        ("--real-delays", args.real_delays)):
-        if value is not None:
-            argv += [flag, str(value)]
-    return argv
-
-
-def launch(nproc: int, worker_args: Sequence[str], launcher: str = "torchrun") -> int:
-    """Run the ranks on this machine; returns rank 0's (torchrun: the group's) status."""
-    if nproc < 2:
-        raise ConfigError("--nproc must be at least 2 (rank 0 serves, the others host "
-                          "clients)")
-    if launcher == "torchrun":
-        return subprocess.call(torchrun_command(nproc, worker_args), env=_loopback_env())
-    if launcher == "spawn":
-        procs = spawn(nproc, worker_args)
+def descendants(pid: int) -> list[int]:
+    """The processes below ``pid`` (Linux ``/proc``; empty elsewhere)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").glob("[0-9]*"):
         try:
-            return wait_all(procs)
-        except KeyboardInterrupt:
-            for p in procs:
-                p.kill()
-            raise
-    raise ConfigError(f"unknown launcher {launcher!r}; launchers: torchrun, spawn")
+            stat = (entry / "stat").read_text()
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def stop(procs: list[subprocess.Popen]) -> None:
+    """Kill the processes and everything they started (torchrun's workers)."""
+    below = [d for p in procs if p.poll() is None for d in descendants(p.pid)]
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+    for pid in below:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    for p in procs:
+        p.wait()
+
+
+class _Terminated(Exception):
+    pass
+
+
+def _on_sigterm(signum, frame):
+    raise _Terminated
+
+
+def launch(args) -> int:
+    """``splitfed launch``: check the options and the config, start the ranks, wait;
+    returns rank 0's status (0 completed, 2 error, 3 another end of the run), 130 after
+    Ctrl-C."""
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    ranks = None
+    try:
+        listen, secret = check_options(args)
+        check_config(args)
+        start = spawn if args.launcher == "spawn" else torchrun
+        ranks = start(args.nproc, worker_argv(args), listen=listen, secret=secret)
+        code = wait_all(ranks) if args.launcher == "spawn" else ranks[0].wait()
+        code = ranks.status(code)
+        return 128 - code if code < 0 else code      # killed by a signal: 128 + its number
+    except (KeyboardInterrupt, _Terminated) as e:
+        if ranks is not None:
+            stop(ranks)
+        interrupted = isinstance(e, KeyboardInterrupt)
+        print(f"splitfed: {'interrupted' if interrupted else 'terminated'}: all ranks "
+              "stopped (continue the run with splitfed launch --resume RUN_DIR)",
+              file=sys.stderr, flush=True)
+        return 130 if interrupted else 143
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if ranks is not None:
+            ranks.close()
+
+
+def _agent_main() -> None:
+    """``python -m splitfed.runtime.launch TORCHRUN_ARGS``: torchrun's agent that dies
+    with the launcher that started it (``PR_SET_PDEATHSIG``)."""
+    import runpy
+
+    die_with_parent(signal.SIGKILL)
+    launcher = os.environ.get(LAUNCHER_ENV)
+    if launcher and os.getppid() != int(launcher):
+        os._exit(137)                   # the launcher was gone before the line above
+    sys.argv = ["torchrun", *sys.argv[1:]]
+    runpy.run_module("torch.distributed.run", run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    _agent_main()

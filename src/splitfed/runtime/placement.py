@@ -139,6 +139,8 @@ class RuntimeClock(VirtualClock):
         new = cls.__new__(cls)
         new.__dict__.update(clock.__dict__)
         new.placement, new.delay_scale, new.lost_in_cohort = placement, delay_scale, 0
+        #: clients that trained in a round (neither dropped nor of a lost rank), summed
+        new.clients_trained, new._cohort_size = 0, 0
         return new
 
     def _local(self, ids) -> np.ndarray:
@@ -154,10 +156,15 @@ class RuntimeClock(VirtualClock):
     def begin_round(self, cohort):
         cohort = super().begin_round(cohort)
         self._unavailable += self.lost_in_cohort
+        self._cohort_size = int(np.unique(cohort.ids).size)
         if self.delay_scale:
             local = self._local(cohort.ids)
             self._sleep(self._t[local] - self._start)
         return cohort
+
+    def end_round(self):
+        self.clients_trained += max(0, self._cohort_size - len(self._dropped))
+        return super().end_round()
 
     def compute(self, role, ids, macs) -> None:
         super().compute(role, ids, macs)

@@ -16,27 +16,40 @@ Rank 0 starts each round with a control message to every live client rank
 (:class:`~splitfed.runtime.placement.RoundControl`); a client rank that is lost (its
 connection closed, or it did not answer within the timeout) has its clients dropped
 from the round in which it was lost (left out of the aggregation like late clients)
-and from the cohorts of later rounds (like unavailable clients).
+and from the cohorts of later rounds (like unavailable clients). A run that ends with
+every client rank lost has the status ``no_client_trained`` (no client ever trained) or
+``clients_lost`` (they trained in some rounds, then every client rank was lost), not
+``completed``.
+
+The messages to the client ranks are plain data (the config as
+:func:`~splitfed.configtools.to_dict`, rebuilt with
+:func:`~splitfed.config.build_config`; the checkpoint's state: plain data, tensors and
+numpy arrays), never pickles.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from splitfed.checkpoint import (Checkpointer, load_checkpoint, restore,
+import torch
+
+from splitfed.checkpoint import (CHECKPOINT, Checkpointer, checkpoint_records,
+                                 cpu_capability, load_checkpoint, restore, thread_warnings,
                                  truncate_metrics)
 from splitfed.config import RunConfig, build_config
-from splitfed.configtools import dump_yaml, load_yaml
+from splitfed.configtools import dump_yaml, load_yaml, to_dict
 from splitfed.data.partition import partition_summary
 from splitfed.engine import placement
 from splitfed.engine.loop import run_rounds
 from splitfed.errors import ConfigError
 from splitfed.experiment import (RunResult, _check_empty, _new_run_dir, build_algorithm,
-                                 build_environment)
+                                 build_environment, lock_run_dir)
 from splitfed.metrics import MetricLogger, best_value, last_value
 from splitfed.runtime.placement import (RankPlacement, RoundControl, RuntimeClock, StopRun,
                                         host_ranks)
@@ -103,17 +116,36 @@ class _WireLogger(MetricLogger):
 
 def serve(links: Links, cfg: RunConfig | None = None, *, options: RuntimeOptions,
           run_dir: str | Path | None = None, resume: str | Path | None = None) -> RunResult:
-    """Rank 0: run ``cfg`` (or resume the run in ``resume``) with the client ranks."""
-    ckpt = None
-    if resume is not None:
-        run_dir = Path(resume)
-        saved = run_dir / "config.yaml"
-        if not saved.is_file():
-            raise ConfigError(f"--resume {run_dir}: no config.yaml there")
+    """Rank 0: run ``cfg`` (or resume the run in ``resume``) with the client ranks.
+
+    The run directory is locked (:func:`splitfed.experiment.lock_run_dir`) while rank 0
+    writes it. When resuming, the config, the checkpoint and the metrics records it
+    counts are all checked (and the checkpoint restored into rank 0's environment)
+    before ``metrics.jsonl`` is cut back to the checkpoint."""
+    if resume is None:
+        return _serve(links, cfg, options=options, run_dir=run_dir)
+    run_dir = Path(resume)
+    saved = run_dir / "config.yaml"
+    if not saved.is_file():
+        raise ConfigError(f"--resume {run_dir}: no config.yaml there")
+    try:
         cfg = build_config(load_yaml(saved))
-        ckpt = load_checkpoint(run_dir)
+    except ConfigError as e:
+        raise ConfigError(f"{saved}: {e}") from None
+    with lock_run_dir(run_dir):
+        ckpt = load_checkpoint(run_dir, rounds=cfg.rounds)
+        records = checkpoint_records(run_dir, ckpt) if ckpt is not None else None
+        for line in thread_warnings(ckpt) if ckpt is not None else ():
+            print(f"splitfed: warning: {run_dir}: {line}", file=sys.stderr)
+        return _serve(links, cfg, options=options, run_dir=run_dir, ckpt=ckpt,
+                      records=records, locked=True)
+
+
+def _serve(links: Links, cfg: RunConfig, *, options: RuntimeOptions,
+           run_dir: str | Path | None, ckpt: dict | None = None,
+           records: list[dict] | None = None, locked: bool = False) -> RunResult:
     check_supported(cfg)
-    hello = {"config": cfg, "delay_scale": options.delay_scale,
+    hello = {"config": to_dict(cfg), "delay_scale": options.delay_scale,
              "resume": None if ckpt is None else {k: ckpt[k] for k in (
                  "round", "streams", "clock", "ledger", "components")}}
     algorithm = build_algorithm(cfg)
@@ -121,28 +153,47 @@ def serve(links: Links, cfg: RunConfig | None = None, *, options: RuntimeOptions
         links.send_object(r, hello)
     env = build_environment(cfg)
     control = adapt(env, links, options.delay_scale)
-    state, start, records, wall0, resumed = None, 1, [], 0.0, []
-    if ckpt is not None:
-        records = truncate_metrics(run_dir, ckpt["records"])
-        state = restore(env, ckpt)
-        start, wall0 = ckpt["round"] + 1, ckpt["wall_time_s"]
-        resumed = list(ckpt["resumed_from"]) + [ckpt["round"]]
-    else:
-        if run_dir is None:
-            run_dir = _new_run_dir(cfg)
+    state, start, wall0, resumed = None, 1, 0.0, []
+    started = {"threads": torch.get_num_threads(), "cpu": cpu_capability(),
+               "resumed_threads": []}
+    with contextlib.ExitStack() as stack:
+        if ckpt is not None:
+            where = Path(run_dir) / CHECKPOINT
+            state = restore(env, ckpt, algorithm.init_state(env), where=where)
+            records = truncate_metrics(run_dir, ckpt["records"], ckpt["round"])
+            start, wall0 = ckpt["round"] + 1, ckpt["wall_time_s"]
+            resumed = list(ckpt["resumed_from"]) + [ckpt["round"]]
+            started = {"threads": ckpt["threads"], "cpu": ckpt["cpu_capability"],
+                       "resumed_threads": list(ckpt["resumed_threads"])
+                       + [torch.get_num_threads()]}
         else:
-            run_dir = Path(run_dir)
-            _check_empty(run_dir)
-            run_dir.mkdir(parents=True, exist_ok=True)
-        dump_yaml(cfg, run_dir / "config.yaml")
-        labels = env.data.train.y.cpu().numpy()
-        (run_dir / "partition.txt").write_text(
-            partition_summary(env.client_indices, labels, env.data.num_classes) + "\n")
+            if run_dir is None:
+                run_dir = _new_run_dir(cfg)
+            else:
+                run_dir = Path(run_dir)
+                _check_empty(run_dir)
+                run_dir.mkdir(parents=True, exist_ok=True)
+            if not locked:
+                stack.enter_context(lock_run_dir(run_dir))
+                _check_empty(run_dir)
+            dump_yaml(cfg, run_dir / "config.yaml")
+            labels = env.data.train.y.cpu().numpy()
+            (run_dir / "partition.txt").write_text(
+                partition_summary(env.client_indices, labels, env.data.num_classes) + "\n")
+        return _run(links, cfg, algorithm, env, control, Path(run_dir), options, ckpt,
+                    state=state, start=start, records=records or [], wall0=wall0,
+                    resumed=resumed, started=started)
+
+
+def _run(links, cfg, algorithm, env, control, run_dir: Path, options, ckpt, *, state,
+         start, records, wall0, resumed, started) -> RunResult:
     logger = _WireLogger(run_dir, env.transport, records)
     t0 = time.perf_counter()
     checkpoint = Checkpointer(run_dir, env, logger, every=options.checkpoint_every,
                               rounds=cfg.rounds, wall_offset=wall0, resumed_from=resumed,
-                              clock=lambda: time.perf_counter() - t0)
+                              clock=lambda: time.perf_counter() - t0,
+                              threads=started["threads"], cpu=started["cpu"],
+                              resumed_threads=started["resumed_threads"])
     status = "failed"
     try:
         if start > cfg.rounds or (ckpt is not None and ckpt["status"] != "completed"):
@@ -150,6 +201,7 @@ def serve(links: Links, cfg: RunConfig | None = None, *, options: RuntimeOptions
         else:
             state, status = run_rounds(algorithm, env, logger, state, start,
                                        checkpoint=checkpoint)
+        status = _clients_status(status, links, env.clock, resumed)
     finally:
         control.stop(status)
         logger.close()
@@ -161,6 +213,8 @@ def serve(links: Links, cfg: RunConfig | None = None, *, options: RuntimeOptions
                "final_test_acc": last_value(logger.records, "test_acc"),
                "best_test_acc": best_value(logger.records, "test_acc"),
                "wall_time_s": round(wall, 3), "resumed_from": resumed,
+               "threads": started["threads"], "cpu_capability": started["cpu"],
+               "resumed_threads": list(started["resumed_threads"]),
                "processes": links.world_size,
                "lost_ranks": {str(r): why for r, why in sorted(links.lost.items())},
                **env.transport.wire_totals()}
@@ -168,12 +222,21 @@ def serve(links: Links, cfg: RunConfig | None = None, *, options: RuntimeOptions
     return RunResult(status, logger.records, run_dir, wall, state)
 
 
+def _clients_status(status: str, links: Links, clock: RuntimeClock, resumed) -> str:
+    """A run that went through its rounds without any client rank left is not
+    ``completed``: ``no_client_trained`` when no client trained in any round (of this
+    session, and the run was not resumed), else ``clients_lost``."""
+    if status != "completed" or links.live_clients():
+        return status
+    return "clients_lost" if clock.clients_trained or resumed else "no_client_trained"
+
+
 def host(links: Links) -> str:
     """A client rank: follow rank 0's run until it stops; returns the stop reason."""
     hello = links.recv_object(SERVER_RANK)
     if "stop" in hello:                     # rank 0 failed before the run started
         return hello["stop"]
-    cfg = dataclasses.replace(hello["config"], progress=False)
+    cfg = dataclasses.replace(build_config(hello["config"]), progress=False)
     algorithm = build_algorithm(cfg)
     env = build_environment(cfg)
     adapt(env, links, hello["delay_scale"])

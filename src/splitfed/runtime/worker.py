@@ -1,20 +1,28 @@
 """The process of one rank: ``python -m splitfed.runtime.worker CONFIG [key=value ...]``.
 
-Started by torchrun (``splitfed launch``, or ``torchrun ... -m splitfed.runtime.worker``
-on several hosts) or by :func:`splitfed.runtime.launch.spawn`; reads ``RANK``,
-``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` from the environment, joins the gloo
-process group, and serves (rank 0) or hosts clients (the other ranks). Only rank 0
-reads CONFIG and writes the run directory; it sends the config to the other ranks.
+Started by ``splitfed launch`` (spawn or torchrun), or by hand with torchrun on several
+hosts (``--store HOST:PORT``: rank 0 hosts the run's store there). Reads ``RANK`` and
+``WORLD_SIZE`` from the environment, joins the gloo process group through the run's
+authenticated store (:mod:`splitfed.runtime.secure`; torch's ``MASTER_ADDR`` and
+``MASTER_PORT`` are not used), and serves (rank 0) or hosts clients (the other ranks).
+Only rank 0 reads CONFIG and writes the run directory; it sends the config to the other
+ranks (plain data, :mod:`splitfed.safeio`, with an HMAC under the run's secret).
+A rank dies with its parent process and exits when ``splitfed launch`` is gone.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
+import time
 from datetime import timedelta
+from pathlib import Path
 
-from splitfed.errors import SplitfedError
+from splitfed.errors import ConfigError, SplitfedError
+from splitfed.runtime.options import MIN_SECRET
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -22,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_run_arguments(p)
+    add_network_arguments(p, worker=True)
     return p
 
 
@@ -35,13 +44,110 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="write the run into this (absent or empty) directory")
     p.add_argument("--timeout", type=float, default=60.0, metavar="S",
                    help="rank 0 drops a client rank that does not answer within S "
-                        "seconds (default 60)")
+                        "seconds (> 0; default 60)")
     p.add_argument("--client-timeout", type=float, default=1800.0, metavar="S",
                    help="a client rank gives up after waiting S seconds for rank 0 "
-                        "(gloo's process-group timeout; default 1800)")
+                        "(gloo's process-group timeout; > 0; default 1800)")
     p.add_argument("--real-delays", type=float, default=None, metavar="SCALE",
-                   help="client ranks sleep SCALE wall seconds per simulated second of "
-                        "their clients' compute and transfers (docs/clock.md profiles)")
+                   help="client ranks sleep SCALE (>= 0) wall seconds per simulated second "
+                        "of their clients' compute and transfers (docs/clock.md profiles)")
+
+
+def add_network_arguments(p: argparse.ArgumentParser, worker: bool = False) -> None:
+    """Where the run listens and the shared secret (docs/distributed.md, Security)."""
+    p.add_argument("--listen", metavar="ADDR", default=None,
+                   help="IPv4 address the run's store and gloo bind to (default "
+                        "127.0.0.1); an address that is not loopback needs a secret")
+    p.add_argument("--secret-file", metavar="FILE", default=None,
+                   help="file holding the run's shared secret (at least "
+                        f"{MIN_SECRET} characters, mode 600); default: $SPLITFED_SECRET"
+                        + ("" if worker else ", else a random secret per launch"))
+    if worker:
+        p.add_argument("--store", metavar="HOST:PORT", default=None,
+                       help="the run's store, hosted by rank 0 on --listen ADDR and PORT "
+                            "(ranks started by hand: torchrun on several hosts); default: "
+                            "$SPLITFED_STORE, set by splitfed launch")
+
+
+def join(rank: int, world: int, timeout_s: float, *, listen: str | None = None,
+         store: str | None = None, secret_file: str | None = None):
+    """Join the gloo process group through the run's authenticated store; returns the
+    secret (None: none in use) and the store server rank 0 hosts (None elsewhere)."""
+    import torch.distributed as dist
+
+    from splitfed.runtime import secure
+
+    secret = secure.read_secret(secret_file)
+    addr = secure.parse_address(listen or os.environ.get(secure.LISTEN_ENV) or "127.0.0.1")
+    secure.require_secret(addr, secret)
+    server = None
+    if store is not None:
+        host_name, port = secure.parse_endpoint(store)
+        if rank == 0:
+            server = secure.StoreServer(secret, addr, port)
+    elif os.environ.get(secure.STORE_ENV):
+        host_name, port = secure.parse_endpoint(os.environ[secure.STORE_ENV],
+                                                f"${secure.STORE_ENV}")
+    else:
+        raise ConfigError("give the run's store with --store HOST:PORT (rank 0 hosts it), "
+                          "or start the ranks with splitfed launch")
+    os.environ["GLOO_SOCKET_IFNAME"] = secure.interface_of(addr)
+    timeout = timedelta(seconds=timeout_s)
+    auth = secure.AuthStore(host_name, port, secret, timeout=timeout)
+    dist.init_process_group("gloo", store=auth, rank=rank, world_size=world,
+                            timeout=timeout)
+    return secret, server
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state not in ("Z", "X")
+
+
+def guard(launcher_pid: int | None) -> None:
+    """Die with the parent (``PR_SET_PDEATHSIG``) and, when ``launcher_pid`` is given,
+    exit as soon as that process is gone (a watchdog thread)."""
+    from splitfed.runtime.launch import die_with_parent
+
+    die_with_parent(signal.SIGKILL)
+    if launcher_pid is None:
+        return
+
+    def watch():
+        while True:
+            if not _alive(launcher_pid):
+                os._exit(137)
+            time.sleep(0.5)
+
+    if not _alive(launcher_pid):
+        os._exit(137)
+    threading.Thread(target=watch, daemon=True, name="splitfed-watchdog").start()
+
+
+def _report(rank: int, code: int) -> int:
+    """Rank 0 writes its status for splitfed launch; under torchrun an orderly end of
+    the run (an error it reported, a run that did not complete) then exits 0, so that
+    torchrun does not wrap the one-line report in its own."""
+    status_dir = os.environ.get("SPLITFED_STATUS_DIR")
+    if rank != 0 or not status_dir:
+        return code
+    path = Path(status_dir) / "rank0"
+    try:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(f"{code}\n")
+        os.replace(tmp, path)
+    except OSError:
+        return code
+    return 0 if code in (2, 3) and "TORCHELASTIC_RUN_ID" in os.environ else code
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -52,14 +158,23 @@ def main(argv: list[str] | None = None) -> int:
         print(f"splitfed worker: {e.args[0]} is not set; start the ranks with splitfed "
               "launch or torchrun (docs/distributed.md)", file=sys.stderr)
         return 2
+    launcher = os.environ.get("SPLITFED_LAUNCHER_PID")
+    if launcher or "TORCHELASTIC_RUN_ID" in os.environ:
+        guard(int(launcher) if launcher else None)
     import torch.distributed as dist
 
+    from splitfed.runtime.launch import check_run_options
     from splitfed.runtime.session import RuntimeOptions, host, serve
     from splitfed.transport.distributed import Links, ServerLost
 
-    dist.init_process_group("gloo", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=args.client_timeout))
-    links = Links(rank, world, args.timeout)
+    try:
+        check_run_options(args)
+        secret, _server = join(rank, world, args.client_timeout, listen=args.listen,
+                               store=args.store, secret_file=args.secret_file)
+    except SplitfedError as e:
+        print(f"splitfed: error: {e}", file=sys.stderr, flush=True)
+        return _report(rank, 2)
+    links = Links(rank, world, args.timeout, secret=secret)
     code = 0
     try:
         if rank == 0:
@@ -70,12 +185,16 @@ def main(argv: list[str] | None = None) -> int:
     except ServerLost as e:
         print(f"splitfed worker rank {rank}: {e}", file=sys.stderr)
         code = 1
+    except SplitfedError as e:             # a client rank refused a message
+        print(f"splitfed: error: rank {rank}: {e}", file=sys.stderr)
+        code = 2
     sys.stdout.flush()
     sys.stderr.flush()
+    exit_code = _report(rank, code)
     if links.lost or code:
-        os._exit(code)                # abandoned links: skip gloo's orderly shutdown
+        os._exit(exit_code)           # abandoned links: skip gloo's orderly shutdown
     dist.destroy_process_group()
-    return code
+    return exit_code
 
 
 def _serve(args, links, serve, options) -> int:

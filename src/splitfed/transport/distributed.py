@@ -26,11 +26,17 @@ used on rank 0: it would close every connection of the process, so rank 0 waits 
 daemon threads and abandons a wait that misses its deadline. A client rank waits
 without a deadline of its own (gloo's process-group timeout applies) and stops when
 rank 0 is gone.
+
+Control messages (:meth:`Links.send_object`: the run's config, the checkpoint's state on
+resuming, each round's cohort, stop) are plain data and tensors written with
+:func:`splitfed.safeio.dumps` and read with the weights-only loader (never unpickled),
+and carry an HMAC-SHA256 under the run's secret (sender, receiver and a sequence number
+per link included): a client rank refuses a message that is not rank 0's, unread.
+The tensors of the transfers carry no HMAC (docs/distributed.md, Security).
 """
 
 from __future__ import annotations
 
-import pickle
 import queue
 import sys
 import threading
@@ -42,9 +48,15 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from splitfed import safeio
+from splitfed.errors import FormatError
+from splitfed.runtime.secure import message_key, sign, verify
 from splitfed.transport.base import UP, Transport
 
 SERVER_RANK = 0
+#: largest control message a rank accepts (bytes)
+MAX_MESSAGE = 1 << 30
+_TAG = 32
 _FOREVER = timedelta(days=3650)
 
 
@@ -78,8 +90,13 @@ class _Waiter:
 class Links:
     """Point-to-point links between rank 0 and the client ranks (module doc)."""
 
-    def __init__(self, rank: int, world_size: int, timeout_s: float):
+    def __init__(self, rank: int, world_size: int, timeout_s: float,
+                 secret: str | None = None):
         self.rank, self.world_size = int(rank), int(world_size)
+        #: the control messages' HMAC key (None: no secret in use)
+        self.key = message_key(secret)
+        self._sent: dict[int, int] = defaultdict(int)
+        self._received: dict[int, int] = defaultdict(int)
         self.timeout_s = float(timeout_s)
         #: ranks rank 0 gave up on, with the reason
         self.lost: dict[int, str] = {}
@@ -145,8 +162,13 @@ class Links:
     # ------------------------------------------------------------------ objects
 
     def send_object(self, peer: int, obj) -> bool:
-        """Pickle ``obj`` to ``peer`` (control messages); False if the peer is lost."""
-        data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
+        """Send ``obj`` (plain data and tensors, :mod:`splitfed.safeio`) to ``peer`` with
+        its HMAC; False if the peer is lost."""
+        body = safeio.dumps(obj)
+        if self.key is not None:
+            body += sign(self.key, self.rank, peer, self._sent[peer], body)
+        self._sent[peer] += 1
+        data = torch.frombuffer(bytearray(body), dtype=torch.uint8)
         head = torch.tensor([data.numel()], dtype=torch.int64)
         self.overhead_bytes += 8 + data.numel()
         return not (self.exchange(sends=[(peer, head)])
@@ -154,15 +176,26 @@ class Links:
 
     def recv_object(self, peer: int):
         """The next object ``peer`` sent with :meth:`send_object` (a client rank: from
-        rank 0 only; the server talks first)."""
+        rank 0 only; the server talks first). A message without the right HMAC, or that
+        holds anything but plain data and tensors, raises (``AuthError``,
+        :class:`~splitfed.errors.FormatError`) without being loaded."""
         head = torch.zeros(1, dtype=torch.int64)
         if self.exchange(recvs=[(peer, head)]):
             return None
-        data = torch.empty(int(head[0]), dtype=torch.uint8)
+        n = int(head[0])
+        if not 0 < n <= MAX_MESSAGE or (self.key is not None and n <= _TAG):
+            raise FormatError(f"a control message from rank {peer} announces {n} bytes; "
+                              "refused")
+        data = torch.empty(n, dtype=torch.uint8)
         if self.exchange(recvs=[(peer, data)]):
             return None
         self.overhead_bytes += 8 + data.numel()
-        return pickle.loads(data.numpy().tobytes())
+        body = data.numpy().tobytes()
+        if self.key is not None:
+            body, tag = body[:-_TAG], body[-_TAG:]
+            verify(self.key, peer, self.rank, self._received[peer], body, tag)
+        self._received[peer] += 1
+        return safeio.loads(body, what=f"a control message from rank {peer}")
 
     def stop_all(self, reason: str) -> None:
         """Rank 0: tell every live client rank, once, that the run ends."""
