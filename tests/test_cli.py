@@ -33,3 +33,177 @@ def test_list_and_partition(capsys):
         assert word in out
     assert main(["partition", "quick_digits"]) == 0
     assert "client" in capsys.readouterr().out.lower()
+
+
+# ------------------------------------------------------- errors: one line, no traceback
+
+import errno  # noqa: E402
+import os  # noqa: E402
+import re  # noqa: E402
+import signal  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+import splitfed.cli as cli  # noqa: E402
+from splitfed.errors import RunInterrupted  # noqa: E402
+
+TINY = ("name: t\nseed: 0\nrounds: 1\nprogress: false\nalgorithm: {name: fedavg}\n"
+        "data: {name: digits}\npartition: {scheme: iid, num_clients: 3}\n"
+        "model: {name: mlp, hidden: [8]}\n"
+        "train: {batch_size: 8, local_steps: 1, lr: 0.1}\nparticipation: {mode: full}\n")
+
+
+def one_line_error(capsys, code):
+    """The command failed with exit 2 and one ``splitfed: error:`` line on stderr."""
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("splitfed: error: "), err
+    return lines[0]
+
+
+@pytest.fixture
+def files(tmp_path):
+    (tmp_path / "tiny.yaml").write_text(TINY)
+    (tmp_path / "afile").write_text("hello")
+    (tmp_path / "adir").mkdir()
+    return tmp_path
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["run", "{d}/tiny.yaml", "out_dir={d}/afile"], "cannot create the run directory"),
+    (["run", "{d}/tiny.yaml", "name=" + "x" * 300], "File name too long"),
+    (["run", "{d}/adir"], "config file not found"),
+    (["run", "--resume", "{d}/afile"], "no config.yaml there"),
+    (["run", "{d}/tiny.yaml", "--bogus"], "unrecognized arguments: --bogus"),
+    (["run", "--resume"], "expected one argument"),
+    (["sweep", "{d}/tiny.yaml", "train.lr=0.1,0.2", "--out-dir", "{d}/afile"],
+     "cannot create the sweep directory .*afile/tiny-sweep .*Not a directory"),
+    (["sweep", "{d}/tiny.yaml", "train.lr=0.1,0.2", "--out-dir", "{d}/afile/sub"],
+     "Not a directory"),
+    (["study", "{d}/adir"], "config file not found"),
+    (["study", "{d}/afile"], "top level must be a mapping"),
+    (["plot", "{d}/adir"], "no such metrics file"),
+    (["partition", "{d}/afile"], "top level must be a mapping"),
+    (["list", "extra"], "unrecognized arguments: extra"),
+    ([], "the following arguments are required"),
+])
+def test_user_errors_are_one_line(files, capsys, argv, match):
+    line = one_line_error(capsys, main([a.format(d=files) for a in argv]))
+    assert re.search(match, line), line
+    assert not (files / "afile").is_dir()
+
+
+def test_os_errors_on_user_paths_are_one_line_and_bugs_keep_their_traceback(
+        monkeypatch, capsys):
+    def raising(exc):
+        def command(args):
+            raise exc
+        return command
+
+    monkeypatch.setattr(cli, "_cmd_list", raising(
+        PermissionError(errno.EACCES, "Permission denied", "/some/results.json")))
+    line = one_line_error(capsys, main(["list"]))
+    assert line == ("splitfed: error: /some/results.json: Permission denied; "
+                    "check the path")
+    monkeypatch.setattr(cli, "_cmd_list", raising(OSError(errno.ENOSPC, "No space left")))
+    assert "No space left" in one_line_error(capsys, main(["list"]))
+    for bug in (ConnectionResetError(errno.ECONNRESET, "reset"), KeyError("x"),
+                TypeError("bug")):
+        monkeypatch.setattr(cli, "_cmd_list", raising(bug))
+        with pytest.raises(type(bug)):
+            main(["list"])
+
+
+def test_keyboard_interrupt_exits_130_with_how_to_continue(files, monkeypatch, capsys):
+    import splitfed.experiment as experiment
+    import splitfed.study as study
+
+    def interrupted(cfg, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(experiment, "run_experiment", interrupted)
+    assert main(["run", str(files / "tiny.yaml"), f"out_dir={files}/runs"]) == 130
+    assert capsys.readouterr().err == "splitfed: interrupted\n"
+
+    def run_interrupted(cfg, **kwargs):
+        raise RunInterrupted(files / "runs" / "t-1")
+
+    monkeypatch.setattr(experiment, "run_experiment", run_interrupted)
+    assert main(["run", str(files / "tiny.yaml"), f"out_dir={files}/runs"]) == 130
+    assert capsys.readouterr().err == (
+        f"splitfed: interrupted; continue it with: splitfed run --resume {files}/runs/t-1\n")
+
+    monkeypatch.setattr(study, "run_experiment", run_interrupted)
+    argv = ["sweep", str(files / "tiny.yaml"), "train.lr=0.1,0.2", "--out-dir",
+            str(files / "sw")]
+    assert main(argv) == 130
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith("splitfed: interrupted; finished runs are kept, continue the sweep "
+                          "by running the same command again: splitfed sweep ")
+    assert err.strip().endswith(f"--out-dir {files}/sw")
+    assert not (files / "sw" / "tiny-sweep" / ".splitfed.lock").exists()   # released
+
+
+# ------------------------------------------------------------ Ctrl-C on a real process
+
+SLOW = ("name: s\nseed: 0\nrounds: 30\nprogress: false\ncheckpoint_every: 10\n"
+        "eval_every: 1000\ndata: {name: synthetic}\nmodel: {name: mlp}\n"
+        "partition: {scheme: natural, num_clients: 30}\n"
+        "participation: {mode: uniform, clients_per_round: 3}\n"
+        "train: {batch_size: 8, local_steps: 1, lr: 0.05}\n")
+
+
+def splitfed_command() -> list[str]:
+    binary = Path(sys.executable).with_name("splitfed")
+    return [str(binary)] if binary.is_file() else [sys.executable, "-m", "splitfed"]
+
+
+def start(argv, cwd):
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", MPLBACKEND="Agg")
+    return subprocess.Popen(splitfed_command() + argv, cwd=cwd, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def interrupt_when(proc, ready, timeout=60.0):
+    """SIGINT ``proc`` as soon as ``ready()``; returns (exit status, stdout, stderr)."""
+    deadline = time.monotonic() + timeout
+    while not ready():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the command did not start writing"
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    return proc.returncode, out, err
+
+
+def test_ctrl_c_during_a_run_then_resume(tmp_path):
+    (tmp_path / "slow.yaml").write_text(SLOW)
+    runs = tmp_path / "runs"
+    proc = start(["run", "slow.yaml", "out_dir=runs"], tmp_path)
+    code, out, err = interrupt_when(proc, lambda: any(runs.glob("*/checkpoint.pt")))
+    assert code == 130, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    (run_dir,) = runs.iterdir()
+    assert err == ("splitfed: interrupted; continue it with: splitfed run --resume "
+                   f"{Path('runs') / run_dir.name}\n")
+    assert not (run_dir / "summary.json").exists()
+    assert main(["run", "--resume", str(run_dir)]) == 0           # the line's command
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["resumed_from"]
+    rounds = [json.loads(x)["round"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert rounds == list(range(31))
+
+
+def test_a_closed_stdout_ends_the_command_quietly(tmp_path):
+    proc = subprocess.Popen(splitfed_command() + ["list"], cwd=tmp_path, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()                   # the reader is gone before anything is written
+    err = proc.stderr.read()
+    assert proc.wait(timeout=60) == 141 and err == ""

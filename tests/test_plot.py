@@ -59,3 +59,81 @@ def test_clear_errors(runs, tmp_path, capsys):
         plot_runs(runs, tmp_path / "a.png", labels=["only one"])
     assert main(["plot", str(tmp_path / "nope")]) == 2
     assert "no such metrics file" in capsys.readouterr().err
+
+
+def test_an_existing_output_is_kept_unless_forced(runs, tmp_path, capsys):
+    out = tmp_path / "acc.png"
+    out.write_bytes(b"keep me")
+    assert main(["plot", str(runs[0]), "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"splitfed: error: --out {out}: the file exists; pass --force to "
+                   "overwrite it, or choose another --out\n")
+    assert out.read_bytes() == b"keep me"
+    assert main(["plot", str(runs[0]), "-o", str(out), "--force"]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert oct(out.stat().st_mode & 0o777) != oct(0o600)      # not left private
+    assert [p.name for p in tmp_path.iterdir()] == ["acc.png"]   # no temporary file left
+
+
+@pytest.fixture
+def bad_inputs(tmp_path):
+    files = {"empty.jsonl": "", "torn.jsonl": '{"round": 0, "test_acc": 0.1}\n{"round": 1, "te',
+             "list.jsonl": "[1, 2]\n", "noround.jsonl": '{"test_acc": 0.5}\n',
+             "strround.jsonl": '{"round": "a", "test_acc": 0.5}\n',
+             "inf.jsonl": '{"round": 1e400, "test_acc": 0.5}\n',
+             "config.yaml": "algorithm: {name: fedavg}\n"}
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    (tmp_path / "binary.jsonl").write_bytes(b"\xff\xfe\x00")
+    (tmp_path / "dir_metrics" / "metrics.jsonl").mkdir(parents=True)
+    return tmp_path
+
+
+@pytest.mark.parametrize("arg, match", [
+    ("missing", "no such metrics file"),
+    ("dir_metrics", "no such metrics file"),
+    ("config.yaml", "line 1 is not a JSON record"),
+    ("empty.jsonl", "no evaluated round"),
+    ("torn.jsonl", "line 2 is not a JSON record"),
+    ("list.jsonl", "line 1 is not a JSON object"),
+    ("noround.jsonl", "line 1 has no round number"),
+    ("strround.jsonl", "line 1 has no round number"),
+    ("inf.jsonl", "line 1 has no round number"),
+    ("binary.jsonl", "not UTF-8"),
+])
+def test_bad_metrics_files_are_one_line_errors(bad_inputs, capsys, arg, match):
+    code = main(["plot", str(bad_inputs / arg), "-o", str(bad_inputs / "out.png")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and err.startswith("splitfed: error: "), err
+    assert match in err and str(bad_inputs / arg) in err
+    assert not (bad_inputs / "out.png").exists()
+
+
+@pytest.mark.parametrize("out, match", [
+    ("acc.unknownext", "unknown image format '.unknownext'; end the name with .png, .pdf "
+                       "or .svg"),
+    ("acc", "unknown image format '(no suffix)'"),
+    ("", "give an image file name"),
+    ("missing/acc.png", "missing does not exist; create it first"),
+    ("afile/acc.png", "afile is a file, not a directory"),
+    ("adir.png", "is a directory"),
+    ("/proc/acc.png", "cannot write it"),
+])
+def test_bad_outputs_are_one_line_errors(runs, tmp_path, monkeypatch, capsys, out, match):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "adir.png").mkdir()
+    assert main(["plot", str(runs[0]), "-o", out]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("splitfed: error: ") and match in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adir.png", "afile"]
+
+
+def test_broken_math_in_a_label_is_a_one_line_error(runs, tmp_path, capsys):
+    assert main(["plot", str(runs[0]), "--title", r"$\frac{$", "-o",
+                 str(tmp_path / "a.png")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "check the $...$ math in --label and --title" in err
+    assert main(["plot", str(runs[0]), "--label", r"$\alpha$", "-o",
+                 str(tmp_path / "a.png")]) == 0                     # math is drawn
+    assert [p.name for p in tmp_path.iterdir()] == ["a.png"]

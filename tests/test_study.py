@@ -235,3 +235,157 @@ def test_saved_config_missing_newer_fields_still_matches():
     del saved["server_data"]                     # a run written before the field existed
     del saved["train"]["lr_decay"]
     assert config_identity(saved) == config_identity(cfg)
+
+
+# ------------------------------------------------ validated end to end, one writer
+
+import os  # noqa: E402
+import signal  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+
+from splitfed.errors import FormatError  # noqa: E402
+from splitfed.locking import LOCK_NAME, DirLock, check_free, holder  # noqa: E402
+from splitfed.metrics import read_records  # noqa: E402
+
+
+def test_a_run_that_fails_only_when_built_is_refused_before_anything_is_written(
+        tmp_path, monkeypatch):
+    _forbid_runs(monkeypatch)
+    runs = STUDY["runs"] + [{"label": "cut", "set": ["algorithm.name=sflv2",
+                                                     "model.cut=7"]}]
+    path = _write_study(tmp_path / "spec", dict(STUDY, runs=runs))
+    study = load_study(path, out_dir=tmp_path / "out")   # the schema alone accepts it
+    with pytest.raises(ConfigError, match=r"^run 'cut \(partition.alpha=0.5\)': "
+                                          r"model.cut=7 is not valid for mlp"):
+        run_study(study, quiet=True)
+    assert not (tmp_path / "out").exists()
+
+
+def test_each_distinct_config_is_built_once(tmp_path, monkeypatch):
+    import splitfed.experiment as experiment
+    built = []
+    real = experiment.build_environment
+
+    def counting(cfg):
+        built.append(cfg.seed)
+        return real(cfg)
+
+    monkeypatch.setattr(experiment, "build_environment", counting)
+    study = study_from_mapping(dict(STUDY, seeds=[0, 1]), out_dir=tmp_path,
+                               base_dir=_write_study(tmp_path / "spec").parent)
+    study_mod.check_runs(study.runs + study.runs)
+    assert sorted(built) == [0] * 4 + [1] * 4
+
+
+def test_damaged_study_directories_are_refused_before_any_run(done, tmp_path, monkeypatch):
+    path, out = _copy(done, tmp_path)
+    run = out / "tiny_study" / "runs" / "fl-partition.alpha-0.5-s0"
+    _forbid_runs(monkeypatch)
+    (run / "config.yaml").write_text("rounds: [")
+    with pytest.raises(ConfigError, match="fl-partition.alpha-0.5-s0 is damaged: cannot "
+                                          "parse .*delete the directory"):
+        run_study(path, out_dir=out, quiet=True)
+    shutil.rmtree(run)
+    run.write_text("a file")
+    with pytest.raises(ConfigError, match="is a file, not a run directory"):
+        run_study(path, out_dir=out, quiet=True)
+    run.unlink()
+    (out / "tiny_study" / "accuracy_vs_bytes.png").unlink()
+    (out / "tiny_study" / "accuracy_vs_bytes.png").mkdir()
+    with pytest.raises(ConfigError, match="accuracy_vs_bytes.png exists and is not a file"):
+        run_study(path, out_dir=out, quiet=True)
+
+
+def test_read_records_names_the_file_and_line(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    for text, match in [('{"round": 0}\n{"round": 1, "te', "line 2 is not a JSON record"),
+                        ('[1, 2]\n', "line 1 is not a JSON object"),
+                        ('{"test_acc": 0.5}\n', "line 1 has no round number"),
+                        ('{"round": -1}\n', "line 1 has no round number"),
+                        ('{"round": true}\n', "line 1 has no round number"),
+                        ('{"round": 1e400}\n', "line 1 has no round number")]:
+        path.write_text(text)
+        with pytest.raises(FormatError, match=f"{path}: {match}"):
+            read_records(path)
+    path.write_bytes(b"\xff\xfe")
+    with pytest.raises(FormatError, match="not UTF-8"):
+        read_records(path)
+    path.write_text('{"round": 0, "test_acc": 0.1}\n\n{"round": 1, "test_acc": "nan"}\n')
+    assert read_records(path) == [{"round": 0, "test_acc": 0.1},
+                                  {"round": 1, "test_acc": "nan"}]
+
+
+# -------------------------------------------------------------------- DirLock
+
+
+def test_dir_lock_is_exclusive_named_and_released(tmp_path):
+    d = tmp_path / "new" / "dir"
+    with DirLock.acquire(d, "study directory") as lock:
+        assert lock.held and (d / LOCK_NAME).read_text() == f"{os.getpid()}\n"
+        assert holder(d) == os.getpid()
+        message = (f"study directory {d} is in use by another splitfed process "
+                   f"(pid {os.getpid()}); wait for it or choose another --name/--out-dir")
+        with pytest.raises(ConfigError) as err:
+            DirLock.acquire(d, "study directory")
+        assert str(err.value) == message
+        with pytest.raises(ConfigError, match="in use"):
+            check_free(d, "study directory")
+        with pytest.raises(ConfigError, match=r"run directory .* \(pid \d+\); resume later"):
+            DirLock.acquire(d, "run directory", hint="resume later")
+    assert not lock.held and not (d / LOCK_NAME).exists() and holder(d) is None
+    check_free(d)
+    (d / LOCK_NAME).write_text("12345\n")            # left by a killed process: not held
+    assert holder(d) is None
+    DirLock.acquire(d).release()
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(ConfigError, match="cannot create the study directory"):
+        DirLock.acquire(tmp_path / "afile" / "sub", "study directory")
+
+
+def test_dir_lock_dies_with_its_process(tmp_path):
+    code = ("import sys, time; from splitfed.locking import DirLock; "
+            "lock = DirLock.acquire(sys.argv[1]); print('locked', flush=True); time.sleep(60)")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "locked\n"
+        with pytest.raises(ConfigError, match=f"pid {proc.pid}"):
+            DirLock.acquire(tmp_path)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert (tmp_path / LOCK_NAME).exists()           # stale file, but no lock
+    with DirLock.acquire(tmp_path):
+        pass
+
+
+def test_the_study_lock_is_held_while_runs_run_and_released_after_a_failure(
+        tmp_path, monkeypatch):
+    path = _write_study(tmp_path / "spec")
+    seen = []
+
+    def failing(cfg, **kwargs):
+        seen.append(holder(tmp_path / "out" / "tiny_study"))
+        raise ConfigError("boom")
+
+    monkeypatch.setattr(study_mod, "run_experiment", failing)
+    with pytest.raises(ConfigError, match=r"^run 'FL \(partition.alpha=0.5\)' \(seed 0\): "
+                                          "boom$"):
+        run_study(path, out_dir=tmp_path / "out", quiet=True)
+    assert seen == [os.getpid()]
+    assert holder(tmp_path / "out" / "tiny_study") is None
+    assert not (tmp_path / "out" / "tiny_study" / LOCK_NAME).exists()
+
+
+@pytest.mark.parametrize("name", ["summary.json", "metrics.jsonl", "checkpoint.pt"])
+def test_a_run_file_that_is_a_directory_is_refused_before_any_run(done, tmp_path,
+                                                                   monkeypatch, name):
+    path, out = _copy(done, tmp_path)
+    run = out / "tiny_study" / "runs" / "central-partition.alpha-inf-s0"
+    (run / name).unlink(missing_ok=True)
+    (run / name).mkdir()
+    _forbid_runs(monkeypatch)
+    with pytest.raises(ConfigError, match=f"central-partition.alpha-inf-s0 is damaged: "
+                                          f"{name} is not a file; delete the directory"):
+        run_study(path, out_dir=out, quiet=True)

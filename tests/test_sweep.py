@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 
 import pytest
 
@@ -126,3 +127,161 @@ def test_an_interrupted_sweep_resumes_from_the_checkpoints(tmp_path, monkeypatch
                                        "local_epochs": None, "lr": 0.1}), write=False)
     assert result.rows[1]["final_test_acc"] == reference.final_accuracy
     assert [r["status"] for r in result.rows] == ["completed"] * 3
+
+
+# ------------------------------------------- everything validated first, one writer
+
+import os  # noqa: E402
+import signal  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import splitfed.study as study_mod  # noqa: E402
+from splitfed.errors import FormatError  # noqa: E402
+from splitfed.locking import LOCK_NAME, DirLock  # noqa: E402
+
+
+def _forbid_runs(monkeypatch):
+    def fail(*args, **kwargs):
+        raise AssertionError("a run was started")
+    monkeypatch.setattr(study_mod, "run_experiment", fail)
+    monkeypatch.setattr(study_mod, "resume_experiment", fail)
+
+
+@pytest.mark.parametrize("axes, point, match", [
+    (["partition.num_clients=2,3,5000"], "partition.num_clients=5000",
+     "5000 clients for the"),                                # impossible for the data
+    (["algorithm.name=sflv1", "model.hidden=[16],[8],[]"], "model.hidden=[]",
+     "no valid cut"),                                        # fails when the model is built
+    (["model.cut=1,fc1,2"], "model.cut=2", "not valid for mlp"),
+])
+def test_a_sweep_whose_third_point_is_invalid_writes_nothing(tmp_path, monkeypatch, capsys,
+                                                              axes, point, match):
+    _forbid_runs(monkeypatch)
+    cfg = _config(tmp_path)
+    code = main(["sweep", cfg, *axes, "--out-dir", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert f"run '{point}'" in err and re.search(match, err), err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_damaged_finished_run_stops_the_sweep_before_anything_runs(tmp_path, monkeypatch):
+    cfg = _config(tmp_path)
+    run_sweep(cfg, ["train.lr=0.05,0.1", "checkpoint_every=0"], out_dir=tmp_path, quiet=True)
+    metrics = tmp_path / "small-sweep" / "runs" / "train.lr-0.1-s3" / "metrics.jsonl"
+    metrics.write_text(metrics.read_text()[:-20])                       # torn
+    _forbid_runs(monkeypatch)
+    with pytest.raises(FormatError, match=r"metrics.jsonl: line 4 is not a JSON record.*"
+                                          r"delete that directory to run it again"):
+        run_sweep(cfg, ["train.lr=0.05,0.1,0.2", "checkpoint_every=0"], out_dir=tmp_path,
+                  quiet=True)
+    assert not (tmp_path / "small-sweep" / "runs" / "train.lr-0.2-s3").exists()
+
+
+def test_a_result_path_that_is_a_directory_is_refused_before_running(tmp_path, monkeypatch):
+    cfg = _config(tmp_path)
+    (tmp_path / "small-sweep" / "sweep.csv").mkdir(parents=True)
+    _forbid_runs(monkeypatch)
+    with pytest.raises(ConfigError, match="sweep.csv exists and is not a file"):
+        run_sweep(cfg, ["train.lr=0.05,0.1"], out_dir=tmp_path, quiet=True)
+
+
+def test_a_locked_sweep_directory_is_refused(tmp_path, monkeypatch):
+    cfg = _config(tmp_path)
+    _forbid_runs(monkeypatch)
+    with DirLock.acquire(tmp_path / "small-sweep", "sweep directory"):
+        with pytest.raises(ConfigError, match=(
+                f"sweep directory {tmp_path}/small-sweep is in use by another splitfed "
+                rf"process \(pid {os.getpid()}\); wait for it or choose another "
+                "--name/--out-dir")):
+            run_sweep(cfg, ["train.lr=0.05,0.1"], out_dir=tmp_path, quiet=True)
+    assert not (tmp_path / "small-sweep" / LOCK_NAME).exists()
+
+
+def test_a_failing_point_names_the_run_and_finished_points_are_kept(tmp_path, monkeypatch):
+    cfg = _config(tmp_path)
+    real = study_mod.run_experiment
+
+    def second_fails(config, **kwargs):
+        if config.train.lr == 0.1:
+            raise ConfigError("algorithm: something impossible at round 2")
+        return real(config, **kwargs)
+
+    monkeypatch.setattr(study_mod, "run_experiment", second_fails)
+    items = ["train.lr=0.05,0.1", "checkpoint_every=0"]
+    with pytest.raises(ConfigError, match=r"^run 'train.lr=0.1' \(seed 3\): algorithm: "):
+        run_sweep(cfg, items, out_dir=tmp_path, quiet=True)
+    monkeypatch.undo()
+    result = run_sweep(cfg, items, out_dir=tmp_path, quiet=True)
+    assert [o.skipped for o in result.study.outcomes] == [True, False]
+
+
+# ------------------------------------------------------------- real processes
+
+SLOW = ("name: s\nseed: 0\nrounds: 20\nprogress: false\ncheckpoint_every: 10\n"
+        "eval_every: 1000\ndata: {name: synthetic}\nmodel: {name: mlp}\n"
+        "partition: {scheme: natural, num_clients: 30}\n"
+        "participation: {mode: uniform, clients_per_round: 3}\n"
+        "train: {batch_size: 8, local_steps: 1, lr: 0.05}\n")
+
+
+def _splitfed(argv, cwd):
+    binary = Path(sys.executable).with_name("splitfed")
+    cmd = [str(binary)] if binary.is_file() else [sys.executable, "-m", "splitfed"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", MPLBACKEND="Agg")
+    return subprocess.Popen(cmd + argv, cwd=cwd, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def _rounds(run_dir):
+    return [json.loads(x)["round"] for x in (run_dir / "metrics.jsonl").read_text()
+            .splitlines()]
+
+
+def test_ctrl_c_during_a_sweep_then_the_same_command_finishes_it(tmp_path, monkeypatch):
+    (tmp_path / "slow.yaml").write_text(SLOW)
+    argv = ["sweep", "slow.yaml", "train.lr=0.05,0.1", "--out-dir", "out"]
+    runs = tmp_path / "out" / "slow-sweep" / "runs"
+    proc = _splitfed(argv, tmp_path)
+    deadline = time.monotonic() + 60
+    while not any(runs.glob("*/checkpoint.pt")):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert err == ("splitfed: interrupted; finished runs are kept, continue the sweep by "
+                   "running the same command again: splitfed sweep slow.yaml "
+                   "train.lr=0.05,0.1 --out-dir out\n")
+    assert not (tmp_path / "out" / "slow-sweep" / LOCK_NAME).exists()
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 0                                  # the same command finishes it
+    data = json.loads((tmp_path / "out" / "slow-sweep" / "sweep.json").read_text())
+    assert [r["status"] for r in data["runs"]] == ["completed", "completed"]
+    for row in data["runs"]:
+        assert _rounds(tmp_path / "out" / "slow-sweep" / row["run_dir"]) == list(range(21))
+
+
+def test_two_sweeps_on_one_directory_one_is_refused(tmp_path):
+    (tmp_path / "slow.yaml").write_text(SLOW.replace("checkpoint_every: 10",
+                                                     "checkpoint_every: 0"))
+    argv = ["sweep", "slow.yaml", "train.lr=0.05,0.1", "--out-dir", "out"]
+    procs = [_splitfed(argv, tmp_path) for _ in range(2)]
+    results = [(p.pid, p.returncode, out, err) for p in procs
+               for out, err in [p.communicate(timeout=120)]]
+    codes = sorted(r[1] for r in results)
+    assert codes == [0, 2], results
+    (winner,) = [r for r in results if r[1] == 0]
+    (loser,) = [r for r in results if r[1] == 2]
+    assert loser[2] == "" and loser[3].count("\n") == 1, loser
+    assert re.fullmatch(r"splitfed: error: sweep directory out/slow-sweep is in use by another "
+                        rf"splitfed process( \(pid {winner[0]}\))?; wait for it or choose "
+                        r"another --name/--out-dir\n", loser[3]), loser[3]
+    sweep = tmp_path / "out" / "slow-sweep"
+    for run_dir in (sweep / "runs").iterdir():
+        assert _rounds(run_dir) == list(range(21))                # no duplicate record
+    assert len(json.loads((sweep / "sweep.json").read_text())["runs"]) == 2

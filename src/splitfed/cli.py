@@ -12,32 +12,51 @@
     splitfed partition CONFIG [key=value]   print the partition summary of a config
     splitfed study STUDY.yaml               run a study (a set of runs), write a table and
                                             plots (see docs/studies.md)
+    splitfed plot RUN_DIR ... -o FILE       draw runs' test accuracy (--force overwrites)
+
+Exit status: 0 done, 3 a run diverged, 2 an error (one line: splitfed: error: ...),
+130 interrupted (Ctrl-C; an interrupted run, sweep or study continues where it stopped,
+the line printed says how).
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
+import os
+import shlex
 import sys
 
-from splitfed.errors import SplitfedError
+from splitfed.errors import RunInterrupted, SplitfedError
+
+#: exit status of an interrupted command (128 + SIGINT, as a shell reports Ctrl-C)
+INTERRUPTED = 130
+#: exit status when stdout was closed by its reader (128 + SIGPIPE, as a shell reports it)
+BROKEN_PIPE = 141
+#: OSErrors without a file name that still come from the user's files or disk
+_DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG, errno.EIO,
+                errno.EACCES, errno.EPERM, errno.ENAMETOOLONG}
 
 
 def _cmd_run(args) -> int:
     from splitfed.config import load_config
     from splitfed.errors import ConfigError
-    from splitfed.experiment import resume_experiment, run_experiment
 
     if args.resume is not None:
         if args.config is not None or args.overrides:
             raise ConfigError("run --resume RUN_DIR continues the run with RUN_DIR's own "
                               "config.yaml; give no CONFIG or key=value with it")
+        from splitfed.experiment import resume_experiment
+
         result = resume_experiment(args.resume)
         cfg = load_config(result.run_dir / "config.yaml")
     elif args.config is None:
         raise ConfigError("run: give a CONFIG (YAML file or shipped config name), or "
                           "--resume RUN_DIR")
     else:
-        cfg = load_config(args.config, args.overrides)
+        cfg = load_config(args.config, args.overrides)   # checked before torch loads
+        from splitfed.experiment import run_experiment
+
         result = run_experiment(cfg)
     acc = result.final_accuracy
     acc_text = "n/a" if acc is None else f"{acc:.4f}"
@@ -118,20 +137,32 @@ def _cmd_plot(args) -> int:
     from splitfed.plot import plot_runs
 
     axes = [a.strip() for a in args.x.split(",") if a.strip()]
-    out = plot_runs(args.runs, args.out, axes=axes, labels=args.label, title=args.title)
+    out = plot_runs(args.runs, args.out, axes=axes, labels=args.label, title=args.title,
+                    force=args.force)
     print(f"wrote {out}")
     return 0
 
 
 def _cmd_launch(args) -> int:
-    from splitfed.runtime.launch import launch, worker_argv
+    from splitfed.runtime.launch import launch
 
-    return launch(args.nproc, worker_argv(args), launcher=args.launcher)
+    return launch(args)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with errors on one line, like every other error of the command."""
+
+    def error(self, message: str):
+        command = self.prog.removeprefix("splitfed").strip()
+        where = f"{command}: " if command else ""
+        print(f"splitfed: error: {where}{message} (see: {self.prog} --help)",
+              file=sys.stderr)
+        raise SystemExit(2)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="splitfed", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = _Parser(prog="splitfed", description=__doc__,
+                formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="run an experiment")
     r.add_argument("config", nargs="?", help="YAML file or shipped config name")
@@ -162,6 +193,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--label", action="append", default=None,
                    help="a line label per run, in order (repeat the option)")
     g.add_argument("--title", default=None)
+    g.add_argument("--force", action="store_true",
+                   help="overwrite the output file if it exists (default: refuse)")
     g.set_defaults(func=_cmd_plot)
     w = sub.add_parser("sweep", help="run a grid of a config's values (docs/sweeps.md)")
     w.add_argument("config", help="YAML file or shipped config name")
@@ -177,13 +210,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a swept key: one plot panel per value")
     w.add_argument("--progress", action="store_true", help="show each run's progress bar")
     w.set_defaults(func=_cmd_sweep)
-    from splitfed.runtime.worker import add_run_arguments
+    from splitfed.runtime.worker import add_network_arguments, add_run_arguments
 
     d = sub.add_parser("launch", help="run on N processes of this machine "
                                       "(torch.distributed; docs/distributed.md)")
     add_run_arguments(d)
+    add_network_arguments(d)
     d.add_argument("--nproc", type=int, required=True,
-                   help="processes: rank 0 serves, ranks 1..N-1 host the clients")
+                   help="processes (2 to 256): rank 0 serves, ranks 1..N-1 host the "
+                        "clients")
     d.add_argument("--launcher", choices=("torchrun", "spawn"), default="torchrun",
                    help="torchrun (default; a dead rank stops the group) or spawn (a dead "
                         "client rank is dropped and the run goes on)")
@@ -192,17 +227,90 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
-    if extra and args.func is _cmd_launch and not any(e.startswith("-") for e in extra):
-        args.overrides += extra             # launch CONFIG --nproc N key=value ...
-    elif extra:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    """Run the command line; returns the exit status: 0 done, 3 a run did not complete
+    (diverged), 2 a user error (one line on stderr: ``splitfed: error: ...``), 130
+    interrupted (Ctrl-C; the line says how to continue), 141 stdout closed by its reader.
+    An exception of any other kind is a bug and keeps its traceback."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = None
     try:
+        parser = build_parser()
+        try:
+            args, extra = parser.parse_known_args(argv)
+            if extra and args.func is _cmd_launch and not any(e.startswith("-")
+                                                               for e in extra):
+                args.overrides += extra             # launch CONFIG --nproc N key=value ...
+            elif extra:
+                parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        except SystemExit as e:                     # --help, or a usage error (printed)
+            return e.code if isinstance(e.code, int) else 2
         return args.func(args)
+    except (KeyboardInterrupt, RunInterrupted) as e:
+        print(f"splitfed: {_interrupted(args, argv, e)}", file=sys.stderr)
+        return INTERRUPTED
     except SplitfedError as e:
-        print(f"splitfed: error: {e}", file=sys.stderr)
+        print(f"splitfed: error: {_printable(str(e))}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        if not _stdout_closed():
+            raise
+        return BROKEN_PIPE                          # e.g. splitfed list | head -1
+    except OSError as e:
+        if e.filename is None and e.errno not in _DISK_ERRNOS:
+            raise                                   # not about the user's files: a bug
+        print(f"splitfed: error: {_printable(_os_message(e))}", file=sys.stderr)
+        return 2
+
+
+#: characters that would break a message's line, echoed from a user's value: escaped
+_ESCAPES = str.maketrans({c: repr(c)[1:-1]
+                          for c in "\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"})
+
+
+def _printable(message: str) -> str:
+    """``message`` with the line-breaking characters other than newline escaped."""
+    return message.translate(_ESCAPES)
+
+
+def _interrupted(args, argv: list[str], e: BaseException) -> str:
+    """The line printed on Ctrl-C: how to continue what was interrupted."""
+    command = getattr(args, "command", None)
+    if command in ("sweep", "study"):
+        again = shlex.join(["splitfed", *argv])
+        return (f"interrupted; finished runs are kept, continue the {command} by running "
+                f"the same command again: {again}")
+    if isinstance(e, RunInterrupted):
+        return str(e)
+    if command == "run" and getattr(args, "resume", None) is not None:
+        return f"interrupted; continue it with: splitfed run --resume {args.resume}"
+    return "interrupted"
+
+
+def _os_message(e: OSError) -> str:
+    what = e.strerror or str(e)
+    if e.filename is None:
+        return f"{what}; check the output directory and the free space"
+    where = str(e.filename) + (f" -> {e.filename2}" if e.filename2 is not None else "")
+    return f"{where}: {what}; check the path"
+
+
+def _stdout_closed() -> bool:
+    """True when stdout is a pipe whose reader has gone; stdout is then pointed at
+    /dev/null, so that the interpreter's last flush prints nothing either."""
+    import select
+
+    try:
+        fd = sys.stdout.fileno()
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        closed = any(event & select.POLLERR for _, event in poller.poll(0))
+    except (OSError, ValueError, AttributeError):
+        return False
+    if closed:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, fd)
+        os.close(devnull)
+    return closed
 
 
 if __name__ == "__main__":

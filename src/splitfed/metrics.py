@@ -10,6 +10,8 @@ import json
 import math
 from pathlib import Path
 
+from splitfed.errors import FormatError
+
 
 def _clean(v):
     if isinstance(v, float) and not math.isfinite(v):
@@ -39,6 +41,38 @@ class MetricLogger:
             self._fh.close()
             self._fh = None
             write_csv(self.records, self.run_dir / "metrics.csv")
+
+
+def read_records(path: str | Path) -> list[dict]:
+    """The records of a ``metrics.jsonl`` file, checked: every non-blank line a JSON
+    object with an integer ``round`` >= 0.
+
+    Raises :class:`FormatError` naming the file and line when it is not such a file
+    (torn, truncated, foreign); :class:`OSError` when it cannot be read.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise FormatError(f"{path}: not a metrics file (not UTF-8 text at byte "
+                          f"{e.start})") from None
+    records = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError as e:
+            raise FormatError(f"{path}: line {n} is not a JSON record ({e}); the file is "
+                              "torn or not a metrics file") from None
+        if not isinstance(record, dict):
+            raise FormatError(f"{path}: line {n} is not a JSON object; not a metrics file")
+        r = record.get("round")
+        if isinstance(r, bool) or not isinstance(r, int) or r < 0:
+            raise FormatError(f"{path}: line {n} has no round number (an integer >= 0); "
+                              "not a metrics file")
+        records.append(record)
+    return records
 
 
 def write_csv(records: list[dict], path: Path) -> None:

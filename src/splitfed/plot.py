@@ -11,17 +11,25 @@ Each argument is a run directory (what ``splitfed run`` writes: ``metrics.jsonl`
 
 Lines are labelled ``--label`` (one per run), else ``<algorithm>`` from the run's
 config, else the directory name; duplicate labels get the directory name added.
+
+The image format is the output's suffix (``.png``, ``.pdf``, ``.svg``, or another format
+matplotlib writes). An existing output is not overwritten unless ``--force`` is given;
+the image is written to a temporary file next to it and renamed over it, so a failed
+write leaves the old one intact.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-import yaml
-
+from splitfed.configtools import yaml_load
 from splitfed.errors import ConfigError
-from splitfed.study import curve, read_records
+from splitfed.metrics import read_records
+from splitfed.study import curve
 
 AXES = ("round", "time", "bytes")
 
@@ -39,12 +47,12 @@ def _default_label(metrics: Path) -> str:
     config = metrics.parent / "config.yaml"
     if config.is_file():
         try:
-            raw = yaml.safe_load(config.read_text(encoding="utf-8")) or {}
+            raw = yaml_load(config.read_text(encoding="utf-8"), str(config)) or {}
             name = (raw.get("algorithm") or {}).get("name")
             if name:
                 return str(name)
-        except (yaml.YAMLError, AttributeError):
-            pass
+        except (OSError, ValueError, AttributeError):   # ConfigError is a ValueError
+            pass                       # an unreadable config: label by the directory
     return metrics.parent.name
 
 
@@ -60,9 +68,9 @@ def load_curves(runs: Sequence[str | Path], labels: Sequence[str] | None = None
     for i, run in enumerate(runs):
         metrics = _metrics_file(Path(run))
         try:
-            records = read_records(metrics)
-        except ValueError as e:
-            raise ConfigError(f"{metrics}: not a metrics file ({e})") from None
+            records = read_records(metrics)   # FormatError names the file and line
+        except OSError as e:
+            raise ConfigError(f"cannot read {metrics} ({e.strerror or e})") from None
         c = curve(records)
         if not c["round"]:
             raise ConfigError(f"{metrics}: no evaluated round (no test_acc) to plot")
@@ -79,18 +87,20 @@ def load_curves(runs: Sequence[str | Path], labels: Sequence[str] | None = None
 
 def plot_runs(runs: Sequence[str | Path], out: str | Path, *,
               axes: Sequence[str] = ("round", "time"), labels: Sequence[str] | None = None,
-              title: str | None = None) -> Path:
+              title: str | None = None, force: bool = False) -> Path:
     """Draw the runs' test accuracy against each of ``axes`` into ``out`` (PNG, PDF, SVG
-    by suffix); returns the path written."""
+    by suffix); returns the path written. An existing ``out`` is refused unless
+    ``force``."""
     bad = [a for a in axes if a not in AXES]
     if bad or not axes:
         raise ConfigError(f"--x: unknown axis {bad[0] if bad else '(none)'}; allowed: "
                           + ", ".join(AXES))
-    curves = load_curves(runs, labels)
     try:
         from matplotlib.figure import Figure
     except ImportError:
         raise ConfigError("plotting needs matplotlib: pip install 'splitfed[plot]'") from None
+    out = check_output(out, force)
+    curves = load_curves(runs, labels)
     fig = Figure(figsize=(5.2 * len(axes), 3.9), layout="constrained")
     panels = fig.subplots(1, len(axes), squeeze=False, sharey=True)[0]
     for ax, axis in zip(panels, axes):
@@ -105,11 +115,66 @@ def plot_runs(runs: Sequence[str | Path], out: str | Path, *,
         ax.legend(fontsize=8)
     if title:
         fig.suptitle(title)
-    out = Path(out)
-    if out.parent and not out.parent.exists():
-        raise ConfigError(f"--out: directory {out.parent} does not exist")
-    fig.savefig(out, dpi=120)
+    _save(fig, out)
     return out
+
+
+def formats() -> list[str]:
+    """The image suffixes matplotlib writes (without the dot)."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    return sorted(FigureCanvasBase.get_supported_filetypes())
+
+
+def check_output(out: str | Path, force: bool) -> Path:
+    """``out`` as a path to write: a known image suffix, an existing directory to put it
+    in, and not an existing file unless ``force``; ConfigError otherwise."""
+    out = Path(out)
+    suffix = out.suffix.lower().lstrip(".")
+    if not str(out).strip() or out.name in ("", ".", ".."):
+        raise ConfigError("--out: give an image file name, e.g. accuracy.png")
+    if suffix not in formats():
+        raise ConfigError(f"--out {out}: unknown image format {out.suffix or '(no suffix)'!r}; "
+                          "end the name with .png, .pdf or .svg (or "
+                          + ", ".join("." + f for f in formats()) + ")")
+    parent = out.parent
+    if not parent.is_dir():
+        raise ConfigError(f"--out {out}: {parent} " + ("is a file, not a directory"
+                          if parent.exists() else "does not exist; create it first"))
+    if out.is_dir():
+        raise ConfigError(f"--out {out}: is a directory; give an image file name")
+    if out.exists() and not force:
+        raise ConfigError(f"--out {out}: the file exists; pass --force to overwrite it, "
+                          "or choose another --out")
+    return out
+
+
+def _save(fig, out: Path) -> None:
+    """Render to a temporary file next to ``out``, then rename it over ``out``."""
+    fd, tmp = None, None
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=out.suffix,
+                                   dir=out.parent)
+        with os.fdopen(fd, "wb") as fh:
+            fd = None
+            fig.savefig(fh, dpi=120, format=out.suffix.lower().lstrip("."))
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)          # mkstemp makes it private
+        os.replace(tmp, out)
+        tmp = None
+    except OSError as e:
+        raise ConfigError(f"--out {out}: cannot write it ({e.strerror or e})") from None
+    except ValueError as e:                    # matplotlib: e.g. unbalanced $...$ math
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ConfigError(f"cannot draw the figure ({first}); check the $...$ math in "
+                          "--label and --title") from None
+    finally:
+        if fd is not None:
+            os.close(fd)
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
 
 
 def _axis_label(axis: str, curves: list[dict]) -> str:

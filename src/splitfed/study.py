@@ -5,13 +5,17 @@ an explicit list of labelled variants and/or a grid (cartesian product of key ->
 with both, every explicit run is combined with every grid point. Each variant is repeated
 for every seed. ``splitfed study STUDY.yaml`` (or :func:`run_study`) then
 
-1. builds and validates every run's config before any run starts (a typo in the last run
-   fails at once, before anything is written);
+1. builds and validates every run's config before any run starts: the schema, then
+   everything a run builds before it writes (data, partition, model and cut, sampler,
+   algorithm checks), so a typo or an impossible value in the last run fails at once,
+   naming the run, before anything is written;
 2. runs each one with :func:`~splitfed.experiment.run_experiment` into the deterministic
    directory ``<study dir>/runs/<slug of label>-s<seed>/``; a directory that already
    holds a finished run of the identical config is reused (its metrics are reloaded),
    so an interrupted study resumes where it stopped;
-3. writes ``results.md`` (a table: final and best test accuracy, rounds to a target
+3. holds an exclusive lock on the study directory (:mod:`splitfed.locking`) from the
+   first write to the last: a second process on the same study is refused at once;
+4. writes ``results.md`` (a table: final and best test accuracy, rounds to a target
    accuracy, bytes up and down, wall time; mean +- sample std over seeds), ``results.json``
    (the same numbers, exact bytes, and per-run curves) and ``accuracy_vs_<axis>.png``.
 
@@ -39,11 +43,16 @@ import yaml
 from splitfed.checkpoint import CHECKPOINT
 from splitfed.config import RunConfig, build_config, resolve_config_path
 from splitfed.configtools import from_dict, load_yaml, merge, parse_overrides, to_dict
-from splitfed.errors import ConfigError
+from splitfed.errors import ConfigError, FormatError, RunInterrupted, SplitfedError
 from splitfed.experiment import resume_experiment, run_experiment
+from splitfed.locking import LOCK_NAME, DirLock, check_free
+from splitfed.metrics import read_records
 
 DEFAULT_OUT_DIR = "docs/results"
-FINISHED = ("completed", "diverged")  # final statuses: rerunning would give the same run
+FINISHED = ("completed", "diverged", "no_client_trained")  # rerunning gives the same run
+#: the files of a run directory (splitfed.experiment, splitfed.checkpoint)
+RUN_FILES = ("config.yaml", "partition.txt", "metrics.jsonl", "metrics.csv", "summary.json",
+             CHECKPOINT)
 _STUDY_KEYS = ("name", "out_dir", "progress")  # set by the study, not by the user
 _NOT_COMPARED = ("out_dir", "progress", "checkpoint_every")  # no effect on the numbers
 _AXIS_LABELS = {"round": "round", "bytes": "cumulative communication, up + down (MB)",
@@ -410,16 +419,23 @@ def run_dir_state(run: StudyRun) -> str:
     """``new`` (absent or empty), ``done`` (a finished run of the identical config) or
     ``stale`` (an unfinished run of the identical config); anything else raises."""
     d = run.run_dir
-    if not d.exists() or (d.is_dir() and not any(d.iterdir())):
+    if d.exists() and not d.is_dir():
+        raise ConfigError(f"{d} is a file, not a run directory of this study; move it away")
+    if not d.exists() or not any(p.name != LOCK_NAME for p in d.iterdir()):
         return "new"
+    for name in RUN_FILES:
+        if (d / name).exists() and not (d / name).is_file():
+            raise ConfigError(f"{d} is damaged: {name} is not a file; delete the directory "
+                              "to rerun that run")
     saved = d / "config.yaml"
     if not saved.is_file():
         raise ConfigError(f"{d} is not empty and holds no config.yaml; it is not a run of "
                           "this study; move it away")
     try:
         old = load_yaml(saved)
-    except ConfigError:
-        old = {}
+    except ConfigError as e:
+        raise ConfigError(f"{d} is damaged: {e}; delete the directory to rerun "
+                          "that run") from None
     diff = _diff(config_identity(old), config_identity(run.config))
     if diff:
         raise ConfigError(f"{d} holds a run of a different config (differs at "
@@ -436,12 +452,6 @@ def _read_json(path: Path) -> dict:
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
-
-
-def read_records(path: Path) -> list[dict]:
-    """The records of a ``metrics.jsonl`` file."""
-    lines = path.read_text(encoding="utf-8").splitlines()
-    return [json.loads(line) for line in lines if line.strip()]
 
 
 # ------------------------------------------------------------------------- numbers
@@ -557,6 +567,11 @@ def run_study(study: str | Path | Mapping | Study, *, out_dir: str | Path | None
     ``study``: a study file path, a mapping in the same format, or a loaded :class:`Study`.
     ``out_dir`` overrides the study's ``out_dir``; ``progress`` shows each run's progress
     bar; ``quiet`` prints nothing (by default a line per run and the table at the end).
+
+    Before any run starts or anything is written, every run that is not done is built
+    as :func:`~splitfed.experiment.run_experiment` builds it (:func:`check_runs`) and the
+    study directory is checked; then the directory is locked (:mod:`splitfed.locking`)
+    until the results are written: a second process on the same study is refused.
     """
     if isinstance(study, Study):
         command = "run_study(...)"
@@ -568,10 +583,144 @@ def run_study(study: str | Path | Mapping | Study, *, out_dir: str | Path | None
             command += " --out-dir " + shlex.quote(str(out_dir))
         study = load_study(study, out_dir=out_dir)
     say = (lambda *a, **k: None) if quiet else _print
-    states = [run_dir_state(r) for r in study.runs]  # refuses foreign dirs before any run
+    with open_study(study, "study directory") as prepared:
+        outcomes = execute_study(prepared, progress, say)
+        return write_results(study, outcomes, command, say)
+
+
+def _print(*args, **kwargs) -> None:
+    print(*args, **kwargs, flush=True)
+
+
+@dataclass
+class PreparedStudy:
+    """A study checked end to end and locked: what :func:`open_study` returns. The lock
+    is released on exit from a ``with`` block."""
+
+    study: Study
+    states: list[str]                   # run_dir_state of each run, in study.runs order
+    records: list[list[dict] | None]    # the metrics of the runs done earlier
+    lock: DirLock
+
+    def __enter__(self) -> PreparedStudy:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.lock.release()
+
+
+def open_study(study: Study, what: str = "study directory",
+               outputs: tuple[str, ...] = ()) -> PreparedStudy:
+    """Check everything a study needs, then lock its directory; writes nothing but the
+    directory and its lock file, and only once every check passed.
+
+    1. refuses at once a study directory another process holds;
+    2. reads the run directories (a run of another config, or a damaged finished run,
+       is refused, naming the directory);
+    3. builds every run that is not done (:func:`check_runs`): data, partition, model
+       and cut, sampler, algorithm checks; a failure names the run;
+    4. checks that the result files (``outputs`` added) can be written;
+    5. creates and locks the study directory (:class:`~splitfed.locking.DirLock`), and
+       reads the run directories again under the lock.
+    """
+    check_free(study.dir, what)
+    states, records = _scan(study)
+    check_runs([r for r, s in zip(study.runs, states) if s != "done"])
+    _check_outputs(study, outputs)
+    lock = DirLock.acquire(study.dir, what)
+    try:
+        again, records = _scan(study)   # another process may have changed them meanwhile
+        check_runs([r for r, s, t in zip(study.runs, again, states) if s != "done" == t])
+        (study.dir / "runs").mkdir(exist_ok=True)
+    except BaseException:
+        lock.release()
+        raise
+    return PreparedStudy(study, again, records, lock)
+
+
+def _scan(study: Study) -> tuple[list[str], list[list[dict] | None]]:
+    """Each run's state, and the records of those done earlier (read now, so that a
+    damaged one stops the study before anything runs)."""
+    states, records = [], []
+    for run in study.runs:
+        state = run_dir_state(run)
+        got = None
+        if state == "done":
+            metrics = run.run_dir / "metrics.jsonl"
+            try:
+                got = read_records(metrics)
+            except FormatError as e:
+                raise FormatError(f"{e}; the finished run in {run.run_dir} is damaged: "
+                                  "delete that directory to run it again") from None
+            if not got:
+                raise FormatError(f"{metrics} holds no record; the finished run in "
+                                  f"{run.run_dir} is damaged: delete that directory to "
+                                  "run it again")
+        states.append(state)
+        records.append(got)
+    return states, records
+
+
+def check_runs(runs: list[StudyRun]) -> None:
+    """Build each run as :func:`~splitfed.experiment.run_experiment` builds it before
+    writing anything (algorithm, data, partition, model and cut, sampler, clock,
+    the algorithm's checks), each distinct config once; the first failure raises its
+    error with the run's label (and seed) in front. Nothing is written."""
+    from splitfed.experiment import build_algorithm, build_environment
+
+    seen: set[str] = set()
+    seeds = {r.label: 0 for r in runs}
+    for r in runs:
+        seeds[r.label] += 1
+    for run in runs:
+        identity = {k: v for k, v in config_identity(run.config).items() if k != "name"}
+        key = json.dumps(identity, sort_keys=True, default=str)
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            algorithm = build_algorithm(run.config)
+            env = build_environment(run.config)
+            algorithm.check(env)
+        except RunInterrupted:
+            raise
+        except SplitfedError as e:
+            where = f"run {run.label!r}" + (f" (seed {run.seed})" if seeds[run.label] > 1
+                                            else "")
+            e.args = (f"{where}: {e}",)
+            raise
+        del env, algorithm
+
+
+def _check_outputs(study: Study, extra: tuple[str, ...]) -> None:
+    d = study.dir
+    if d.exists() and not d.is_dir():
+        raise ConfigError(f"{d} exists and is not a directory; choose another name or "
+                          "--out-dir")
+    if (d / "runs").exists() and not (d / "runs").is_dir():
+        raise ConfigError(f"{d / 'runs'} exists and is not a directory; move it away")
+    names = ["results.json", "results.md",
+             *(f"accuracy_vs_{axis}.png" for axis in study.spec.x_axes), *extra]
+    for name in names:
+        path = d / name
+        if path.exists() and not path.is_file():
+            raise ConfigError(f"{path} exists and is not a file; move it away (the study "
+                              "writes its results there)")
+
+
+def execute_study(prepared: PreparedStudy, progress: bool, say=_print) -> list[RunOutcome]:
+    """Run (or resume, or reload) every run of a prepared study, in order."""
+    study = prepared.study
     outcomes = []
-    for i, (run, state) in enumerate(zip(study.runs, states), 1):
-        outcome = _execute(run, state, progress)
+    for i, (run, state, records) in enumerate(zip(study.runs, prepared.states,
+                                                  prepared.records), 1):
+        try:
+            outcome = _execute(run, state, progress, records)
+        except RunInterrupted:
+            raise
+        except SplitfedError as e:     # stops the study; done runs stay done for a rerun
+            e.args = (f"run {run.label!r} (seed {run.seed}): {e}",)
+            raise
         acc = run_numbers(outcome.records, None)["final_test_acc"]
         acc_text = "n/a" if acc is None else f"{acc:.4f}"
         how = ("(done earlier, skipped)" if outcome.skipped
@@ -580,19 +729,17 @@ def run_study(study: str | Path | Mapping | Study, *, out_dir: str | Path | None
         say(f"[{i}/{len(study.runs)}] {run.label} (seed {run.seed}) ... {acc_text} "
             f"{how}{status}")
         outcomes.append(outcome)
-    return write_results(study, outcomes, command, say)
+    return outcomes
 
 
-def _print(*args, **kwargs) -> None:
-    print(*args, **kwargs, flush=True)
-
-
-def _execute(run: StudyRun, state: str, progress: bool) -> RunOutcome:
+def _execute(run: StudyRun, state: str, progress: bool,
+             records: list[dict] | None = None) -> RunOutcome:
     if state == "done":
         summary = _read_json(run.run_dir / "summary.json")
-        return RunOutcome(run.label, run.seed, run.run_dir, summary["status"],
-                          read_records(run.run_dir / "metrics.jsonl"),
-                          float(summary.get("wall_time_s") or 0.0), skipped=True)
+        if records is None:
+            records = read_records(run.run_dir / "metrics.jsonl")
+        return RunOutcome(run.label, run.seed, run.run_dir, summary["status"], records,
+                          _num(summary.get("wall_time_s")) or 0.0, skipped=True)
     if state == "stale" and (run.run_dir / CHECKPOINT).is_file():
         result = resume_experiment(run.run_dir)      # continue from its last checkpoint
         return RunOutcome(run.label, run.seed, run.run_dir, result.status, result.records,

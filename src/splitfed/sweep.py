@@ -7,13 +7,15 @@ with one value is an override applied to every run. Values are YAML, split at to
 commas: ``train.lr=0.01,0.1`` gives two floats, ``model.hidden=[64,32],[128]`` two lists,
 ``model.hidden=[64,32]`` one list.
 
-The study machinery does the work: every run's config is validated before anything
-runs, each run goes to ``<sweep dir>/runs/<key-value slug>-s<seed>/`` (a deterministic
-name), finished runs are skipped, interrupted ones are resumed from their checkpoint
-(``checkpoint_every``), and ``results.md``/``results.json`` (and plots when matplotlib
-is installed) are written. On top of that a sweep writes one row per run with the swept
-values in their own columns: ``sweep.md``, ``sweep.csv`` and ``sweep.json`` (status
-``completed`` or ``diverged``, final and best test accuracy, rounds run).
+The study machinery does the work: every run is validated and built (data, partition,
+model and cut, algorithm checks) before anything runs or is written, the sweep
+directory is locked against a second process for the whole sweep, each run goes to
+``<sweep dir>/runs/<key-value slug>-s<seed>/`` (a deterministic name), finished runs are
+skipped, interrupted ones are resumed from their checkpoint (``checkpoint_every``), and
+``results.md``/``results.json`` (and plots when matplotlib is installed) are written.
+On top of that a sweep writes one row per run with the swept values in their own
+columns: ``sweep.md``, ``sweep.csv`` and ``sweep.json`` (status ``completed`` or
+``diverged``, final and best test accuracy, rounds run).
 """
 
 from __future__ import annotations
@@ -30,11 +32,12 @@ from typing import Any
 
 from splitfed.configtools import yaml_load
 from splitfed.errors import ConfigError
-from splitfed.study import (StudyResult, read_records, run_numbers, run_study,
-                            study_from_mapping, value_text)
+from splitfed.study import (StudyResult, execute_study, open_study, read_records,
+                            run_numbers, study_from_mapping, value_text, write_results)
 
 DEFAULT_OUT_DIR = "runs/sweeps"
 COLUMNS = ("status", "final_test_acc", "best_test_acc", "rounds")
+OUTPUTS = ("sweep.md", "sweep.csv", "sweep.json")
 
 
 def parse_axes(items: list[str]) -> tuple[dict[str, list[Any]], list[str]]:
@@ -111,11 +114,15 @@ def run_sweep(config: str, items: list[str], *, name: str | None = None,
     mapping = sweep_study(config, items, name=name, seeds=seeds, out_dir=out_dir,
                           group_by=group_by)
     study = study_from_mapping(mapping)
-    result = run_study(study, progress=progress, quiet=True)
     command = _command(config, items, name, seeds, out_dir, group_by)
-    rows = sweep_rows(result, mapping["grid"])
-    table = markdown_table(rows, list(mapping["grid"]))
-    write_sweep(result.dir, rows, list(mapping["grid"]), table, command)
+    keys = list(mapping["grid"])
+    with open_study(study, "sweep directory", OUTPUTS) as prepared:
+        outcomes = execute_study(prepared, progress, say=lambda *a, **k: None)
+        result = write_results(study, outcomes, command,
+                               say=lambda *a, **k: None)
+        rows = sweep_rows(result, mapping["grid"])
+        table = markdown_table(rows, keys)
+        write_sweep(result.dir, rows, keys, table, command)
     if not quiet:
         for o in result.outcomes:
             how = "done earlier, skipped" if o.skipped else f"{o.wall_time_s:.1f} s"
