@@ -17,6 +17,7 @@ dropped clients' terms are simply zero. Nothing dropped: exactly the plain aggre
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import numpy as np
@@ -72,10 +73,20 @@ class DeltaAccumulator:
             return self._offered / self._kept
         return 1.0
 
+    def _scaled(self, k: str, factor: float = 1.0) -> torch.Tensor:
+        """``factor * scale * sum[k]`` (float64). When the kept weights are so small that
+        offered / kept overflows (subnormal weights), the sum is divided by the kept
+        weight first, so that a zero delta stays zero instead of becoming inf * 0 = NaN."""
+        scale = self._scale()
+        if scale == 1.0:
+            return self._sum[k] * factor if factor != 1.0 else self._sum[k]
+        if math.isfinite(scale):
+            return self._sum[k] * (factor * scale)
+        return self._sum[k] / self._kept * self._offered * factor
+
     def delta(self) -> dict[str, torch.Tensor]:
         """sum_s w_s (x_s - x) per float tensor, in the reference dtype."""
-        scale = self._scale()
-        return {k: (self._sum[k] * scale if scale != 1.0 else self._sum[k]).to(v.dtype)
+        return {k: self._scaled(k).to(v.dtype)
                 for k, v in self.reference.items() if v.is_floating_point()}
 
     @torch.no_grad()
@@ -87,7 +98,8 @@ class DeltaAccumulator:
         step = global_lr * self._scale()
         for k, ref in self.reference.items():
             if ref.is_floating_point():
-                out[k] = (ref.to(torch.float64) + step * self._sum[k]).to(ref.dtype)
+                term = step * self._sum[k] if math.isfinite(step) else self._scaled(k, global_lr)
+                out[k] = (ref.to(torch.float64) + term).to(ref.dtype)
             else:
                 out[k] = torch.maximum(ref, self._sum[k])
         return out
