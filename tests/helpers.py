@@ -1,4 +1,9 @@
-"""Shared test helpers: small configs on scikit-learn's digits (real data, no files)."""
+"""Shared test helpers: small configs on scikit-learn's digits (real data, no files), and
+floating-point bounds derived from the arithmetic (:func:`float_tolerance`)."""
+
+import math
+
+import torch
 
 from splitfed.config import build_config
 
@@ -20,3 +25,79 @@ def digits_config(**over):
         else:
             raw[section] = value
     return build_config(raw)
+
+
+# -- floating-point tolerances derived from the arithmetic ---------------------------------
+
+def float_tolerance(ref32, ref64, *, dtype=None, magnitude=None, terms=1, factor=8.0):
+    """The largest deviation from ``ref64`` that a result of ``dtype`` may show.
+
+    The rule. Two float32 computations of the same quantity (another kernel set, another
+    order of a reduction, a batched instead of a per-sample kernel) differ by rounding
+    error, and how large that error is depends on the conditioning of the problem, not on
+    a constant. The reference is therefore computed twice, in float32 (``ref32``) and in
+    float64 (``ref64``) from the same float32-representable inputs; ``max|ref32 - ref64|``
+    is the float32 reference's own error, i.e. this problem's conditioning in units of
+    float32 epsilon. The tested result, computed differently in the same precision, may
+    deviate from ``ref64`` by
+
+        factor * (max|ref32 - ref64| + eps32 * sqrt(terms) * magnitude)   (float32 results)
+
+    ``factor`` (default 8) covers another kernel's rounding being a few times larger than
+    the reference's. The floor covers a reference that happens to round better than the
+    tested kernel (a blocked or pairwise sum against a sequential one): ``magnitude``
+    (default ``max|ref64|``) is the size of the quantities, ``terms`` the length of the
+    reductions that produce the result (rounding errors of an n-term sum grow like
+    sqrt(n) times eps; e.g. a weight gradient sums over the batch and spatial positions).
+    For a result of another ``dtype`` the same conditioning is scaled by that dtype's
+    epsilon: a float64 result may deviate by
+    ``factor * eps64 * (max|ref32 - ref64| / eps32 + sqrt(terms) * magnitude)``.
+
+    A real bug (a wrong client's parameters, a missing term) moves a result by an amount
+    of the order of ``magnitude``, far beyond this bound, so the bound still fails on it.
+    For a float32 result the bound is only as good as the two references: they must agree
+    to ``1e-3 * magnitude`` (thousands of float32 epsilons), else the float32 reference is
+    not the float64 one rounded (a test bug, e.g. inputs shared and modified in place) or
+    the problem is too ill-conditioned to compare in float32 (rounding moves activations
+    across ReLU kinks), and the helper fails rather than pass anything. A float64 result
+    needs no such check: its bound, scaled by eps64 / eps32 ~ 2e-9, stays tight.
+    Comparisons of the same computation run twice are not tolerance tests: they stay
+    exact (``torch.equal``).
+    """
+    ref64, ref32 = _finite_pair(ref32, ref64)
+    eps32 = torch.finfo(torch.float32).eps
+    eps = torch.finfo(dtype or torch.float32).eps
+    if magnitude is None:
+        magnitude = ref64.abs().max().item() if ref64.numel() else 0.0
+    ref_err = (ref32 - ref64).abs().max().item() if ref64.numel() else 0.0
+    if eps >= eps32:  # a float32 result: the references must agree (see above)
+        assert not ref_err > 1e-3 * magnitude, (
+            f"the float32 reference is off its float64 twin by {ref_err:.3g} (magnitude "
+            f"{magnitude:.3g}): not the same computation, or too ill-conditioned for float32")
+    return factor * eps * (ref_err / eps32 + math.sqrt(terms) * magnitude)
+
+
+def assert_float_close(got, ref32, ref64, *, magnitude=None, terms=1, factor=8.0, what=""):
+    """``got`` (float32 or float64) equals the reference within :func:`float_tolerance`:
+    ``max|got - ref64|`` is compared with the bound derived from ``max|ref32 - ref64|``.
+    Where ``ref64`` is not finite, ``got`` must be the same infinity (or NaN)."""
+    assert got.shape == ref64.shape, (what, tuple(got.shape), tuple(ref64.shape))
+    got64 = got.detach().to(torch.float64)
+    want = ref64.detach().to(torch.float64)
+    bad = ~torch.isfinite(want)
+    assert torch.equal(got64[bad].nan_to_num(), want[bad].nan_to_num()) and torch.equal(
+        got64[bad].isnan(), want[bad].isnan()), f"{what}: non-finite values differ"
+    bound = float_tolerance(ref32, ref64, dtype=got.dtype, magnitude=magnitude, terms=terms,
+                            factor=factor)
+    dev = (got64[~bad] - want[~bad]).abs().max().item() if (~bad).any() else 0.0
+    want, ref32 = _finite_pair(ref32, ref64)
+    ref_err = (ref32 - want).abs().max().item() if want.numel() else 0.0
+    assert dev <= bound, (f"{what}: max|got - ref64| = {dev:.3g} > bound {bound:.3g} "
+                          f"(float32 reference error {ref_err:.3g}, dtype {got.dtype})")
+
+
+def _finite_pair(ref32, ref64):
+    """Both references in float64, on the entries where ``ref64`` is finite."""
+    ref64 = ref64.detach().to(torch.float64)
+    keep = torch.isfinite(ref64)
+    return ref64[keep], ref32.detach().to(torch.float64)[keep]

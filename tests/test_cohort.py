@@ -1,5 +1,7 @@
 """cohort_forward equals a per-client functional_call: outputs, gradients, BN statistics."""
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -9,8 +11,12 @@ from torch.func import functional_call
 from splitfed.models import build_model, cohort_forward, output_shape, split, stack_states
 from splitfed.models.cohort import CohortStateError
 
+from helpers import assert_float_close
+
+pytestmark = pytest.mark.numerics
+
 C, B = 3, 4
-TOL = {torch.float32: 5e-5, torch.float64: 1e-10}
+DTYPES = (torch.float32, torch.float64)
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -73,33 +79,46 @@ def _cohort(module, states, x, y, training):
     return out.detach(), g[:-1], g[-1], state
 
 
-def _close(a, b, rtol=2e-5, scale=1.0):
-    """Equal up to float32 noise, relative to the magnitude of the reference (or ``scale``:
-    gradients that are zero in exact arithmetic, e.g. a conv bias before BatchNorm, are
-    float noise, compared relative to the largest gradient of the model)."""
-    scale = max(scale, b.abs().max().item())
-    assert (a - b).abs().max().item() <= rtol * scale, (a - b).abs().max().item()
+def _as(states, dtype):
+    return [{k: v.to(dtype) if v.is_floating_point() else v for k, v in sd.items()}
+            for sd in states]
 
 
 def _check(module, in_shape, training, num_classes=10, dtype=torch.float32):
-    rtol = TOL[dtype]
-    module = module.to(dtype)
+    """The cohort in ``dtype`` against the per-client reference; the bounds come from the
+    reference computed in float32 and in float64 on the same inputs (tests/helpers.py)."""
+    module = module.float()
     states = _client_states(module)
     torch.manual_seed(0)
-    x = torch.randn(C, B, *in_shape, dtype=dtype)
+    x = torch.randn(C, B, *in_shape)
     y = torch.randint(0, num_classes, (C, B))
-    ref_out, ref_g, ref_xg, ref_buf = _reference(module, states, x, y, training)
-    out, grads, xg, state = _cohort(module, states, x, y, training)
-    assert out.shape == ref_out.shape
-    _close(out, ref_out, rtol)
-    _close(xg, ref_xg, rtol)
+    module64 = copy.deepcopy(module).double()
+    ref32 = _reference(module, states, x, y, training)
+    ref64 = _reference(module64, _as(states, torch.float64), x.double(), y, training)
+    tested = module if dtype == torch.float32 else module64
+    out, grads, xg, state = _cohort(tested, _as(states, dtype), x.to(dtype), y, training)
+    assert out.dtype == dtype and out.shape == ref64[0].shape
+    assert_float_close(out, ref32[0], ref64[0], what="outputs")
+    # gradients: reductions over the batch, the positions and the channels, chained from
+    # the input to the loss (terms: the client's input size); those that are zero in exact
+    # arithmetic (a conv bias before BatchNorm) are float noise: magnitudes are those of
+    # the largest gradient of the model
+    terms = x[0].numel()
     for c in range(C):
-        scale = max(g.abs().max().item() for g in ref_g[c])
+        scale = max(g.abs().max().item() for g in [*ref64[1][c], ref64[2][c]])
+        assert_float_close(xg[c], ref32[2][c], ref64[2][c], magnitude=scale, terms=terms,
+                           what=f"client {c} input grad")
         for i, g in enumerate(grads):
-            _close(g[c], ref_g[c][i], rtol, scale)
-    for c in range(C):
-        for k, v in ref_buf[c].items():
-            _close(state[k][c].double(), v.double(), rtol)
+            assert_float_close(g[c], ref32[1][c][i], ref64[1][c][i], magnitude=scale,
+                               terms=terms, what=f"client {c} grad {i}")
+    positions = B * (x[0, 0, 0].numel() if x.dim() > 3 else 1)
+    for c in range(C):  # BatchNorm statistics: means over the batch and the positions
+        for k, v in ref64[3][c].items():
+            if v.is_floating_point():
+                assert_float_close(state[k][c], ref32[3][c][k], v, terms=positions,
+                                   what=f"client {c} {k}")
+            else:
+                assert torch.equal(state[k][c], v), (c, k)
 
 
 def _parts(name, shape, opts):
@@ -189,7 +208,7 @@ def _misc_model():
 @pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
 def test_misc_layers_and_vmap_fallback(training):
     torch.manual_seed(0)
-    for dtype in TOL:
+    for dtype in DTYPES:
         _check(_misc_model(), (3, 4, 4), training, num_classes=5, dtype=dtype)
 
 
@@ -199,8 +218,11 @@ def test_fallback_for_other_input_ranks():
     states = _client_states(module)
     x = torch.randn(C, B, 5, 6)
     out = cohort_forward(module, stack_states(states), x, training=True)
-    for c in range(C):
-        _close(out[c], functional_call(module, states[c], (x[c],)))
+    module64 = copy.deepcopy(module).double()
+    for c, sd in enumerate(states):
+        ref32 = functional_call(module, sd, (x[c],))
+        ref64 = functional_call(module64, _as([sd], torch.float64)[0], (x[c].double(),))
+        assert_float_close(out[c], ref32, ref64, what=f"client {c}")
 
 
 def test_dropout_masks_differ_per_client_and_sample():
