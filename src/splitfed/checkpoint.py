@@ -54,6 +54,7 @@ import tempfile
 import warnings
 import zipfile
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any, BinaryIO
 
 import numpy as np
@@ -86,14 +87,15 @@ def cpu_capability() -> str:
         return "unknown"
 
 
-def atomic_save(obj: Any, path: str | Path) -> None:
-    """:func:`splitfed.safeio.save` to ``path`` atomically: temp file in the same
-    directory, fsync, :func:`os.replace`, fsync of the directory."""
+def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
+    """Write ``path`` atomically: ``write(fh)`` into a temp file in the same directory,
+    fsync, :func:`os.replace`, fsync of the directory. A process killed at any instant
+    leaves the old file or the new one, never a torn one."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
-            safeio.save(obj, fh)
+            write(fh)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
@@ -102,6 +104,11 @@ def atomic_save(obj: Any, path: str | Path) -> None:
             os.unlink(tmp)
         raise
     _fsync_dir(path.parent)
+
+
+def atomic_save(obj: Any, path: str | Path) -> None:
+    """:func:`splitfed.safeio.save` to ``path`` atomically (:func:`atomic_write`)."""
+    atomic_write(path, lambda fh: safeio.save(obj, fh))
 
 
 def _fsync_dir(path: Path) -> None:
@@ -569,19 +576,9 @@ def truncate_metrics(run_dir: str | Path, count: int, t: int | None = None) -> l
     them; records written after the checkpoint are dropped, so none is duplicated. The
     records are checked first (the last one of round ``t`` when given); a damaged file is
     refused unchanged."""
-    path = Path(run_dir) / "metrics.jsonl"
     kept, records = _metric_lines(run_dir, count, t)
-    fd, tmp = tempfile.mkstemp(prefix=".metrics.jsonl.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write("".join(line + "\n" for line in kept))
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    text = "".join(line + "\n" for line in kept).encode("utf-8")
+    atomic_write(Path(run_dir) / "metrics.jsonl", lambda fh: fh.write(text))
     return records
 
 
