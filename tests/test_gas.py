@@ -1,7 +1,7 @@
-"""GAS with zeroth-order clients (paper 001's baseline; SPEC "GAS baseline"): the per-class
-running statistics and the activations generated from them, the order in which the server
-serves uploads (simulated arrival times, hand-computed), the activation buffer, and the
-bytes in the ledger."""
+"""GAS with zeroth-order clients (paper 001's baseline; docs/design.md, "GAS baseline"):
+the per-class running statistics and the activations generated from them, the order in
+which the server serves uploads (simulated arrival times, hand-computed), the activation
+buffer, and the bytes in the ledger."""
 
 import math
 

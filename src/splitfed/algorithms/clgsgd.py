@@ -18,7 +18,7 @@ Sec. VI decay), eta_g = ``global_lr`` (default 1, as in Sec. VI). The paper's 1/
 case w_i = 1/M (``participation.weighting=uniform``, or equal data sizes as in Sec. VI);
 by default w_i are FedAvg's data-size weights (a_i / q_i under bernoulli participation).
 With ``server_epochs=0`` CLG-SGD is FedAvg exactly (Remark 4; tested). Server data,
-gamma, E and the SPEC decisions on the server's optimizer: see ``server_only``.
+gamma, E and the decisions (docs/design.md) on the server's optimizer: see ``server_only``.
 A round with an empty cohort keeps x_t and still trains the server (x^s = x_t).
 Communication is FedAvg's: D_s^t never leaves the server.
 """

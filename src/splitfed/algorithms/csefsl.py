@@ -21,7 +21,7 @@ and with ``server_feedback`` the client's first step backpropagates z_b,i throug
 while x_A,i^1 = x_A,i^0 (lines 27-30). At the end of the round x_C and x_A are averaged
 (line 6, the engine's delta form with the cohort's weights); x_S is never averaged.
 
-Decisions (SPEC and this file):
+Decisions (docs/design.md and this file):
 
 - Rounds: the paper's t = 0..T-1 is our t - 1 (our rounds are 1-based), so uploads
   happen in rounds t = 1 + l, 1 + 2l, ...: rounds 1..l train on the auxiliary loss only,

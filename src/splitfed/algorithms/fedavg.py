@@ -10,7 +10,7 @@ with w_n = a_n / sum_{S_t} a (a_n = D_n / D by default) for full, uniform and
 with-replacement participation, and w_n = a_n / q_n under bernoulli participation
 (paper 002 eq. 3). eta_g = 1 (default) is plain FedAvg.
 
-SPEC decisions: plain SGD by default (momentum/weight decay are options of ``train``);
+Decisions (docs/design.md): plain SGD by default (momentum/weight decay are options of ``train``);
 client optimizer state is fresh each round; BatchNorm buffers are averaged like
 parameters; an empty cohort keeps the model. With a round deadline (docs/clock.md) the
 clients whose model arrives late are left out and the others' weights renormalised

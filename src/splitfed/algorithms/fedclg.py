@@ -27,7 +27,7 @@ Every sampled client i has its own gradient at x_t, g^i_t = grad f_i(x_t, zeta_i
   learning rate for the server's local training": a typo, it is the global rate of
   Algorithm 1 line 1 (``global_lr``).
 
-Decisions (SPEC and what the paper leaves open):
+Decisions (docs/design.md and what the paper leaves open):
 
 - g^i_t (option ``client_gradient``): "first_batch" (default) is the gradient of the
   client's first local minibatch at x_t, i.e. g^i_t = g^i_{t,0}: eq. 10 writes both as

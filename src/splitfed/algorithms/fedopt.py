@@ -22,7 +22,7 @@ Options (defaults): ``server_optimizer`` "adam" (or "yogi", "adagrad"), ``server
 (= tau^2). beta1 = 0.9 and beta2 = 0.99 are the paper's experimental settings; the best
 eta and tau depend on the task (the paper grid-searches both).
 
-SPEC decisions: the server optimizer state (m, v) lives in the algorithm state
+Decisions (docs/design.md): the server optimizer state (m, v) lives in the algorithm state
 (``state["server_opt"]``) and persists across rounds; client optimizer state is fresh
 each round. The adaptive update acts on parameters only: BatchNorm buffers take FedAvg's
 aggregate (weighted average; integer counters the maximum). A round with an empty cohort

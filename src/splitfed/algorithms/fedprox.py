@@ -14,7 +14,7 @@ FedAvg (``global_lr`` = eta_g, default 1; weights and participation modes as Fed
 
 Options: ``mu`` (default 0.01, >= 0); ``mu = 0`` is FedAvg, bit for bit (no hook runs).
 
-SPEC decisions: the proximal term acts on parameters only; BatchNorm buffers are not
+Decisions (docs/design.md): the proximal term acts on parameters only; BatchNorm buffers are not
 parameters, are never pulled towards x_t and are averaged like parameters. The term is
 added to the minibatch gradient before the optimizer, so with ``train.weight_decay`` it is
 added to the decayed gradient and with ``train.momentum`` it enters the momentum buffer

@@ -2,7 +2,7 @@
 
 GAS (Yang and Liu, AAAI 2025; paper 001's reference [8]) as paper 001 runs it as a
 baseline: "we modify both vanilla SplitFed and GAS to use ZO optimization" (Sec. 5), with
-the decisions of SPEC "GAS baseline". One engine round is one aggregation of the client
+the decisions of docs/design.md, "GAS baseline". One engine round is one aggregation of the client
 models; inside it the server serves the round's participants (the active clients) in the
 order of their simulated clocks:
 
@@ -31,7 +31,7 @@ order of their simulated clocks:
    have arrived (the model buffer holds K = the round's participants) the fed server
    aggregates x_c <- x_c + eta_g sum_m w_m (x_c,m - x_c) with the engine's weights.
 
-Running statistics (SPEC: newer weighted more). The s-th server step's activations weigh
+Running statistics (docs/design.md: newer weighted more). The s-th server step's activations weigh
 s each; per class the pooled weighted mean and (co)variance are kept exactly:
 W' = W + s n_k, a = W / W', mu' = a mu + (1 - a) m, var' = a (var + (mu' - mu)^2) +
 (1 - a) (v + (mu' - m)^2) (outer products for ``full``), with m, v the batch's class
@@ -183,7 +183,7 @@ def generate(stats: dict, y: torch.Tensor, batch_size: int, gen: torch.Generator
 class GAS(Algorithm):
     name = "gas"
     reference = ("GAS (Yang and Liu, AAAI 2025) with zeroth-order clients, the baseline of "
-                 "paper 001 Sec. 5; SPEC 'GAS baseline'")
+                 "paper 001 Sec. 5; docs/design.md 'GAS baseline'")
     Options = GASOptions
     split = True
     asynchronous = True

@@ -14,11 +14,12 @@ unperturbed h, each with a fresh u_s (eq. 5):
 
 then returns one scalar per direction, delta_c = F(x_s^tau, h+) - F(x_s^tau, h-) (eq. 6),
 and the client steps x_c <- x_c - eta_c delta_c / (2 lambda) u_c. Both sides aggregate
-with the global rate (eq. 7 with its sign corrected, SPEC: the printed minus would ascend):
+with the global rate (eq. 7 with its sign corrected, docs/design.md: the printed minus
+would ascend):
 
     x <- x + eta_g sum_m w_m (x_m - x).
 
-SPEC decisions and options: ``directions`` q > 1 averages q estimates (the client then
+Decisions (docs/design.md) and options: ``directions`` q > 1 averages q estimates (the client then
 sends 2q + 1 activation tensors and receives q scalars); ``direction_kind`` gaussian;
 ``client_order``/``server_order`` "first" replace a side's ZO estimate by the true
 gradient (ablation: a first-order client receives the cut-layer gradient instead of the

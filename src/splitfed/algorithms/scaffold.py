@@ -25,7 +25,7 @@ c = sum_n a_n c_n, so that c - c_i estimates grad f - grad f_i for the objective
 f = sum_n a_n f_n that the weighted model update descends. Under bernoulli participation c
 still uses a_i (not a_i / q_i): the server knows exactly which controls changed.
 
-Decisions (SPEC and what the paper leaves open):
+Decisions (docs/design.md and what the paper leaves open):
 
 - Controls are kept for parameters only, never for BatchNorm buffers (those are averaged
   like parameters by FedAvg's aggregation). ``state["control"]`` holds c and

@@ -8,7 +8,7 @@ corrected local steps y_i <- y_i - eta (g_i - c_i + c), aggregation
 x^s = x_t + eta_g sum_i w_i (y_i - x_t), control updates), followed by E server steps on
 D_s^t at rate gamma from x^s (eq. 5 of paper 004, :mod:`splitfed.algorithms.server_only`).
 
-SPEC decisions: the controls c, c_i are SCAFFOLD's, computed from the clients' local
+Decisions (docs/design.md): the controls c, c_i are SCAFFOLD's, computed from the clients' local
 work only (option II uses x_t - y_i); the server's steps do not enter them. Everything
 else (weights, BatchNorm buffers, communication: 2x FedAvg's model bytes) is SCAFFOLD's;
 server options (gamma, E, B_s) and server data are CLG-SGD's. With ``server_epochs=0``

@@ -27,7 +27,7 @@ the clients', :mod:`splitfed.engine.batches`), drawn from the ``server_data`` st
 Per round that stream gives, in this order: the D_s^t draw, the batch of FedCLG's server
 gradient g_s (FedCLG only), the plan of the E server steps.
 
-SPEC decisions: plain SGD by default; ``train.momentum`` and ``train.weight_decay`` also
+Decisions (docs/design.md): plain SGD by default; ``train.momentum`` and ``train.weight_decay`` also
 apply to the server, whose momentum buffer persists across rounds
 (``state["server_momentum"]``). BatchNorm layers train in training mode and their buffers
 are updated by the server's forward passes. The server's compute is reported as

@@ -14,7 +14,7 @@ x_c <- sum_n (a_n / q_n) x_c,n (eq. 3; the engine's delta form); the server copi
 tau_tilde iterations, x_s <- sum_n (a_n / q_n) x_s,n, after which every copy restarts from
 x_s (lines 20-23).
 
-SPEC decisions: tau_tilde = tau by default, and then SFL-V1 equals FedAvg on the whole
+Decisions (docs/design.md): tau_tilde = tau by default, and then SFL-V1 equals FedAvg on the whole
 model (tested). ``server_period`` sets tau_tilde; it must divide K (uniform
 ``local_steps``), so server aggregations fall inside a round. The client copies run
 batched (stacked parameters, grouped convolutions), and so do the server copies: each

@@ -12,8 +12,8 @@ global client-side model x_c and runs tau = K iterations:
 after which x_c <- sum_n (a_n / q_n) x_c,n (line 20; the engine's delta form) and the
 server keeps its model (line 16). q_n = 1 except under bernoulli participation.
 
-SPEC decisions: ``order="iteration"`` (default): within every iteration the server serves
-the participating clients one at a time, in a fresh random permutation, updating after
+Decisions (docs/design.md): ``order="iteration"`` (default): within every iteration the
+server serves the participating clients one at a time, in a fresh random permutation, updating after
 each; the cut-layer gradient a client receives is computed with the server model just
 before that client's own server update. ``order="per_client"``: each client runs all its
 iterations before the next client starts (clients in a random order), as the SplitFed

@@ -12,13 +12,14 @@ otherwise) and runs K local steps with the server:
 The server model continues across clients. After the last client, both sides take the
 global step of eq. (4): x^{r+1} = x^r + eta_g (x_{|S|}^{(r,K)} - x^r). eta_g = 1
 (default) is vanilla SL. (The public code of paper 003 has a --global-lr flag that it never
-applies; we apply it, SPEC.)
+applies; we apply it, docs/design.md.)
 
-SPEC decisions: plain SGD by default; a client's optimizer state is fresh (each client is
-its own device), the server's persists across clients and rounds. Transfers per client:
-the client-side model down (request) and up (hand-over), activations and labels up and
-cut-layer gradients down at every step. SL is sequential by definition: the cohort is not
-batched, each step runs one plain forward/backward of batch B.
+Decisions (docs/design.md): plain SGD by default; a client's optimizer state is fresh
+(each client is its own device), the server's persists across clients and rounds.
+Transfers per client: the client-side model down (request) and up (hand-over),
+activations and labels up and cut-layer gradients down at every step. SL is sequential
+by definition: the cohort is not batched, each step runs one plain forward/backward of
+batch B.
 
 Simulated time (docs/clock.md): the server's steps run on its shared lane, and client
 i's turn starts when client i-1's model has reached the server. With a round deadline, a

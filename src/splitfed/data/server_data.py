@@ -3,9 +3,9 @@
 Paper 004 gives the server a small data set D_s^t of constant size m_s that approximates
 the population distribution and "changes with each global round t (while remaining fixed
 within the global round)"; in the experiments it holds 1% (MNIST) or 5% (CIFAR) of the
-training samples each round. SPEC: m_s samples are drawn every round from a population
-pool, IID by default, with an optional class-distribution shift at a target cosine
-similarity (Fig. 7: about 0.95).
+training samples each round. Decision (docs/design.md, hybrid FL): m_s samples are drawn
+every round from a population pool, IID by default, with an optional class-distribution
+shift at a target cosine similarity (Fig. 7: about 0.95).
 
 - The pool: ``round(fraction * N)`` of the N training samples (``server_data.fraction``,
   default 0.01; 0.05 for CIFAR), but at least ``min_per_class`` (default 10) times the

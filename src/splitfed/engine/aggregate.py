@@ -3,10 +3,10 @@
 With weights that sum to one and eta_g = 1 this is the weighted average sum_s w_s x_s
 (FedAvg). With bernoulli participation the weights are a_n / q_n (paper 002 eq. 3) and do
 not sum to one; the delta form keeps the update unbiased. The global learning rate eta_g
-(paper 003 Algorithm 1; paper 001 eq. 7 with its sign corrected, SPEC) scales the step.
+(paper 003 Algorithm 1; paper 001 eq. 7 with its sign corrected, docs/design.md) scales the step.
 
-SPEC: BatchNorm buffers are averaged like parameters. Integer buffers
-(``num_batches_tracked``) take the maximum over the cohort.
+Decision (docs/design.md, Aggregation and participation): BatchNorm buffers are averaged
+like parameters. Integer buffers (``num_batches_tracked``) take the maximum over the cohort.
 
 Dropped clients (a round deadline, :mod:`splitfed.engine.clock`): ``add(..., keep=mask)``
 leaves out the slots whose mask is False. With ``renormalise`` (every participation mode

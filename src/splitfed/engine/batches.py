@@ -1,6 +1,6 @@
 """Which samples a client trains on in a round.
 
-SPEC (unit of local work): ``local_steps`` K, or ``local_epochs`` E with
+docs/design.md (Local work): ``local_steps`` K, or ``local_epochs`` E with
 K = ceil(D_n / batch_size) * E (paper 002, Sec. 4.1).
 
 Every batch has exactly ``batch_size`` samples: a client's samples form a stream of

@@ -52,7 +52,8 @@ class Environment:
         return np.array([len(i) for i in self.client_indices], dtype=np.int64)
 
     def local_steps(self, client_ids: np.ndarray) -> np.ndarray:
-        """K per cohort slot (SPEC: local_steps, or ceil(D_n / B) * local_epochs)."""
+        """K per cohort slot (docs/design.md, Local work: local_steps, or
+        ceil(D_n / B) * local_epochs)."""
         tr = self.config.train
         return local_step_counts(self.data_sizes[np.asarray(client_ids)], tr.batch_size,
                                  tr.local_steps, tr.local_epochs)

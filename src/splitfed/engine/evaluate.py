@@ -1,5 +1,6 @@
-"""Evaluation of a global model on a held-out set (SPEC: the aggregated global client
-model composed with the global server model, on the global test set)."""
+"""Evaluation of a global model on a held-out set (docs/design.md, Evaluation: the
+aggregated global client model composed with the global server model, on the global test
+set)."""
 
 from __future__ import annotations
 

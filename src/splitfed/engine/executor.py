@@ -4,7 +4,7 @@ Clients are not Python objects. A cohort's parameters are stacked (leading clien
 dimension) and every local step runs one batched forward/backward for a chunk of clients
 through :func:`splitfed.models.cohort.cohort_forward` (grouped convolutions, batched
 matmuls). Chunking bounds memory and keeps the per-call batch near the cache-friendly
-size (PERF_NOTES: about 160-640 samples per call on a 2-core CPU).
+size (docs/design.md, Speed: about 160-640 samples per call on a 2-core CPU).
 
 Clients may run different numbers of local steps (``local_epochs`` with unequal data).
 Slots are processed in order of decreasing K, so within a chunk the clients still working

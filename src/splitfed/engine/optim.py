@@ -5,8 +5,8 @@ Each parameter is a tensor with a leading client dimension. The update mirrors
 ``buf <- momentum * buf + g`` (``buf = g`` on the first step); ``p <- p - lr * buf``.
 ``lr`` may be a scalar or one rate per client (shape [C]).
 
-SPEC: client optimizer state is fresh each round (a new :class:`StackedSGD` per round);
-it is never re-created per batch.
+Decision (docs/design.md, Optimizers): client optimizer state is fresh each round (a new
+:class:`StackedSGD` per round); it is never re-created per batch.
 """
 
 from __future__ import annotations

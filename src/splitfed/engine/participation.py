@@ -1,6 +1,6 @@
 """Which clients take part in a round, and with what aggregation weight.
 
-Base weights (SPEC, "Shared by all algorithms"): a_n = D_n / sum_m D_m
+Base weights (docs/design.md, "Aggregation and participation"): a_n = D_n / sum_m D_m
 (``weighting="data_size"``, the default) or a_n = 1 / N (``weighting="uniform"``).
 Only participating clients are averaged; a round never waits for clients that were not
 sampled. A sampler draws a :class:`Cohort` from the generator it is handed and never
@@ -163,7 +163,7 @@ class WithReplacementSampler:
 
     Ids are in draw order and may repeat; every slot counts: w_s = a_{id_s} / sum_r
     a_{id_r}. Paper 000 Algorithm 1 (line 6) divides by the sample size m instead; we
-    divide by the sample's weight sum so that the weights always sum to 1 (SPEC). M may
+    divide by the sample's weight sum so that the weights always sum to 1 (docs/design.md). M may
     exceed N.
     """
 
@@ -189,7 +189,7 @@ class BernoulliSampler:
     since E[1{n in P} / q_n] = 1. Engines should use the delta form
     x_new = x + sum_n w_n (x_n - x): it has the same expectation (E[sum_n w_n] = 1) and
     stays well-defined when the weights do not sum to 1; in particular an empty cohort
-    (possible whenever some q_n < 1) keeps the model, as SPEC requires, where eq. (3)
+    (possible whenever some q_n < 1) keeps the model, as docs/design.md records, where eq. (3)
     taken literally would give zero. Ids ascending; one uniform draw per client per round.
     """
 

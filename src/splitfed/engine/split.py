@@ -183,7 +183,8 @@ def participation_probability(env, ids: np.ndarray) -> np.ndarray:
 
 def sgd(module: nn.Module, env, saved: dict | None, lr: float | None = None
         ) -> torch.optim.SGD:
-    """The server's optimizer (SPEC: server optimizer state persists across rounds)."""
+    """The server's optimizer (docs/design.md, Optimizers: server optimizer state persists
+    across rounds)."""
     tr = env.config.train
     opt = torch.optim.SGD(module.parameters(), lr=tr.lr, momentum=tr.momentum,
                           weight_decay=tr.weight_decay)

@@ -11,7 +11,7 @@ estimates are averaged. Every function works on a *cohort*: a list of tensors wi
 leading client dimension C, one independent direction per client.
 
 Directions are regenerated from an integer seed whenever they are needed (one generator
-call per (seed, shapes)), never stored longer than a step (SPEC).
+call per (seed, shapes)), never stored longer than a step (docs/design.md, MU-SplitFed).
 
 In-place mode (MeZO's trick, chunked): :func:`shift_` adds ``alpha * u`` to the
 parameters themselves, regenerating u from its seed in chunks of at most

@@ -1,8 +1,8 @@
 """Auxiliary heads for client-side local losses (CSE-FSL, paper 000).
 
 The head maps the cut-layer activation (the "smashed data") to class logits, so a client
-can train on a local loss without server feedback. SPEC default: one linear layer on the
-flattened cut activation.
+can train on a local loss without server feedback. Default (docs/design.md, CSE-FSL):
+one linear layer on the flattened cut activation.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ A :class:`BlockModel` is an ``nn.Sequential`` of named blocks. A cut ``k`` is th
 of leading blocks that run on the client: ``blocks[:k]`` form the client-side model,
 ``blocks[k:]`` the server-side model. Valid cuts are ``1 .. len(blocks) - 1`` (both parts
 non-empty); every model documents each of them with the name the papers use
-(SPEC "Models and cut points").
+(docs/design.md, "Models and cut points").
 """
 
 from __future__ import annotations

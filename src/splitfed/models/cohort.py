@@ -17,7 +17,7 @@ non-contiguous view). Inside, activations live in one of two layouts, chosen by 
 - stacked, 3-D ``[C, B, F]``: Linear is ``baddbmm``; Flatten maps folded to stacked with
   the feature order of flattening one client's ``[B, Ch, H, W]``.
 
-On a 2-core CPU this is about 1.7-2x faster than a per-client loop (PERF_NOTES; run
+On a 2-core CPU this is about 1.7-2x faster than a per-client loop (docs/performance.md; run
 ``python -m splitfed.models.cohort``); callers should feed chunks of about 5-10 clients.
 Results agree with the per-client computation to float32 rounding (exactly, up to
 1e-15, in float64). Over several SGD steps the different kernels' rounding can put an

@@ -1,6 +1,6 @@
 """The transport seam: the one way tensors cross between clients and servers.
 
-Kinds (SPEC, communication ledger): ``activations`` (up), ``activation_grads`` (down),
+Kinds (docs/design.md, Communication ledger): ``activations`` (up), ``activation_grads`` (down),
 ``labels`` (up), ``model`` (parameters, up or down), ``scalars`` (up or down).
 Raw inputs are not a kind: they never leave a client.
 
