@@ -359,3 +359,34 @@ def test_override_errors_stay_on_one_line(item):
     with pytest.raises(ConfigError) as err:
         parse_overrides([item])
     assert "\n" not in str(err.value) and len(str(err.value)) < 300, str(err.value)
+
+
+def test_tilde_override_deletes_a_key():
+    from splitfed.configtools import DELETE
+    base = {"partition": {"scheme": "dirichlet", "alpha": 0.5, "num_clients": 4}}
+    over = parse_overrides(["~partition.alpha", "partition.scheme=pathological"])
+    assert over == {"partition": {"alpha": DELETE, "scheme": "pathological"}}
+    assert merge(base, over) == {"partition": {"scheme": "pathological", "num_clients": 4}}
+    assert merge({}, parse_overrides(["~a.b", "c=1"])) == {"a": {}, "c": 1}   # absent: no-op
+    assert merge(base, parse_overrides(["~partition"])) == {}
+    # later items win: a deleted key set again, a set key deleted
+    assert merge(base, parse_overrides(["~partition.alpha", "partition.alpha=0.1"])) == base | {
+        "partition": {**base["partition"], "alpha": 0.1}}
+    assert "alpha" not in merge(base, parse_overrides(["partition.alpha=2",
+                                                       "~partition.alpha"]))["partition"]
+    assert base["partition"]["alpha"] == 0.5                          # inputs untouched
+
+
+@pytest.mark.parametrize("item", ["~", "~.a", "~a..b", "~a."])
+def test_tilde_override_needs_a_key(item):
+    with pytest.raises(ConfigError, match="must look like ~key.sub"):
+        parse_overrides([item])
+
+
+def test_tilde_override_through_the_command_line(tmp_path, capsys):
+    from splitfed.cli import main
+    args = ["run", "quick_digits", "rounds=1", "progress=false", f"out_dir={tmp_path}",
+            "partition.scheme=pathological", "partition.num_classes_per_partition=2"]
+    assert main(args) == 2                                   # alpha is not pathological's
+    assert "partition.alpha" in capsys.readouterr().err and not any(tmp_path.iterdir())
+    assert main(args + ["~partition.alpha", "~partition.min_partition_size"]) == 0

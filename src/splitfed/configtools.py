@@ -402,14 +402,34 @@ def _yaml_problem(err: yaml.YAMLError) -> str:
     return f"line {mark.line + 1}, column {mark.column + 1}: {problem}" if mark else problem
 
 
+class _Delete:
+    """The value of a ``~key`` override: :func:`merge` removes the key."""
+
+    def __repr__(self) -> str:
+        return "<deleted>"
+
+    def __copy__(self) -> _Delete:
+        return self
+
+    def __deepcopy__(self, memo) -> _Delete:
+        return self
+
+
+#: marks a key to remove (``~key`` on the command line)
+DELETE = _Delete()
+
+
 def parse_overrides(items: Sequence[str]) -> dict:
     """Turn ``["train.lr=0.1", "model.hidden=[64,32]"]`` into a nested dict.
 
     The key is split on dots; the value is parsed with ``yaml.safe_load``, so ``0.1`` is
     a float, ``[64,32]`` a list, ``true`` a bool, ``null`` None. An empty value
     (``key=``) is None, as an empty value is in a YAML file; write ``key=''`` for an
-    empty string. Later items win. ConfigError names the item when it has no ``=``, an
-    empty key or key part, an unparsable value, or sets a key below a non-mapping value.
+    empty string. ``~key`` (no ``=``) removes the key from the config it is merged into
+    (:data:`DELETE`), e.g. ``~partition.alpha`` before ``partition.scheme=pathological``
+    on a Dirichlet base. Later items win. ConfigError names the item when it has no
+    ``=``, an empty key or key part, an unparsable value, or sets a key below a
+    non-mapping value.
     """
     out: dict = {}
     for item in items:
@@ -426,6 +446,12 @@ def parse_overrides(items: Sequence[str]) -> dict:
 
 
 def _split_item(item: str) -> tuple[str, Any]:
+    if item.startswith("~") and "=" not in item:
+        key = item[1:].strip()
+        if not key or any(not part for part in key.split(".")):
+            raise ConfigError(f"override {_quote(item)} must look like ~key.sub (removes "
+                              "the key)")
+        return key, DELETE
     key, sep, text = item.partition("=")
     key = key.strip()
     if not sep or not key or any(not part for part in key.split(".")):
@@ -447,14 +473,23 @@ def merge(base: Mapping, override: Mapping) -> dict:
 
     Where both hold a mapping under the same key the mappings are merged recursively;
     otherwise the override's value replaces the base's (lists are replaced, not joined).
+    A value :data:`DELETE` (a ``~key`` override) removes the key.
     """
     out = copy.deepcopy(dict(base))
     for key, value in override.items():
-        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+        if value is DELETE:
+            out.pop(key, None)
+        elif isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
             out[key] = merge(out[key], value)
         else:
-            out[key] = copy.deepcopy(value)
+            out[key] = _without_deletes(copy.deepcopy(value))
     return out
+
+
+def _without_deletes(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _without_deletes(v) for k, v in value.items() if v is not DELETE}
+    return value
 
 
 # ------------------------------------------------------------------- describing
