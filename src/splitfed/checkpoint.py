@@ -62,6 +62,7 @@ import torch
 
 from splitfed import safeio
 from splitfed.errors import FormatError
+from splitfed.provenance import cpu_capability  # noqa: F401 - re-exported
 
 CHECKPOINT = "checkpoint.pt"
 FORMAT = 2
@@ -77,14 +78,6 @@ KEYS: dict[str, tuple[type, ...]] = {
     "wall_time_s": (int, float), "resumed_from": (list,), "threads": (int,),
     "cpu_capability": (str,), "resumed_threads": (list,), "state": (dict,),
     "streams": (dict,), "clock": (dict,), "ledger": (dict,), "components": (dict,)}
-
-
-def cpu_capability() -> str:
-    """The CPU kernels PyTorch dispatches to here (``AVX2``, ``AVX512``, ``DEFAULT``...)."""
-    try:
-        return str(torch.backends.cpu.get_cpu_capability())
-    except Exception:  # noqa: BLE001 - an older or a non-x86 build
-        return "unknown"
 
 
 def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> None:

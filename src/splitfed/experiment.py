@@ -39,6 +39,7 @@ from splitfed.errors import ConfigError, RunInterrupted
 from splitfed.locking import LOCK_NAME, DirLock
 from splitfed.metrics import MetricLogger, best_value, last_value
 from splitfed.models import build_model, resolve_cut
+from splitfed.provenance import provenance
 from splitfed.rng import RandomStreams, derive_seed
 from splitfed.transport import InProcessTransport, Ledger
 
@@ -370,7 +371,8 @@ def _execute(cfg: RunConfig, algorithm, env: Environment, run_dir: Path | None, 
                        "resumed_from": list(resumed_from or []),
                        "threads": started["threads"],
                        "cpu_capability": started["cpu_capability"],
-                       "resumed_threads": list(started["resumed_threads"])}
+                       "resumed_threads": list(started["resumed_threads"]),
+                       "provenance": provenance()}
             _write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
     except KeyboardInterrupt:
         raise RunInterrupted(run_dir) from None

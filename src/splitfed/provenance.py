@@ -1,0 +1,61 @@
+"""Where a result came from: the code, the libraries, the machine and the command.
+
+Every ``summary.json`` (``splitfed run``, ``splitfed launch``) carries
+``provenance()``: splitfed's version, the git commit of the source tree when splitfed runs
+from a checkout (and whether it had uncommitted changes), the versions of Python, PyTorch
+and numpy, torch's thread count and CPU kernel set (they decide the last bits of float
+results), the platform and the command line. Two results can be compared, or a finished
+run reused, only when their provenance says the same code made them.
+"""
+
+from __future__ import annotations
+
+import functools
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import splitfed
+
+
+@functools.lru_cache(maxsize=1)
+def git_commit() -> tuple[str | None, bool | None]:
+    """(commit, dirty) of the checkout splitfed is imported from; (None, None) when it is
+    not a git checkout (an installed wheel) or git is unavailable."""
+    root = Path(splitfed.__file__).resolve().parent.parent.parent
+    if not (root / ".git").exists():
+        return None, None
+    try:
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"],
+                                capture_output=True, text=True, timeout=10)
+        status = subprocess.run(["git", "-C", str(root), "status", "--porcelain",
+                                 "--untracked-files=no", "--", "src"],
+                                capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None, None
+    if commit.returncode != 0:
+        return None, None
+    return commit.stdout.strip(), bool(status.stdout.strip()) if status.returncode == 0 else None
+
+
+def cpu_capability() -> str:
+    """The CPU kernels PyTorch dispatches to here (``AVX2``, ``AVX512``, ``DEFAULT``...)."""
+    try:
+        return str(torch.backends.cpu.get_cpu_capability())
+    except Exception:  # noqa: BLE001 - an older or a non-x86 build
+        return "unknown"
+
+
+def provenance(command: list[str] | None = None) -> dict:
+    """The provenance record (see the module doc); ``command`` defaults to ``sys.argv``."""
+    commit, dirty = git_commit()
+    argv = sys.argv if command is None else command
+    return {"splitfed": splitfed.__version__, "commit": commit, "dirty": dirty,
+            "python": platform.python_version(), "torch": torch.__version__,
+            "numpy": np.__version__, "threads": torch.get_num_threads(),
+            "cpu_capability": cpu_capability(), "platform": platform.platform(),
+            "command": " ".join([Path(argv[0]).name, *argv[1:]]) if argv else None}
