@@ -8,11 +8,18 @@
     splitfed launch CONFIG --nproc N        the same run on N processes of this machine
                                             (torch.distributed, docs/distributed.md)
     splitfed list                           algorithms, data sets, models, partitioners,
-                                            participation modes, shipped configs
+                                            participation modes, clock profiles,
+                                            shipped configs (plugins' entries marked)
     splitfed partition CONFIG [key=value]   print the partition summary of a config
     splitfed study STUDY.yaml               run a study (a set of runs), write a table and
                                             plots (see docs/studies.md)
     splitfed plot RUN_DIR ... -o FILE       draw runs' test accuracy (--force overwrites)
+
+``--plugin MODULE`` (run, sweep, study, launch, list, partition; repeatable) imports a
+module (or a .py file) that registers algorithms, models, data sets, partitioners or
+clock profiles before the config is read, and adds it to the config's ``plugins``;
+installed packages' entry points of the group ``splitfed.plugins`` are imported by every
+command (docs/extending.md).
 
 Exit status: 0 done, 3 a run diverged, 2 an error (one line: splitfed: error: ...),
 130 interrupted (Ctrl-C; an interrupted run, sweep or study continues where it stopped,
@@ -54,7 +61,8 @@ def _cmd_run(args) -> int:
         raise ConfigError("run: give a CONFIG (YAML file or shipped config name), or "
                           "--resume RUN_DIR")
     else:
-        cfg = load_config(args.config, args.overrides)   # checked before torch loads
+        cfg = load_config(args.config, args.overrides,   # checked before torch loads
+                          plugins=args.plugin)
         from splitfed.experiment import run_experiment
 
         result = run_experiment(cfg)
@@ -74,23 +82,46 @@ def _cmd_list(args) -> int:
     from splitfed.data import dataset_names
     from splitfed.data.partition import PARTITIONERS
     from splitfed.engine.participation import sampler_names
-    from splitfed.models import MODELS, build_model
+    from splitfed.engine.profiles import GENERATORS
+    from splitfed.models import MODELS
+    from splitfed.registry import origin
+
+    def names(kind: str, keys) -> str:
+        return ", ".join(k + (f" [plugin {origin(kind, k)}]" if origin(kind, k) else "")
+                         for k in sorted(keys))
 
     print("algorithms:")
     for name, cls in sorted(ALGORITHMS.items()):
-        print(f"  {name:<14} {cls.reference}")
-    print("datasets:      " + ", ".join(dataset_names()))
+        where = origin("algorithm", name)
+        print(f"  {name:<14} {cls.reference}" + (f" [plugin {where}]" if where else ""))
+    print("datasets:      " + names("dataset", dataset_names()))
     print("models (cuts):")
     for name in sorted(MODELS):
-        shape = {"lenet5": (1, 28, 28), "alexnet": (1, 28, 28), "mlp": (1, 28, 28),
-                 "opt": (2, 16)}.get(name, (3, 32, 32))   # opt: token ids + attention mask
-        m = build_model(name, shape, 10)
-        print(f"  {name:<14} default cut {m.default_cut}; valid cuts "
-              + ", ".join(str(c) for c in m.valid_cuts))
-    print("partitioners:  " + ", ".join(sorted(PARTITIONERS)))
+        where = origin("model", name)
+        print(f"  {name:<14} {_model_cuts(name)}" + (f" [plugin {where}]" if where else ""))
+    print("partitioners:  " + names("partitioner", PARTITIONERS))
     print("participation: " + ", ".join(sampler_names()))
+    print("clock profiles: " + names("clock profile", GENERATORS))
     print("configs:       " + ", ".join(shipped_configs()))
     return 0
+
+
+def _model_cuts(name: str) -> str:
+    """``default cut K; valid cuts ...`` of model ``name``, built for a usual input."""
+    from splitfed.models import build_model
+
+    shapes = {"lenet5": [(1, 28, 28)], "alexnet": [(1, 28, 28)], "mlp": [(1, 28, 28)],
+              "opt": [(2, 16)]}.get(name)     # opt: token ids + attention mask
+    for shape in shapes or [(3, 32, 32), (1, 28, 28)]:
+        try:
+            m = build_model(name, shape, 10)
+        except SplitfedError:
+            if shapes is not None:
+                raise
+            continue
+        return (f"default cut {m.default_cut}; valid cuts "
+                + ", ".join(str(c) for c in m.valid_cuts))
+    return "cuts: depend on the input shape (it takes neither 3x32x32 nor 1x28x28 inputs)"
 
 
 def _cmd_partition(args) -> int:
@@ -101,7 +132,7 @@ def _cmd_partition(args) -> int:
     from splitfed.experiment import load_data, make_partition
     from splitfed.rng import RandomStreams
 
-    cfg = load_config(args.config, args.overrides)
+    cfg = load_config(args.config, args.overrides, plugins=args.plugin)
     streams = RandomStreams(cfg.seed)
     bundle = load_data(cfg, streams, torch.device("cpu"))
     parts = make_partition(cfg, bundle, streams)
@@ -112,7 +143,8 @@ def _cmd_partition(args) -> int:
 def _cmd_study(args) -> int:
     from splitfed.study import run_study
 
-    result = run_study(args.study, out_dir=args.out_dir, progress=args.progress)
+    result = run_study(args.study, out_dir=args.out_dir, progress=args.progress,
+                       plugins=args.plugin)
     return 0 if result.completed else 3
 
 
@@ -129,7 +161,7 @@ def _cmd_sweep(args) -> int:
                               f"got {args.seeds!r}") from None
     result = run_sweep(args.config, args.axes, name=args.name, seeds=seeds,
                        out_dir=args.out_dir, group_by=args.group_by,
-                       progress=args.progress)
+                       progress=args.progress, plugins=args.plugin)
     return 0 if result.completed else 3
 
 
@@ -160,6 +192,24 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
+def add_plugin_argument(p: argparse.ArgumentParser) -> None:
+    """``--plugin MODULE`` (repeatable), shared with the worker of ``splitfed launch``."""
+    p.add_argument("--plugin", action="append", default=[], metavar="MODULE",
+                   help="import MODULE (a module name or a .py file) first: it registers "
+                        "algorithms, models, data sets, partitioners or clock profiles "
+                        "(repeat for several; recorded in the config's plugins; "
+                        "docs/extending.md)")
+
+
+def _load_plugins(args) -> None:
+    """Import the entry points of the group ``splitfed.plugins`` and the ``--plugin``
+    modules, before any command reads a config."""
+    from splitfed.registry import load_entry_points, load_plugins
+
+    load_entry_points()
+    load_plugins(getattr(args, "plugin", None) or [])
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="splitfed", description=__doc__,
                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -170,11 +220,15 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--resume", metavar="RUN_DIR", default=None,
                    help="continue the run in RUN_DIR from its last checkpoint "
                         "(checkpoint_every), with its config.yaml")
+    add_plugin_argument(r)
     r.set_defaults(func=_cmd_run)
-    sub.add_parser("list", help="list what is available").set_defaults(func=_cmd_list)
+    li = sub.add_parser("list", help="list what is available")
+    add_plugin_argument(li)
+    li.set_defaults(func=_cmd_list)
     q = sub.add_parser("partition", help="print the partition summary of a config")
     q.add_argument("config")
     q.add_argument("overrides", nargs="*")
+    add_plugin_argument(q)
     q.set_defaults(func=_cmd_partition)
     s = sub.add_parser("study", help="run a study file, write results.md, results.json, plots")
     s.add_argument("study", help="study YAML file (see docs/studies.md)")
@@ -182,6 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write to OUT_DIR/<study name>/ (default: the file's out_dir, "
                         "docs/results)")
     s.add_argument("--progress", action="store_true", help="show each run's progress bar")
+    add_plugin_argument(s)
     s.set_defaults(func=_cmd_study)
     g = sub.add_parser("plot", help="draw test accuracy of runs against rounds and "
                                     "simulated time")
@@ -209,6 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--group-by", default=None, metavar="KEY",
                    help="a swept key: one plot panel per value")
     w.add_argument("--progress", action="store_true", help="show each run's progress bar")
+    add_plugin_argument(w)
     w.set_defaults(func=_cmd_sweep)
     from splitfed.runtime.worker import add_network_arguments, add_run_arguments
 
@@ -244,6 +300,7 @@ def main(argv: list[str] | None = None) -> int:
                 parser.error(f"unrecognized arguments: {' '.join(extra)}")
         except SystemExit as e:                     # --help, or a usage error (printed)
             return e.code if isinstance(e.code, int) else 2
+        _load_plugins(args)
         return args.func(args)
     except (KeyboardInterrupt, RunInterrupted) as e:
         print(f"splitfed: {_interrupted(args, argv, e)}", file=sys.stderr)

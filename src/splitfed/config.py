@@ -5,6 +5,11 @@ Sections whose options depend on a chosen component (``data``, ``partition``, ``
 option of the chosen data set / partition scheme / model / algorithm / clock profile and is
 validated by that component against its own signature or options dataclass, with the
 dotted key in the message. Every shipped config is loaded in a test.
+
+The top-level ``plugins`` list names modules that register components of their own
+(:mod:`splitfed.registry`); :func:`build_config` imports them before it validates the
+rest, so a plugin's algorithm, model, data set, partitioner or clock profile is checked
+like a built-in one.
 """
 
 from __future__ import annotations
@@ -189,6 +194,10 @@ class RunConfig:
         "help": "write checkpoint.pt every k rounds and at the last round, for "
                 "splitfed run --resume (0: no checkpoints)"})
     out_dir: str = "runs"
+    plugins: list[str] = field(default_factory=list, metadata={
+        "help": "plugin modules (or .py files) imported before the config is validated; "
+                "they register algorithms, models, data sets, partitioners and clock "
+                "profiles (docs/extending.md)"})
     progress: bool = field(default=True, metadata={"help": "progress bar on the console"})
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -247,15 +256,45 @@ def resolve_config_path(name_or_path: str | Path) -> Path:
                       f"shipped configs: {names}")
 
 
-def build_config(raw: dict | None = None, overrides: list[str] | None = None) -> RunConfig:
+def build_config(raw: dict | None = None, overrides: list[str] | None = None, *,
+                 plugins: list[str] | None = None) -> RunConfig:
+    """The config of ``raw`` (a mapping, as YAML gives it) with ``key=value`` overrides.
+
+    The plugins are imported first (:mod:`splitfed.registry`): the entry points of the
+    group ``splitfed.plugins``, then the config's ``plugins`` and ``plugins`` given here
+    (the command line's ``--plugin``), which are added to the config's list; so the
+    components they register are known when the config is validated."""
     merged = merge(raw or {}, parse_overrides(overrides or []))
-    return from_dict(RunConfig, _fold_options(merged))
+    return from_dict(RunConfig, _fold_options(_with_plugins(merged, plugins)))
 
 
-def load_config(path: str | Path | None, overrides: list[str] | None = None) -> RunConfig:
-    """Load a YAML config (or a shipped config name) and apply ``key=value`` overrides."""
+def _with_plugins(merged, extra: list[str] | None):
+    """Import the plugins of ``merged`` and ``extra``; ``merged`` with the full list."""
+    from splitfed.registry import load_entry_points, load_plugins
+
+    load_entry_points()
+    if not isinstance(merged, dict):
+        return merged
+    given = merged.get("plugins")
+    if given is None:
+        given = []
+    if not isinstance(given, list) or not all(isinstance(p, str) for p in given):
+        return merged                           # from_dict reports the type
+    if not given and not extra:
+        return merged
+    try:
+        specs = load_plugins([*given, *(extra or [])])
+    except ConfigError as e:
+        raise type(e)(f"plugins: {e}") from None
+    return {**merged, "plugins": list(dict.fromkeys(specs))}
+
+
+def load_config(path: str | Path | None, overrides: list[str] | None = None, *,
+                plugins: list[str] | None = None) -> RunConfig:
+    """Load a YAML config (or a shipped config name) and apply ``key=value`` overrides;
+    ``plugins`` are imported first and added to the config's (see :func:`build_config`)."""
     raw = load_yaml(resolve_config_path(path)) if path is not None else {}
-    return build_config(raw, overrides)
+    return build_config(raw, overrides, plugins=plugins)
 
 
 def shipped_configs() -> list[str]:

@@ -33,3 +33,9 @@ class RunInterrupted(SplitfedError):
         hint = (f"; continue it with: splitfed run --resume {run_dir}" if run_dir is not None
                 else "")
         super().__init__(f"interrupted{hint}")
+
+
+class PluginError(ConfigError):
+    """A plugin cannot be imported, or registers a component badly (a name that is taken,
+    a function without the parameters its kind is called with). The message names the
+    plugin or the kind and name of the component."""

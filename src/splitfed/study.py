@@ -93,6 +93,9 @@ class StudySpec:
         default_factory=lambda: ["round", "bytes"])
     target_accuracy: float | None = field(default=None, metadata={"ge": 0, "le": 1})
     out_dir: str = DEFAULT_OUT_DIR
+    plugins: list[str] = field(default_factory=list, metadata={
+        "help": "plugin modules (or .py files) imported before the runs are built, and "
+                "added to every run's plugins (docs/extending.md)"})
 
 
 @dataclass
@@ -131,24 +134,27 @@ class Study:
         return [r for v in self.variants for r in v.runs]
 
 
-def load_study(path: str | Path, *, out_dir: str | Path | None = None) -> Study:
-    """Read and validate a study file; ``out_dir`` overrides the file's ``out_dir``."""
+def load_study(path: str | Path, *, out_dir: str | Path | None = None,
+               plugins: list[str] | None = None) -> Study:
+    """Read and validate a study file; ``out_dir`` overrides the file's ``out_dir``;
+    ``plugins`` are added to the file's ``plugins`` (imported, and recorded in every
+    run's config)."""
     path = Path(path)
     raw = load_yaml(path)
     try:
         return _build_study(raw, base_dir=path.parent, default_name=path.stem,
                             out_dir=out_dir, source=path,
-                            text=path.read_text(encoding="utf-8"))
+                            text=path.read_text(encoding="utf-8"), plugins=plugins)
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}") from None
 
 
 def study_from_mapping(data: Mapping, *, out_dir: str | Path | None = None,
-                       base_dir: str | Path = ".") -> Study:
+                       base_dir: str | Path = ".", plugins: list[str] | None = None) -> Study:
     """Validate a study given as a mapping; a ``base`` path is resolved from ``base_dir``."""
     text = yaml.safe_dump(_plain(data), sort_keys=False)
     return _build_study(data, base_dir=Path(base_dir), default_name=None, out_dir=out_dir,
-                        source=None, text=text)
+                        source=None, text=text, plugins=plugins)
 
 
 def _plain(data: Any) -> Any:
@@ -160,8 +166,10 @@ def _plain(data: Any) -> Any:
 
 
 def _build_study(raw: Mapping, *, base_dir: Path, default_name: str | None,
-                 out_dir: str | Path | None, source: Path | None, text: str) -> Study:
+                 out_dir: str | Path | None, source: Path | None, text: str,
+                 plugins: list[str] | None = None) -> Study:
     spec = from_dict(StudySpec, raw, path="study")
+    spec.plugins = list(dict.fromkeys([*spec.plugins, *(plugins or [])]))
     name = _check_name(spec.name if spec.name is not None else default_name)
     _check_spec(spec)
     study_dir = Path(out_dir if out_dir is not None else spec.out_dir) / name
@@ -277,7 +285,7 @@ def _variant_config(spec: StudySpec, base: dict, study_dir: Path, run: RunSpec |
         _check_overlap([i.partition("=")[0].strip() for i in run.set], [k for k, _ in point])
     raw = merge(merge(merge(base, parse_overrides(spec.overrides)), grid_over), run_set)
     raw = merge(raw, {"name": slug, "out_dir": str(study_dir / "runs"), "progress": False})
-    cfg = build_config(raw)
+    cfg = build_config(raw, plugins=spec.plugins)
     preflight(cfg)
     return cfg
 
@@ -561,12 +569,15 @@ class StudyResult:
 
 
 def run_study(study: str | Path | Mapping | Study, *, out_dir: str | Path | None = None,
-              progress: bool = False, quiet: bool = False) -> StudyResult:
+              progress: bool = False, quiet: bool = False,
+              plugins: list[str] | None = None) -> StudyResult:
     """Run every run of a study not already done, then write results.md/json and plots.
 
     ``study``: a study file path, a mapping in the same format, or a loaded :class:`Study`.
     ``out_dir`` overrides the study's ``out_dir``; ``progress`` shows each run's progress
-    bar; ``quiet`` prints nothing (by default a line per run and the table at the end).
+    bar; ``quiet`` prints nothing (by default a line per run and the table at the end);
+    ``plugins`` (the command line's ``--plugin``) are added to the study's ``plugins``
+    (not used with a loaded :class:`Study`).
 
     Before any run starts or anything is written, every run that is not done is built
     as :func:`~splitfed.experiment.run_experiment` builds it (:func:`check_runs`) and the
@@ -576,12 +587,15 @@ def run_study(study: str | Path | Mapping | Study, *, out_dir: str | Path | None
     if isinstance(study, Study):
         command = "run_study(...)"
     elif isinstance(study, Mapping):
-        study, command = study_from_mapping(study, out_dir=out_dir), "run_study(<mapping>)"
+        study = study_from_mapping(study, out_dir=out_dir, plugins=plugins)
+        command = "run_study(<mapping>)"
     else:
         command = "splitfed study " + shlex.quote(str(study))
         if out_dir is not None:
             command += " --out-dir " + shlex.quote(str(out_dir))
-        study = load_study(study, out_dir=out_dir)
+        for plugin in plugins or ():
+            command += " --plugin " + shlex.quote(str(plugin))
+        study = load_study(study, out_dir=out_dir, plugins=plugins)
     say = (lambda *a, **k: None) if quiet else _print
     with open_study(study, "study directory") as prepared:
         outcomes = execute_study(prepared, progress, say)

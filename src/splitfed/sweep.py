@@ -86,8 +86,9 @@ class SweepResult:
 
 def sweep_study(config: str, items: list[str], *, name: str | None = None,
                 seeds: list[int] | None = None, out_dir: str | Path | None = None,
-                group_by: str | None = None) -> dict:
-    """The study mapping of a sweep (validated by :func:`run_sweep`)."""
+                group_by: str | None = None, plugins: list[str] | None = None) -> dict:
+    """The study mapping of a sweep (validated by :func:`run_sweep`); ``plugins`` are
+    imported and added to every run's config."""
     axes, overrides = parse_axes(items)
     if not axes:
         raise ConfigError("sweep: give at least one key with several values, "
@@ -97,6 +98,8 @@ def sweep_study(config: str, items: list[str], *, name: str | None = None,
              "out_dir": str(out_dir if out_dir is not None else DEFAULT_OUT_DIR)}
     if seeds is not None:
         study["seeds"] = list(seeds)
+    if plugins:
+        study["plugins"] = list(plugins)
     if group_by is not None:
         if group_by not in axes:
             raise ConfigError(f"sweep: --group-by {group_by!r} is not a swept key; swept: "
@@ -108,13 +111,13 @@ def sweep_study(config: str, items: list[str], *, name: str | None = None,
 def run_sweep(config: str, items: list[str], *, name: str | None = None,
               seeds: list[int] | None = None, out_dir: str | Path | None = None,
               group_by: str | None = None, progress: bool = False,
-              quiet: bool = False) -> SweepResult:
+              quiet: bool = False, plugins: list[str] | None = None) -> SweepResult:
     """Run (or finish) a sweep; write the study files and ``sweep.md/csv/json``.
     ``group_by``: a swept key; the plots get one panel per value of it."""
     mapping = sweep_study(config, items, name=name, seeds=seeds, out_dir=out_dir,
-                          group_by=group_by)
+                          group_by=group_by, plugins=plugins)
     study = study_from_mapping(mapping)
-    command = _command(config, items, name, seeds, out_dir, group_by)
+    command = _command(config, items, name, seeds, out_dir, group_by, plugins)
     keys = list(mapping["grid"])
     with open_study(study, "sweep directory", OUTPUTS) as prepared:
         outcomes = execute_study(prepared, progress, say=lambda *a, **k: None)
@@ -132,7 +135,7 @@ def run_sweep(config: str, items: list[str], *, name: str | None = None,
     return SweepResult(result, mapping["grid"], rows, table)
 
 
-def _command(config, items, name, seeds, out_dir, group_by) -> str:
+def _command(config, items, name, seeds, out_dir, group_by, plugins=None) -> str:
     parts = ["splitfed", "sweep", config, *items]
     if name is not None:
         parts += ["--name", name]
@@ -142,6 +145,8 @@ def _command(config, items, name, seeds, out_dir, group_by) -> str:
         parts += ["--out-dir", str(out_dir)]
     if group_by is not None:
         parts += ["--group-by", group_by]
+    for plugin in plugins or ():
+        parts += ["--plugin", plugin]
     return " ".join(shlex.quote(str(p)) for p in parts)
 
 

@@ -151,6 +151,7 @@ class CSEFSL(Algorithm):
     name = "csefsl"
     reference = "paper 000 (Talebi 2024), Algorithm 1 (CSE-FSL with auxiliary networks)"
     Options = CSEFSLOptions
+    distributed = True
     split = True
     #: the server sees one batch per client per upload round: more rounds to learn
     conformance_overrides = {"rounds": 12}

@@ -40,6 +40,7 @@ class FedAvg(Algorithm):
     name = "fedavg"
     reference = "McMahan et al. 2017; paper 002 eq. 3 for bernoulli weights"
     Options = FedAvgOptions
+    distributed = True
 
     def grad_hook(self, env, state, cohort):
         """A local-gradient correction, or None (plain local SGD)."""

@@ -117,6 +117,7 @@ class _FedCLG(CLGSGD):
     """The round of Algorithm 1: g^s at x_t, the clients' g^i, the variant's correction."""
 
     Options = FedCLGOptions
+    distributed = False                   # not on the multi-process runtime yet
 
     def client_round(self, env, state, t, cohort, rows):
         if cohort.is_empty():

@@ -43,6 +43,7 @@ class FedLoRA(FedAvg):
     name = "fedlora"
     reference = "FedAvg (McMahan et al. 2017) over LoRA adapters (Hu et al. 2022); paper 001 Fig. 4"
     Options = FedLoRAOptions
+    distributed = False                   # not on the multi-process runtime yet
 
     def init_state(self, env) -> dict:
         o = self.options

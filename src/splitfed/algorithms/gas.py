@@ -185,6 +185,7 @@ class GAS(Algorithm):
     reference = ("GAS (Yang and Liu, AAAI 2025) with zeroth-order clients, the baseline of "
                  "paper 001 Sec. 5; docs/design.md 'GAS baseline'")
     Options = GASOptions
+    distributed = True
     split = True
     asynchronous = True
     # zeroth-order: one ZO step per upload needs many more rounds than first-order methods

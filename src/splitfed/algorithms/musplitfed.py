@@ -97,6 +97,7 @@ class MUSplitFed(Algorithm):
     name = "musplitfed"
     reference = "paper 001 (Liang et al. 2025), Algorithm 1, eqs. (3)-(7), Table 6"
     Options = MUSplitFedOptions
+    distributed = True
     split = True
     # zeroth-order: one ZO step per round needs many more rounds than first-order methods
     conformance_overrides = {"rounds": 60, "eval_every": 10,

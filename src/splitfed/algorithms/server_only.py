@@ -158,6 +158,7 @@ class ServerOnly(ServerTraining, Algorithm):
     reference = "Bian et al. (paper 004), Sec. VI baseline (1); eq. 5 without clients"
     Options = ServerTrainingOptions
     federated = False
+    distributed = True
 
     def round(self, env, state, t, cohort):
         rows = self.draw_server_data(env)

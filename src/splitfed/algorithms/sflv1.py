@@ -87,6 +87,7 @@ class SFLV1(Algorithm):
     name = "sflv1"
     reference = "paper 002 (Han et al. 2024), Appendix B Algorithm 1"
     Options = SFLV1Options
+    distributed = True
     split = True
 
     def server_copies(self, env, cohort) -> int:

@@ -55,6 +55,7 @@ class SFLV2(Algorithm):
     name = "sflv2"
     reference = "paper 002 (Han et al. 2024), Appendix B Algorithm 2"
     Options = SFLV2Options
+    distributed = True
     split = True
 
     def init_state(self, env) -> dict:

@@ -52,6 +52,7 @@ class SL(Algorithm):
     name = "sl"
     reference = "paper 003, Algorithm 1 (split learning with a global learning rate)"
     Options = SLOptions
+    distributed = True
     split = True
 
     def init_state(self, env) -> dict:

@@ -45,6 +45,10 @@ class Algorithm:
     #: True when the learned model depends on simulated time (the order of events, GAS);
     #: the synchronous algorithms' parameters never depend on the speeds
     asynchronous: ClassVar[bool] = False
+    #: True when every client computation goes through the engine's placed primitives,
+    #: so that the multi-process runtime (``splitfed launch``) can run the algorithm
+    #: unchanged; subclasses inherit it
+    distributed: ClassVar[bool] = False
 
     def __init__(self, options: Any = None):
         self.options = options if options is not None else self.Options()

@@ -120,7 +120,8 @@ def check_config(args) -> None:
         raise ConfigError("give a CONFIG (YAML file or shipped config name), or --resume "
                           "RUN_DIR")
     else:
-        cfg = load_config(args.config, args.overrides)
+        cfg = load_config(args.config, args.overrides,
+                          plugins=getattr(args, "plugin", None))
     check_supported(cfg)
 
 
@@ -133,6 +134,8 @@ def worker_argv(args) -> list[str]:
                         ("--real-delays", args.real_delays)):
         if value is not None:
             argv += [flag, str(value)]
+    for plugin in getattr(args, "plugin", None) or ():
+        argv += ["--plugin", plugin]
     return argv
 
 

@@ -39,6 +39,7 @@ from pathlib import Path
 
 import torch
 
+from splitfed.algorithms import get_algorithm
 from splitfed.checkpoint import (CHECKPOINT, Checkpointer, checkpoint_records,
                                  cpu_capability, load_checkpoint, restore, thread_warnings,
                                  truncate_metrics)
@@ -51,13 +52,10 @@ from splitfed.errors import ConfigError
 from splitfed.experiment import (RunResult, _check_empty, _new_run_dir, build_algorithm,
                                  build_environment, lock_run_dir)
 from splitfed.metrics import MetricLogger, best_value, last_value
+from splitfed.provenance import provenance
 from splitfed.runtime.placement import (RankPlacement, RoundControl, RuntimeClock, StopRun,
                                         host_ranks)
 from splitfed.transport.distributed import SERVER_RANK, DistributedTransport, Links
-
-#: algorithms whose every client computation goes through the placed engine primitives
-SUPPORTED = ("fedavg", "fedprox", "fedopt", "scaffold", "scaffold_plus", "clgsgd", "server_only",
-             "sl", "sflv1", "sflv2", "csefsl", "musplitfed", "gas")
 
 
 @dataclass
@@ -71,10 +69,19 @@ class RuntimeOptions:
     checkpoint_every: int = 1
 
 
+def supported() -> list[str]:
+    """The algorithms the runtime runs: those whose class sets ``distributed = True``
+    (every client computation goes through the placed engine primitives), plugins'
+    included."""
+    from splitfed.algorithms import ALGORITHMS
+
+    return [name for name, cls in ALGORITHMS.items() if getattr(cls, "distributed", False)]
+
+
 def check_supported(cfg: RunConfig) -> None:
-    if cfg.algorithm.name not in SUPPORTED:
+    if not getattr(get_algorithm(cfg.algorithm.name), "distributed", False):
         raise ConfigError(f"algorithm.name: {cfg.algorithm.name!r} does not run on the "
-                          f"multi-process runtime yet; supported: {', '.join(SUPPORTED)} "
+                          f"multi-process runtime yet; supported: {', '.join(supported())} "
                           "(use splitfed run for the others)")
     if cfg.engine.device != "cpu":
         raise ConfigError("engine.device: the multi-process runtime runs on cpu (gloo)")
@@ -215,7 +222,7 @@ def _run(links, cfg, algorithm, env, control, run_dir: Path, options, ckpt, *, s
                "wall_time_s": round(wall, 3), "resumed_from": resumed,
                "threads": started["threads"], "cpu_capability": started["cpu"],
                "resumed_threads": list(started["resumed_threads"]),
-               "processes": links.world_size,
+               "provenance": provenance(), "processes": links.world_size,
                "lost_ranks": {str(r): why for r, why in sorted(links.lost.items())},
                **env.transport.wire_totals()}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

@@ -51,6 +51,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--real-delays", type=float, default=None, metavar="SCALE",
                    help="client ranks sleep SCALE (>= 0) wall seconds per simulated second "
                         "of their clients' compute and transfers (docs/clock.md profiles)")
+    from splitfed.cli import add_plugin_argument
+
+    add_plugin_argument(p)
 
 
 def add_network_arguments(p: argparse.ArgumentParser, worker: bool = False) -> None:
@@ -169,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         check_run_options(args)
+        _load_plugins(args)                 # every rank, before it builds anything
         secret, _server = join(rank, world, args.client_timeout, listen=args.listen,
                                store=args.store, secret_file=args.secret_file)
     except SplitfedError as e:
@@ -197,6 +201,15 @@ def main(argv: list[str] | None = None) -> int:
     return exit_code
 
 
+def _load_plugins(args) -> None:
+    """The entry points of the group ``splitfed.plugins`` and the ``--plugin`` modules
+    (a client rank imports the config's own plugins when it builds the config)."""
+    from splitfed.registry import load_entry_points, load_plugins
+
+    load_entry_points()
+    load_plugins(args.plugin)
+
+
 def _serve(args, links, serve, options) -> int:
     from splitfed.config import load_config
 
@@ -210,7 +223,8 @@ def _serve(args, links, serve, options) -> int:
             raise SplitfedError("give a CONFIG (YAML file or shipped config name), or "
                                 "--resume RUN_DIR")
         else:
-            result = serve(links, load_config(args.config, args.overrides),
+            result = serve(links, load_config(args.config, args.overrides,
+                                              plugins=args.plugin),
                            options=options, run_dir=args.run_dir)
     except SplitfedError as e:
         links.stop_all(f"error: {e}")

@@ -1,0 +1,315 @@
+"""Plugins: register your own algorithms, models, data sets, partitioners and clock profiles.
+
+A plugin is a Python module that registers components with the decorators below when it
+is imported::
+
+    from splitfed import register_model
+
+    @register_model("tiny_cnn")
+    def tiny_cnn(input_shape, num_classes, *, width=8):
+        ...                                    # returns a splitfed.models.BlockModel
+
+Every command imports the plugins before it reads a config (see ``docs/extending.md``):
+
+- the modules listed under ``plugins:`` in the config (module names such as
+  ``my_lab.splitfed_plugin``, or paths to ``.py`` files);
+- the modules given with ``--plugin MODULE`` on the command line (``run``, ``sweep``,
+  ``study``, ``launch``, ``list``, ``partition``); they are added to the config's
+  ``plugins``, so that ``--resume``, every run of a sweep or study and every process of
+  ``launch`` imports them again;
+- the entry points of the group ``splitfed.plugins`` of installed packages (imported by
+  every command and by :func:`splitfed.config.build_config`, once per process).
+
+The registries are the same dicts the package uses for its built-in components
+(``splitfed.algorithms.ALGORITHMS``, ``splitfed.models.MODELS``,
+``splitfed.data.DATASETS``, ``splitfed.data.partition.PARTITIONERS``,
+``splitfed.engine.profiles.GENERATORS``); a registered component is looked up, and its
+options are validated, exactly as a built-in one. Registering a name that is taken
+(built in, or by another plugin) raises :class:`~splitfed.errors.PluginError` naming the
+kind, the name and the module of the component that holds it, unless ``replace=True``.
+
+This module imports neither torch nor the registries until something is registered, so
+``import splitfed`` stays light.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from splitfed.errors import PluginError, SplitfedError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:                               # typing is not imported at run time
+    from collections.abc import Callable, Iterable
+    from typing import Any
+
+#: the entry-point group whose entry points every command imports
+ENTRY_POINT_GROUP = "splitfed.plugins"
+
+#: kind -> (module of the registry, name of its dict)
+_REGISTRIES = {
+    "algorithm": ("splitfed.algorithms", "ALGORITHMS"),
+    "model": ("splitfed.models", "MODELS"),
+    "dataset": ("splitfed.data", "DATASETS"),
+    "partitioner": ("splitfed.data.partition", "PARTITIONERS"),
+    "clock profile": ("splitfed.engine.profiles", "GENERATORS"),
+}
+#: the leading positional parameters each kind of function is called with; its other
+#: parameters are its options (validated against the config's keys)
+_LEADING = {
+    "model": ("input_shape", "num_classes"),
+    "dataset": ("data_dir", "rng"),
+    "partitioner": ("labels", "num_clients", "rng"),
+    "clock profile": ("num_clients", "rng"),
+}
+_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.+-")
+
+#: kind -> name -> where a component registered through this module came from (the plugin
+#: as given, or the module that defined it); built-in components are not listed
+_ORIGINS: dict[str, dict[str, str]] = {kind: {} for kind in _REGISTRIES}
+#: the plugins being imported (innermost last), to record where registrations come from
+_LOADING: list[str] = []
+#: plugins imported so far (as given), and whether the entry points were loaded
+_LOADED: list[str] = []
+_ENTRY_POINTS_LOADED = False
+
+
+def registry(kind: str) -> dict:
+    """The registry dict of ``kind`` (``"algorithm"``, ``"model"``, ``"dataset"``,
+    ``"partitioner"`` or ``"clock profile"``): the package's own dict."""
+    module, attr = _REGISTRIES[kind]
+    return getattr(importlib.import_module(module), attr)
+
+
+def origin(kind: str, name: str) -> str | None:
+    """Where the plugin component ``name`` of ``kind`` came from (a module name or a file
+    path); None for a built-in component (or an unknown name)."""
+    return _ORIGINS[kind].get(name)
+
+
+def plugin_entries(kind: str) -> dict[str, str]:
+    """The components of ``kind`` registered by plugins: name -> where it came from."""
+    return dict(_ORIGINS[kind])
+
+
+def _key(kind: str, name: str) -> str:
+    if (not isinstance(name, str) or not name or name[0] in ".+-"
+            or not set(name) <= _NAME_CHARS):
+        raise PluginError(f"register_{kind.replace(' ', '_')}: the name must be a non-empty "
+                          f"string of letters, digits, '_', '.', '+', '-', got {name!r}")
+    return name.lower().replace("-", "_") if kind == "dataset" else name
+
+
+def _where(kind: str, name: str, obj: Any) -> str:
+    known = _ORIGINS[kind].get(name)
+    if known is not None:
+        return f"plugin {known}"
+    return f"built in, {getattr(obj, '__module__', None) or 'splitfed'}"
+
+
+def _check_function(kind: str, name: str, fn: Any) -> None:
+    import inspect
+
+    what = f"register_{kind.replace(' ', '_')}({name!r})"
+    if not callable(fn):
+        raise PluginError(f"{what}: expected a function, got {fn!r}")
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        raise PluginError(f"{what}: cannot read the signature of {fn!r}") from None
+    lead = _LEADING[kind]
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    if len(params) < len(lead) or any(p.kind not in positional for p in params[:len(lead)]):
+        raise PluginError(f"{what}: {getattr(fn, '__name__', fn)} must take "
+                          f"({', '.join(lead)}, ...) as its first positional parameters")
+    if any(p.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+           for p in params):
+        raise PluginError(f"{what}: {getattr(fn, '__name__', fn)} must name its options "
+                          "(no *args or **kwargs): they are checked against the config")
+    if kind == "model" and any(p.kind is not inspect.Parameter.KEYWORD_ONLY
+                               for p in params[len(lead):]):
+        raise PluginError(f"{what}: the options of a model are keyword-only: "
+                          "def builder(input_shape, num_classes, *, option=default)")
+
+
+def _check_algorithm(name: str, cls: Any) -> None:
+    import dataclasses
+
+    from splitfed.engine.algorithm import Algorithm
+
+    what = f"register_algorithm({name!r})"
+    if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
+        raise PluginError(f"{what}: expected a subclass of splitfed.engine.algorithm."
+                          f"Algorithm, got {cls!r}")
+    if not dataclasses.is_dataclass(cls.Options):
+        raise PluginError(f"{what}: {cls.__name__}.Options must be a dataclass (its fields "
+                          "are the algorithm's options)")
+
+
+def _register(kind: str, name: str, obj: Any, replace: bool) -> Any:
+    key = _key(kind, name)
+    if kind == "algorithm":
+        _check_algorithm(key, obj)
+    else:
+        _check_function(kind, key, obj)
+    table = registry(kind)
+    if key in table and not replace:
+        raise PluginError(f"{kind} {key!r} is already registered ({_where(kind, key, table[key])})"
+                          f"; choose another name, or pass replace=True to "
+                          f"register_{kind.replace(' ', '_')} to replace it")
+    table[key] = obj
+    _ORIGINS[kind][key] = _LOADING[-1] if _LOADING else (
+        getattr(obj, "__module__", None) or "?")
+    return obj
+
+
+def _decorator(kind: str, name: str, obj: Any, replace: bool):
+    if obj is not None:
+        return _register(kind, name, obj, replace)
+
+    def decorate(target):
+        _register(kind, name, target, replace)
+        return target
+    return decorate
+
+
+def register_algorithm(name: str, cls: type | None = None, *, replace: bool = False):
+    """Register an algorithm class (a subclass of
+    :class:`~splitfed.engine.algorithm.Algorithm` whose ``Options`` dataclass holds its
+    options) as ``algorithm.name: NAME``. Use as ``@register_algorithm("name")`` or
+    ``register_algorithm("name", cls)``. Set the class attribute ``distributed = True``
+    when every client computation goes through the engine's placed primitives, so that
+    ``splitfed launch`` runs it (a subclass of a built-in algorithm inherits it)."""
+    return _decorator("algorithm", name, cls, replace)
+
+
+def register_model(name: str, builder: Callable | None = None, *, replace: bool = False):
+    """Register ``builder(input_shape, num_classes, *, options...) -> BlockModel`` as
+    ``model.name: NAME``; its keyword-only parameters are the model's options."""
+    return _decorator("model", name, builder, replace)
+
+
+def register_dataset(name: str, loader: Callable | None = None, *, replace: bool = False):
+    """Register ``loader(data_dir, rng, options...) -> DataBundle`` as ``data.name: NAME``
+    (matched case-insensitively, ``-`` read as ``_``); its parameters after ``rng`` are
+    the data set's options."""
+    return _decorator("dataset", name, loader, replace)
+
+
+def register_partitioner(name: str, fn: Callable | None = None, *, replace: bool = False):
+    """Register ``fn(labels, num_clients, rng, params...) -> list of index arrays`` as
+    ``partition.scheme: NAME``; its parameters after ``rng`` are the scheme's options."""
+    return _decorator("partitioner", name, fn, replace)
+
+
+def register_clock_profile(name: str, fn: Callable | None = None, *, replace: bool = False):
+    """Register ``fn(num_clients, rng, *, options...) -> Profiles`` as
+    ``clock.profile: NAME``; its parameters after ``rng`` are the profile's options."""
+    return _decorator("clock profile", name, fn, replace)
+
+
+# ------------------------------------------------------------------- loading plugins
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def _is_path(spec: str) -> bool:
+    return spec.endswith(".py") or "/" in spec or "\\" in spec
+
+
+def plugin_spec(spec: str) -> str:
+    """A plugin as the config records it: a module name as given, a ``.py`` file as its
+    absolute path (so that ``--resume`` from another directory finds it)."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise PluginError(f"plugins: expected a module name or a .py file, got {spec!r}")
+    spec = spec.strip()
+    if not _is_path(spec):
+        return spec
+    from pathlib import Path
+
+    return str(Path(spec).expanduser().absolute())
+
+
+def _import_file(path: str):
+    import hashlib
+    import importlib.util
+    from pathlib import Path
+
+    file = Path(path)
+    if not file.is_file():
+        raise ImportError(f"no such file: {file}")
+    name = "splitfed_plugin_" + hashlib.sha1(str(file).encode()).hexdigest()[:12]
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, file)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {file} as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    return module
+
+
+def _import(spec: str, what: str, load: Callable[[], Any]) -> Any:
+    _LOADING.append(spec)
+    try:
+        return load()
+    except SplitfedError as e:                  # e.g. a name clash while registering
+        raise PluginError(f"{what} {spec}: {_one_line(e)}") from e
+    except (ImportError, SyntaxError) as e:
+        raise PluginError(f"{what} {spec!r} cannot be imported: "
+                          f"{type(e).__name__}: {_one_line(e)}") from e
+    finally:
+        _LOADING.pop()
+
+
+def load_plugins(specs: Iterable[str] | None) -> list[str]:
+    """Import the plugins ``specs`` (module names or ``.py`` files) that this process has
+    not imported yet, in order; returns them as :func:`plugin_spec` records them. A plugin
+    that cannot be imported raises :class:`~splitfed.errors.PluginError` naming it."""
+    out = []
+    for raw in specs or ():
+        spec = plugin_spec(raw)
+        out.append(spec)
+        if spec in _LOADED:
+            continue
+        if _is_path(spec):
+            _import(spec, "plugin", lambda s=spec: _import_file(s))
+        else:
+            _import(spec, "plugin", lambda s=spec: importlib.import_module(s))
+        _LOADED.append(spec)
+    return out
+
+
+def load_entry_points() -> list[str]:
+    """Import (once per process) the entry points of the group ``splitfed.plugins``; an
+    entry point naming a callable (``pkg.module:register``) is also called. Returns the
+    entry points' names."""
+    global _ENTRY_POINTS_LOADED
+    if _ENTRY_POINTS_LOADED:
+        return []
+    _ENTRY_POINTS_LOADED = True
+    from importlib.metadata import entry_points
+
+    names = []
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        def load(ep=ep):
+            obj = ep.load()
+            if callable(obj) and not isinstance(obj, type):
+                obj()
+            return obj
+        _import(ep.value, f"plugin (entry point {ep.name!r} of group {ENTRY_POINT_GROUP})",
+                load)
+        names.append(ep.name)
+    return names
+
+
+def loaded_plugins() -> list[str]:
+    """The plugins imported by :func:`load_plugins` so far, in order."""
+    return list(_LOADED)

@@ -1,0 +1,342 @@
+"""Plugins: components registered outside the package, seen by every command.
+
+The plugin is the example of docs/extending.md (``examples/plugin_example/splitfed_lab``:
+a model with cut points, a data set, a partitioner, a clock profile and a FedAvg variant),
+copied into a temporary directory and used through the command line from another working
+directory, with only ``PYTHONPATH`` (or an entry point) pointing at it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+import splitfed
+from splitfed import registry
+from splitfed.algorithms import ALGORITHMS
+from splitfed.algorithms.fedavg import FedAvg
+from splitfed.data import DATASETS
+from splitfed.data.partition import PARTITIONERS
+from splitfed.engine.profiles import GENERATORS
+from splitfed.errors import ConfigError, PluginError
+from splitfed.models import MODELS
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "plugin_example"
+#: the algorithms that ran on the multi-process runtime before ``distributed`` existed
+RUNTIME_ALGORITHMS = {"fedavg", "fedprox", "fedopt", "scaffold", "scaffold_plus", "clgsgd",
+                      "server_only", "sl", "sflv1", "sflv2", "csefsl", "musplitfed", "gas"}
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    """A directory holding the example plugin package, a working directory elsewhere,
+    and the example config with and without its ``plugins`` line."""
+    root = tmp_path_factory.mktemp("plugins")
+    shutil.copytree(EXAMPLE / "splitfed_lab", root / "pkgs" / "splitfed_lab")
+    work = root / "work"
+    work.mkdir()
+    config = yaml.safe_load((EXAMPLE / "lab.yaml").read_text())
+    config.update(rounds=2, progress=False)
+    (work / "lab.yaml").write_text(yaml.safe_dump(config))
+    bare = {k: v for k, v in config.items() if k != "plugins"}
+    (work / "bare.yaml").write_text(yaml.safe_dump(bare))
+    return root
+
+
+def cli(lab: Path, *args: str, pythonpath: list[Path] | None = None,
+        cwd: Path | None = None) -> subprocess.CompletedProcess:
+    paths = pythonpath if pythonpath is not None else [lab / "pkgs"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(p) for p in paths),
+           "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "splitfed", *args], cwd=cwd or lab / "work",
+                          env=env, capture_output=True, text=True, timeout=300)
+
+
+def records(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def run_dir_of(proc: subprocess.CompletedProcess, cwd: Path) -> Path:
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("run directory: "))
+    return cwd / line.removeprefix("run directory: ")
+
+
+def learned(rows: list[dict]) -> list[tuple]:
+    return [(r["round"], r.get("train_loss"), r["test_acc"], r["test_loss"]) for r in rows]
+
+
+# ------------------------------------------------------------- the command line
+
+
+def test_run_with_plugins_in_config_then_resume(lab):
+    work = lab / "work"
+    proc = cli(lab, "run", "lab.yaml", "out_dir=runs-config", "checkpoint_every=1")
+    assert proc.returncode == 0, proc.stderr
+    assert "fedavgm on stripes (tiny_cnn, 4 clients, label_blocks)" in proc.stdout
+    run_dir = run_dir_of(proc, work)
+    saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert saved["plugins"] == ["splitfed_lab"]
+    assert saved["clock"]["profile"] == "two_tier"
+    first = records(run_dir)
+    assert [r["round"] for r in first] == [0, 1, 2]
+
+    saved["rounds"] = 3                         # extend the finished run, then resume it
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(saved, sort_keys=False))
+    proc = cli(lab, "run", "--resume", str(run_dir))
+    assert proc.returncode == 0, proc.stderr
+    resumed = records(run_dir)
+    assert [r["round"] for r in resumed] == [0, 1, 2, 3]
+    assert resumed[:3] == first
+    assert json.loads((run_dir / "summary.json").read_text())["resumed_from"] == [2]
+
+    straight = cli(lab, "run", "lab.yaml", "out_dir=runs-straight", "rounds=3")
+    assert straight.returncode == 0, straight.stderr
+    assert learned(records(run_dir_of(straight, work))) == learned(resumed)
+
+
+def test_run_with_plugin_option_records_it(lab):
+    work = lab / "work"
+    refused = cli(lab, "run", "bare.yaml", "out_dir=runs-bare")
+    assert refused.returncode == 2
+    assert "unknown algorithm 'fedavgm'" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1
+    assert not (work / "runs-bare").exists()
+
+    proc = cli(lab, "run", "bare.yaml", "out_dir=runs-bare", "--plugin", "splitfed_lab")
+    assert proc.returncode == 0, proc.stderr
+    saved = yaml.safe_load((run_dir_of(proc, work) / "config.yaml").read_text())
+    assert saved["plugins"] == ["splitfed_lab"]
+    assert saved["algorithm"] == {"name": "fedavgm", "options": {"server_momentum": 0.5}}
+
+
+def test_plugin_file_path(lab, tmp_path):
+    (tmp_path / "extra_model.py").write_text(
+        "from splitfed import register_model\n"
+        "from splitfed_lab.models import tiny_cnn\n\n"
+        "register_model('tiny_cnn_alias', lambda input_shape, num_classes, *, width=8: "
+        "tiny_cnn(input_shape, num_classes, width=width))\n")
+    proc = cli(lab, "run", "lab.yaml", "model.name=tiny_cnn_alias", "out_dir=runs-file",
+               "rounds=1", "--plugin", str(tmp_path / "extra_model.py"))
+    assert proc.returncode == 0, proc.stderr
+    saved = yaml.safe_load((run_dir_of(proc, lab / "work") / "config.yaml").read_text())
+    assert saved["plugins"] == ["splitfed_lab", str(tmp_path / "extra_model.py")]
+
+
+def test_list_marks_plugin_entries(lab):
+    proc = cli(lab, "list", "--plugin", "splitfed_lab")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "fedavgm" in out and "[plugin splitfed_lab]" in out
+    assert "tiny_cnn       default cut 2; valid cuts 1, 2, 3 [plugin splitfed_lab]" in out
+    for entry in ("stripes", "label_blocks", "two_tier"):
+        assert f"{entry} [plugin splitfed_lab]" in out
+    assert "fedavg " in out and "lenet5" in out and "[plugin" not in out.split("fedavg ")[1][:80]
+
+
+def test_sweep_and_study_with_plugins(lab):
+    work = lab / "work"
+    proc = cli(lab, "sweep", "bare.yaml", "algorithm.server_momentum=0.0,0.5",
+               "--out-dir", "sweeps", "--plugin", "splitfed_lab")
+    assert proc.returncode == 0, proc.stderr
+    sweep = json.loads((work / "sweeps" / "bare-sweep" / "sweep.json").read_text())
+    assert "--plugin splitfed_lab" in sweep["command"]
+    rows = sweep["runs"]
+    assert [r["status"] for r in rows] == ["completed", "completed"]
+    for run in (work / "sweeps" / "bare-sweep" / "runs").iterdir():
+        assert yaml.safe_load((run / "config.yaml").read_text())["plugins"] == ["splitfed_lab"]
+
+    study = {"name": "lab-study", "base": "bare.yaml", "plugins": ["splitfed_lab"],
+             "grid": {"partition.scheme": ["label_blocks", "iid"]}, "out_dir": "studies"}
+    (work / "study.yaml").write_text(yaml.safe_dump(study))
+    proc = cli(lab, "study", "study.yaml")
+    assert proc.returncode == 0, proc.stderr
+    runs = sorted((work / "studies" / "lab-study" / "runs").iterdir())
+    assert len(runs) == 2
+    for run in runs:
+        assert yaml.safe_load((run / "config.yaml").read_text())["plugins"] == ["splitfed_lab"]
+    again = cli(lab, "study", "study.yaml")      # finished runs are recognised and kept
+    assert again.returncode == 0, again.stderr
+
+
+def test_launch_runs_the_plugin_algorithm(lab):
+    work = lab / "work"
+    proc = cli(lab, "launch", "bare.yaml", "--nproc", "2", "--launcher", "spawn",
+               "--plugin", "splitfed_lab", "out_dir=runs-launch")
+    assert proc.returncode == 0, proc.stderr
+    launched = run_dir_of(proc, work)
+    assert yaml.safe_load((launched / "config.yaml").read_text())["plugins"] == [
+        "splitfed_lab"]
+    single = cli(lab, "run", "lab.yaml", "out_dir=runs-single")
+    assert single.returncode == 0, single.stderr
+    assert learned(records(launched)) == learned(records(run_dir_of(single, work)))
+
+
+def test_entry_point_plugin(lab, tmp_path):
+    dist = tmp_path / "splitfed_lab-0.1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: splitfed-lab\n"
+                                   "Version: 0.1.0\n")
+    (dist / "entry_points.txt").write_text("[splitfed.plugins]\nlab = splitfed_lab\n")
+    paths = [tmp_path, lab / "pkgs"]
+    proc = cli(lab, "list", pythonpath=paths)
+    assert proc.returncode == 0, proc.stderr
+    assert "two_tier [plugin splitfed_lab]" in proc.stdout
+    proc = cli(lab, "run", "bare.yaml", "out_dir=runs-ep", "rounds=1", pythonpath=paths)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_unknown_plugin_is_one_line_and_writes_nothing(lab):
+    work = lab / "work"
+    proc = cli(lab, "run", "lab.yaml", "plugins=[no_such_plugin_mod]", "out_dir=runs-none")
+    assert proc.returncode == 2
+    err = proc.stderr.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("splitfed: error: ")
+    assert "'no_such_plugin_mod'" in err[0] and "No module named" in err[0]
+    assert not (work / "runs-none").exists()
+    proc = cli(lab, "list", "--plugin", "no_such_plugin_mod")
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
+    assert "no_such_plugin_mod" in proc.stderr and proc.stdout == ""
+
+
+def test_plugin_name_clash_is_one_line(lab, tmp_path):
+    (tmp_path / "clash_builtin.py").write_text(
+        "from splitfed import register_algorithm\n"
+        "from splitfed.algorithms.fedavg import FedAvg\n\n"
+        "@register_algorithm('fedavg')\nclass Mine(FedAvg):\n    pass\n")
+    (tmp_path / "clash_plugin.py").write_text(
+        "from splitfed import register_model\n"
+        "from splitfed_lab.models import tiny_cnn\n\n"
+        "register_model('tiny_cnn', tiny_cnn)\n")
+    paths = [tmp_path, lab / "pkgs"]
+    proc = cli(lab, "list", "--plugin", "clash_builtin", pythonpath=paths)
+    assert proc.returncode == 2
+    (line,) = proc.stderr.strip().splitlines()
+    assert "algorithm 'fedavg' is already registered (built in, splitfed.algorithms.fedavg)" \
+        in line and "clash_builtin" in line and "replace=True" in line
+    proc = cli(lab, "list", "--plugin", "splitfed_lab", "--plugin", "clash_plugin",
+               pythonpath=paths)
+    assert proc.returncode == 2
+    (line,) = proc.stderr.strip().splitlines()
+    assert "model 'tiny_cnn' is already registered (plugin splitfed_lab)" in line
+
+
+# ------------------------------------------------------------- the registration API
+
+
+@pytest.fixture
+def scratch():
+    """Undo what a test registers in this process."""
+    saved = {kind: dict(registry.registry(kind)) for kind in registry._REGISTRIES}
+    origins = {kind: dict(v) for kind, v in registry._ORIGINS.items()}
+    yield
+    for kind, table in saved.items():
+        live = registry.registry(kind)
+        live.clear()
+        live.update(table)
+        registry._ORIGINS[kind] = origins[kind]
+
+
+def test_registries_are_the_packages_dicts():
+    assert registry.registry("algorithm") is ALGORITHMS
+    assert registry.registry("model") is MODELS
+    assert registry.registry("dataset") is DATASETS
+    assert registry.registry("partitioner") is PARTITIONERS
+    assert registry.registry("clock profile") is GENERATORS
+    assert splitfed.register_model is registry.register_model
+
+
+def test_import_splitfed_does_not_import_torch():
+    code = "import sys, splitfed; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.stdout.strip() == "False", out.stderr
+
+
+def test_runtime_support_is_a_class_attribute(scratch):
+    from splitfed.config import build_config
+    from splitfed.runtime.session import check_supported, supported
+
+    assert set(supported()) == RUNTIME_ALGORITHMS
+    assert {n for n, c in ALGORITHMS.items() if c.distributed} == RUNTIME_ALGORITHMS
+
+    @splitfed.register_algorithm("zz_local_only")
+    class LocalOnly(FedAvg):
+        distributed = False
+
+    with pytest.raises(ConfigError, match="'zz_local_only' does not run on the multi-"):
+        check_supported(build_config({"algorithm": {"name": "zz_local_only"}}))
+    check_supported(build_config({"algorithm": {"name": "fedavg"}}))
+
+
+def test_clash_and_replace(scratch):
+    def builder(input_shape, num_classes, *, width=4):
+        return MODELS["mlp"](input_shape, num_classes, hidden=[width])
+
+    with pytest.raises(PluginError, match=r"model 'lenet5' is already registered \(built "
+                                          r"in, splitfed.models.lenet\)"):
+        splitfed.register_model("lenet5", builder)
+    assert MODELS["lenet5"].__name__ == "lenet5"
+    splitfed.register_model("zz_mlp", builder)
+    with pytest.raises(PluginError, match=r"model 'zz_mlp' is already registered \(plugin "):
+        splitfed.register_model("zz_mlp", builder)
+    splitfed.register_model("zz_mlp", builder, replace=True)
+    assert MODELS["zz_mlp"] is builder
+    assert registry.origin("model", "zz_mlp") == __name__
+    assert registry.origin("model", "lenet5") is None
+    from splitfed.models import build_model
+
+    assert build_model("zz_mlp", (1, 8, 8), 3, width=5).valid_cuts == [1]
+    with pytest.raises(ConfigError, match=r"unknown option\(s\) \['depth'\]"):
+        build_model("zz_mlp", (1, 8, 8), 3, depth=2)
+
+
+def test_registered_functions_are_checked(scratch):
+    with pytest.raises(PluginError, match="keyword-only"):
+        splitfed.register_model("zz_bad", lambda input_shape, num_classes, width=3: None)
+    with pytest.raises(PluginError, match=r"\(labels, num_clients, rng, \.\.\.\)"):
+        splitfed.register_partitioner("zz_bad", lambda labels, rng: None)
+    with pytest.raises(PluginError, match="no \\*args or \\*\\*kwargs"):
+        splitfed.register_clock_profile("zz_bad", lambda num_clients, rng, **kw: None)
+    with pytest.raises(PluginError, match="subclass of splitfed.engine.algorithm"):
+        splitfed.register_algorithm("zz_bad", object)
+
+    class NoDataclass(FedAvg):
+        class Options:
+            pass
+
+    with pytest.raises(PluginError, match="Options must be a dataclass"):
+        splitfed.register_algorithm("zz_bad", NoDataclass)
+    with pytest.raises(PluginError, match="name must be"):
+        splitfed.register_dataset("", lambda data_dir, rng: None)
+    assert not any("zz_bad" in registry.registry(k) for k in registry._REGISTRIES)
+
+
+def test_dataset_names_are_normalised(scratch):
+    @splitfed.register_dataset("My-Data")
+    def load(data_dir, rng, size=3):
+        raise AssertionError
+
+    assert DATASETS["my_data"] is load
+    from splitfed.data import dataset_options
+
+    assert dataset_options("MY-DATA") == {"size": 3}
+    with pytest.raises(PluginError, match="dataset 'my_data' is already registered"):
+        splitfed.register_dataset("my_data", load)
+
+
+def test_the_docs_quote_the_example_files():
+    """Every code block of docs/extending.md headed ``# file: PATH`` is an excerpt of PATH."""
+    import re
+
+    root = EXAMPLE.parents[1]
+    text = (root / "docs" / "extending.md").read_text()
+    blocks = re.findall(r"```[a-z]*\n# file: (\S+)\n(.*?)```", text, re.S)
+    assert len(blocks) >= 7
+    for path, body in blocks:
+        assert body in (root / path).read_text(), f"docs/extending.md quotes {path} wrongly"
