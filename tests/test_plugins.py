@@ -116,17 +116,33 @@ def test_run_with_plugin_option_records_it(lab):
     assert saved["algorithm"] == {"name": "fedavgm", "options": {"server_momentum": 0.5}}
 
 
-def test_plugin_file_path(lab, tmp_path):
-    (tmp_path / "extra_model.py").write_text(
-        "from splitfed import register_model\n"
-        "from splitfed_lab.models import tiny_cnn\n\n"
-        "register_model('tiny_cnn_alias', lambda input_shape, num_classes, *, width=8: "
-        "tiny_cnn(input_shape, num_classes, width=width))\n")
-    proc = cli(lab, "run", "lab.yaml", "model.name=tiny_cnn_alias", "out_dir=runs-file",
-               "rounds=1", "--plugin", str(tmp_path / "extra_model.py"))
-    assert proc.returncode == 0, proc.stderr
-    saved = yaml.safe_load((run_dir_of(proc, lab / "work") / "config.yaml").read_text())
-    assert saved["plugins"] == ["splitfed_lab", str(tmp_path / "extra_model.py")]
+@pytest.mark.parametrize("spec", ["./extra_model.py", "extra_model.py", "/tmp/x/evil",
+                                  "a..b", "my-lab"])
+def test_a_plugin_is_a_module_name_never_a_file(lab, tmp_path, spec):
+    """A config (or a shared run directory's config.yaml) cannot name a file to run."""
+    marker = tmp_path / "MARKER"
+    (lab / "work" / "extra_model.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    for args in (["--plugin", spec], [f"plugins=[{spec}]"]):
+        proc = cli(lab, "run", "lab.yaml", "out_dir=runs-file", "rounds=1", *args)
+        assert proc.returncode == 2, proc.stderr
+        (line,) = proc.stderr.strip().splitlines()
+        assert "is not a module name" in line and "PYTHONPATH" in line
+    assert not marker.exists() and not (lab / "work" / "runs-file").exists()
+    (lab / "work" / "extra_model.py").unlink()
+
+
+def test_a_module_beside_the_config_is_not_imported(lab, tmp_path):
+    """``python -m`` puts the working directory on sys.path; plugins are not taken from it
+    (a shared directory's module named by its config), only from the environment."""
+    marker = tmp_path / "MARKER"
+    (lab / "work" / "nearby_mod.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    try:
+        proc = cli(lab, "run", "lab.yaml", "out_dir=runs-near", "rounds=1",
+                   "plugins=[splitfed_lab,nearby_mod]")
+        assert proc.returncode == 2 and "No module named 'nearby_mod'" in proc.stderr
+        assert not marker.exists() and not (lab / "work" / "runs-near").exists()
+    finally:
+        (lab / "work" / "nearby_mod.py").unlink()
 
 
 def test_list_marks_plugin_entries(lab):

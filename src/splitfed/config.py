@@ -195,7 +195,8 @@ class RunConfig:
                 "splitfed run --resume (0: no checkpoints)"})
     out_dir: str = "runs"
     plugins: list[str] = field(default_factory=list, metadata={
-        "help": "plugin modules (or .py files) imported before the config is validated; "
+        "help": "plugin modules (names, from the Python environment) imported before "
+                "the config is validated; "
                 "they register algorithms, models, data sets, partitioners and clock "
                 "profiles (docs/extending.md)"})
     progress: bool = field(default=True, metadata={"help": "progress bar on the console"})

@@ -12,7 +12,7 @@ is imported::
 Every command imports the plugins before it reads a config (see ``docs/extending.md``):
 
 - the modules listed under ``plugins:`` in the config (module names such as
-  ``my_lab.splitfed_plugin``, or paths to ``.py`` files);
+  ``my_lab.splitfed_plugin``, imported from the Python environment; never file paths);
 - the modules given with ``--plugin MODULE`` on the command line (``run``, ``sweep``,
   ``study``, ``launch``, ``list``, ``partition``); they are added to the config's
   ``plugins``, so that ``--resume``, every run of a sweep or study and every process of
@@ -215,45 +215,43 @@ def _one_line(text: str) -> str:
     return " ".join(str(text).split())
 
 
-def _is_path(spec: str) -> bool:
-    return spec.endswith(".py") or "/" in spec or "\\" in spec
-
-
 def plugin_spec(spec: str) -> str:
-    """A plugin as the config records it: a module name as given, a ``.py`` file as its
-    absolute path (so that ``--resume`` from another directory finds it)."""
+    """A plugin as the config records it: a dotted module name, imported from the Python
+    environment (an installed package, or a directory on ``PYTHONPATH``).
+
+    A file path is refused: configs, study files and the ``config.yaml`` of a run
+    directory are shared, and a config may choose among the code the user has installed,
+    never bring its own (``docs/safety.md``)."""
     if not isinstance(spec, str) or not spec.strip():
-        raise PluginError(f"plugins: expected a module name or a .py file, got {spec!r}")
+        raise PluginError(f"plugins: expected a module name, got {spec!r}")
     spec = spec.strip()
-    if not _is_path(spec):
-        return spec
-    from pathlib import Path
+    parts = spec.split(".")
+    if not all(part.isidentifier() for part in parts) or parts[-1] == "py":
+        raise PluginError(f"plugins: {spec!r} is not a module name (such as my_lab or "
+                          "my_lab.plugins); a plugin is imported from this Python "
+                          "environment: install its package or put its directory on "
+                          "PYTHONPATH (a config cannot name a file to execute)")
+    return spec
 
-    return str(Path(spec).expanduser().absolute())
 
+def _import_module(name: str):
+    """``importlib.import_module(name)`` without the current directory on ``sys.path``
+    (``python -m`` puts it there): a plugin comes from the Python environment, not from
+    a module that happens to lie where a shared config is run (unless ``PYTHONPATH``
+    names that directory)."""
+    import os
 
-def _import_file(path: str):
-    import hashlib
-    import importlib.util
-    from pathlib import Path
-
-    file = Path(path)
-    if not file.is_file():
-        raise ImportError(f"no such file: {file}")
-    name = "splitfed_plugin_" + hashlib.sha1(str(file).encode()).hexdigest()[:12]
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, file)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot load {file} as a Python module")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
+    cwd = os.getcwd()
+    given = {os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+             if p}
+    hidden = [p for p in sys.path if (p in ("", ".") or os.path.abspath(p) == cwd)
+              and os.path.abspath(p or ".") not in given]
+    saved = list(sys.path)
+    sys.path[:] = [p for p in sys.path if p not in hidden]
     try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        sys.modules.pop(name, None)
-        raise
-    return module
+        return importlib.import_module(name)
+    finally:
+        sys.path[:] = saved + [p for p in sys.path if p not in saved]
 
 
 def _import(spec: str, what: str, load: Callable[[], Any]) -> Any:
@@ -270,19 +268,16 @@ def _import(spec: str, what: str, load: Callable[[], Any]) -> Any:
 
 
 def load_plugins(specs: Iterable[str] | None) -> list[str]:
-    """Import the plugins ``specs`` (module names or ``.py`` files) that this process has
-    not imported yet, in order; returns them as :func:`plugin_spec` records them. A plugin
-    that cannot be imported raises :class:`~splitfed.errors.PluginError` naming it."""
+    """Import the plugins ``specs`` (module names) that this process has not imported yet,
+    in order; returns them as :func:`plugin_spec` records them. A plugin that cannot be
+    imported raises :class:`~splitfed.errors.PluginError` naming it."""
     out = []
     for raw in specs or ():
         spec = plugin_spec(raw)
         out.append(spec)
         if spec in _LOADED:
             continue
-        if _is_path(spec):
-            _import(spec, "plugin", lambda s=spec: _import_file(s))
-        else:
-            _import(spec, "plugin", lambda s=spec: importlib.import_module(s))
+        _import(spec, "plugin", lambda s=spec: _import_module(s))
         _LOADED.append(spec)
     return out
 
