@@ -367,7 +367,9 @@ def test_tilde_override_deletes_a_key():
     over = parse_overrides(["~partition.alpha", "partition.scheme=pathological"])
     assert over == {"partition": {"alpha": DELETE, "scheme": "pathological"}}
     assert merge(base, over) == {"partition": {"scheme": "pathological", "num_clients": 4}}
-    assert merge({}, parse_overrides(["~a.b", "c=1"])) == {"a": {}, "c": 1}   # absent: no-op
+    for absent in (["~a.b", "c=1"], ["~partition.alpah"], ["~partition.scheme.x"]):
+        with pytest.raises(ConfigError, match="nothing to remove"):   # a typo: refused
+            merge(base, parse_overrides(absent))
     assert merge(base, parse_overrides(["~partition"])) == {}
     # later items win: a deleted key set again, a set key deleted
     assert merge(base, parse_overrides(["~partition.alpha", "partition.alpha=0.1"])) == base | {
@@ -390,3 +392,15 @@ def test_tilde_override_through_the_command_line(tmp_path, capsys):
     assert main(args) == 2                                   # alpha is not pathological's
     assert "partition.alpha" in capsys.readouterr().err and not any(tmp_path.iterdir())
     assert main(args + ["~partition.alpha", "~partition.min_partition_size"]) == 0
+
+
+def test_yaml_refuses_a_repeated_key(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("rounds: 2\ntrain: {lr: 0.1}\nrounds: 3\n")
+    with pytest.raises(ConfigError, match="line 3.*'rounds' appears twice"):
+        load_yaml(path)
+    path.write_text("train:\n  lr: 0.1\n  batch_size: 4\n  lr: 0.2\n")
+    with pytest.raises(ConfigError, match="'lr' appears twice"):
+        load_yaml(path)
+    path.write_text("a: {x: 1}\nb: {x: 1}\n")                # the same key in two maps
+    assert load_yaml(path) == {"a": {"x": 1}, "b": {"x": 1}}

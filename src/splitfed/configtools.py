@@ -337,6 +337,20 @@ class _PlainLoader(yaml.SafeLoader):
     "billion laughs"). Configs never need one: an alias is refused at once, before
     anything is expanded."""
 
+    def construct_mapping(self, node, deep=False):
+        """A mapping may not repeat a key (YAML's last-one-wins would hide a typo or a
+        forgotten line)."""
+        seen = set()
+        for key_node, _ in node.value:
+            if isinstance(key_node, yaml.ScalarNode):
+                key = (key_node.tag, key_node.value)
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"the key {key_node.value!r} appears twice in one "
+                        "mapping; keep one", key_node.start_mark)
+                seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
     def compose_node(self, parent, index):
         if self.check_event(yaml.AliasEvent):
             event = self.peek_event()
@@ -475,20 +489,33 @@ def merge(base: Mapping, override: Mapping) -> dict:
     otherwise the override's value replaces the base's (lists are replaced, not joined).
     A value :data:`DELETE` (a ``~key`` override) removes the key.
     """
+    return _merge(base, override, "")
+
+
+def _merge(base: Mapping, override: Mapping, path: str) -> dict:
     out = copy.deepcopy(dict(base))
     for key, value in override.items():
+        where = _join(path, str(key))
         if value is DELETE:
-            out.pop(key, None)
+            if key not in out:
+                raise ConfigError(f"override '~{where}': the config sets no key '{where}' "
+                                  "(nothing to remove); check the name")
+            del out[key]
         elif isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
-            out[key] = merge(out[key], value)
+            out[key] = _merge(out[key], value, where)
         else:
-            out[key] = _without_deletes(copy.deepcopy(value))
+            out[key] = _without_deletes(copy.deepcopy(value), where)
     return out
 
 
-def _without_deletes(value: Any) -> Any:
+def _without_deletes(value: Any, path: str) -> Any:
     if isinstance(value, Mapping):
-        return {k: _without_deletes(v) for k, v in value.items() if v is not DELETE}
+        for k, v in value.items():
+            if v is DELETE:
+                where = _join(path, str(k))
+                raise ConfigError(f"override '~{where}': the config sets no key '{where}' "
+                                  "(nothing to remove); check the name")
+        return {k: _without_deletes(v, _join(path, str(k))) for k, v in value.items()}
     return value
 
 
