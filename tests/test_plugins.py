@@ -145,6 +145,14 @@ def test_a_module_beside_the_config_is_not_imported(lab, tmp_path):
         (lab / "work" / "nearby_mod.py").unlink()
 
 
+def test_a_plugin_that_raises_is_one_line(lab, tmp_path):
+    (tmp_path / "raising_mod.py").write_text("raise RuntimeError('broken plugin')\n")
+    proc = cli(lab, "list", "--plugin", "raising_mod", pythonpath=[tmp_path, lab / "pkgs"])
+    assert proc.returncode == 2
+    (line,) = proc.stderr.strip().splitlines()
+    assert "'raising_mod' failed while importing: RuntimeError: broken plugin" in line
+
+
 def test_list_marks_plugin_entries(lab):
     proc = cli(lab, "list", "--plugin", "splitfed_lab")
     assert proc.returncode == 0, proc.stderr

@@ -263,6 +263,9 @@ def _import(spec: str, what: str, load: Callable[[], Any]) -> Any:
     except (ImportError, SyntaxError) as e:
         raise PluginError(f"{what} {spec!r} cannot be imported: "
                           f"{type(e).__name__}: {_one_line(e)}") from e
+    except Exception as e:  # noqa: BLE001 - the plugin's own code failed while importing
+        raise PluginError(f"{what} {spec!r} failed while importing: "
+                          f"{type(e).__name__}: {_one_line(e)[:300]}") from e
     finally:
         _LOADING.pop()
 
