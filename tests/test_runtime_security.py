@@ -369,6 +369,9 @@ BAD_OPTIONS = [
     (["--client-timeout", "0"], "--client-timeout"),
     (["--client-timeout", "-1"], "--client-timeout"),
     (["--client-timeout", "nan"], "--client-timeout"),
+    (["--client-timeout", "1e300"], "--client-timeout"),   # overflows gloo's C int
+    (["--timeout", "1e300"], "--timeout"),                 # overflows time_t
+    (["--real-delays", "1e300"], "--real-delays"),
     (["--real-delays", "-1"], "--real-delays"),
     (["--real-delays", "nan"], "--real-delays"),
     (["--real-delays", "inf"], "--real-delays"),

@@ -68,13 +68,18 @@ def die_with_parent(sig: int = signal.SIGKILL) -> None:
 # --------------------------------------------------------------------- options
 
 
-def _positive(name: str, value, *, zero_ok: bool = False) -> None:
+#: the longest wait an option may ask for: 30 days, in seconds (the process group's and
+#: the sockets' timeouts overflow their C types far above it)
+MAX_WAIT_S = 30 * 24 * 3600.0
+
+
+def _positive(name: str, value, *, zero_ok: bool = False, most: float = MAX_WAIT_S) -> None:
     if value is None:
         return
-    ok = math.isfinite(value) and (value >= 0 if zero_ok else value > 0)
+    ok = math.isfinite(value) and (value >= 0 if zero_ok else value > 0) and value <= most
     if not ok:
-        raise ConfigError(f"{name}: expected a finite number {'>= 0' if zero_ok else '> 0'}"
-                          f", got {value:g}")
+        raise ConfigError(f"{name}: expected a number {'>= 0' if zero_ok else '> 0'} and "
+                          f"<= {most:g}, got {value:g}")
 
 
 def check_run_options(args) -> None:
