@@ -275,6 +275,16 @@ def test_every_algorithm_resumes_bit_identically(tmp_path, monkeypatch, name, ov
     check_resume(tmp_path, monkeypatch, cfg, 2)
 
 
+@pytest.mark.parametrize("name", ["server_only", "clgsgd", "fedclg_c", "fedclg_s",
+                                  "scaffold_plus"])
+def test_server_momentum_resumes_bit_identically(tmp_path, monkeypatch, name):
+    """With momentum the server's state gains its momentum buffers after the first
+    round; the checkpoint of such a run is this run's (checkpoint_template)."""
+    cfg = digits_config(algorithm={"name": name}, rounds=3, checkpoint_every=2,
+                        train={"momentum": 0.5}, **MOVING)
+    check_resume(tmp_path, monkeypatch, cfg, 2)
+
+
 def interrupt_round(monkeypatch, name: str, stop: int) -> None:
     """Ctrl-C in the middle of round ``stop`` of the next run of algorithm ``name``."""
     cls = get_algorithm(name)

@@ -527,11 +527,24 @@ def _live(saved: Any, template: Any) -> Any:
 # ------------------------------------------------------------------ metrics
 
 
+#: the largest ``metrics.jsonl`` read back (far above any real run's records)
+MAX_METRICS_BYTES = 1 << 30
+
+
+def _read_metrics(path: Path) -> str:
+    """``metrics.jsonl`` as text; a FormatError naming it when it is not a regular file
+    (a pipe would block, ``/dev/zero`` exhaust memory) or larger than MAX_METRICS_BYTES."""
+    data = safeio.read_regular(path, str(path), MAX_METRICS_BYTES,
+                               hint="the run directory is damaged, delete it to rerun "
+                                    "the run from the start")
+    return data.decode("utf-8")
+
+
 def _metric_lines(run_dir: str | Path, count: int, t: int | None) -> tuple[list[str],
                                                                             list[dict]]:
     path = Path(run_dir) / "metrics.jsonl"
     try:
-        text = path.read_text(encoding="utf-8") if os.path.lexists(path) else ""
+        text = _read_metrics(path) if os.path.lexists(path) else ""
     except (OSError, UnicodeDecodeError) as e:
         why = e.strerror if isinstance(e, OSError) and e.strerror else type(e).__name__
         raise FormatError(f"{path}: cannot be read ({why}); the run directory is damaged, "

@@ -12,6 +12,7 @@ import json
 import math
 import os
 import shutil
+import stat
 import sys
 import time
 from dataclasses import dataclass
@@ -20,13 +21,14 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import yaml
 
 from splitfed.algorithms import ALGORITHMS, get_algorithm
-from splitfed.checkpoint import (CHECKPOINT, Checkpointer, checkpoint_records,
+from splitfed.checkpoint import (CHECKPOINT, Checkpointer, atomic_write, checkpoint_records,
                                  cpu_capability, load_checkpoint, restore,
                                  thread_warnings, truncate_metrics)
 from splitfed.config import RunConfig, build_config
-from splitfed.configtools import dump_yaml, from_dict, load_yaml
+from splitfed.configtools import from_dict, load_yaml, to_dict
 from splitfed.data import load_dataset
 from splitfed.data.partition import PARTITIONERS, partition, partition_summary
 from splitfed.data.server_data import build_server_data
@@ -35,7 +37,7 @@ from splitfed.engine.env import Environment
 from splitfed.engine.loop import run_rounds
 from splitfed.engine.participation import make_sampler
 from splitfed.engine.profiles import build_profiles
-from splitfed.errors import ConfigError, RunInterrupted
+from splitfed.errors import ConfigError, FormatError, RunInterrupted
 from splitfed.locking import LOCK_NAME, DirLock
 from splitfed.metrics import MetricLogger, best_value, last_value
 from splitfed.models import build_model, resolve_cut
@@ -62,9 +64,16 @@ def _device(name: str) -> torch.device:
         dev = torch.device(name)
     except RuntimeError as e:
         raise ConfigError(f"engine.device: {e}") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ConfigError(f"engine.device: {name!r} is not supported; allowed: cpu, cuda, "
+                          "cuda:N")
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError("engine.device: 'cuda' requested but no CUDA device is available; "
                           "use engine.device=cpu")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ConfigError(f"engine.device: {name!r}: this machine has "
+                          f"{torch.cuda.device_count()} CUDA devices; allowed: cuda:0.."
+                          f"cuda:{torch.cuda.device_count() - 1}")
     return dev
 
 
@@ -272,9 +281,45 @@ def lock_run_dir(run_dir: str | Path) -> DirLock:
 
 
 def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    """Write ``text`` to ``path`` atomically (:func:`~splitfed.checkpoint.atomic_write`:
+    a fresh temp file, then :func:`os.replace`, which replaces a symbolic link at ``path``
+    itself and never writes into its target)."""
+    data = text.encode("utf-8")
+    atomic_write(path, lambda fh: fh.write(data))
+
+
+def write_config(cfg: RunConfig, path: Path) -> None:
+    """``cfg`` as YAML to ``path``, atomically (:func:`_write_atomic`)."""
+    _write_atomic(path, yaml.safe_dump(to_dict(cfg), sort_keys=False))
+
+
+#: every file a run writes in its directory (besides the lock and temp files)
+RUN_FILES = ("config.yaml", "partition.txt", "metrics.jsonl", "metrics.csv",
+             "summary.json", CHECKPOINT)
+
+
+def check_run_files(run_dir: Path) -> None:
+    """Raise :class:`~splitfed.errors.FormatError` naming the first of :data:`RUN_FILES`
+    in ``run_dir`` that exists and is not a regular file (a directory, a pipe, a device,
+    or a symbolic link, which splitfed never writes through), before anything is changed:
+    otherwise the run would fail only after training, half-written."""
+    for name in RUN_FILES:
+        path = run_dir / name
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            continue
+        except OSError as e:
+            raise FormatError(f"{path}: cannot be examined ({e.strerror or e}); the run "
+                              "directory is damaged, delete it to rerun the run") from None
+        if stat.S_ISREG(mode):
+            continue
+        kind = ("a symbolic link" if stat.S_ISLNK(mode) else "a directory" if stat.S_ISDIR(mode)
+                else "a pipe" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
+                else "a device")
+        raise FormatError(f"{path} is {kind}, not a regular file; the run directory is "
+                          "damaged or not splitfed's: delete it to rerun the run from the "
+                          "start")
 
 
 def run_experiment(cfg: RunConfig, *, write: bool = True,
@@ -309,9 +354,9 @@ def run_experiment(cfg: RunConfig, *, write: bool = True,
                               f"({e.strerror or e}); choose another") from None
     with lock_run_dir(run_dir):
         _check_empty(run_dir)                   # again, now that no one else writes it
+        check_run_files(run_dir)
         try:
-            dump_yaml(cfg, run_dir / ".config.yaml.tmp")
-            os.replace(run_dir / ".config.yaml.tmp", run_dir / "config.yaml")
+            write_config(cfg, run_dir / "config.yaml")
             labels = env.data.train.y.cpu().numpy()
             _write_atomic(run_dir / "partition.txt", partition_summary(
                 env.client_indices, labels, env.data.num_classes) + "\n")
@@ -417,7 +462,8 @@ def open_resume(run_dir: Path, cfg: RunConfig, algorithm, env: Environment
 
 
 def _restore(run_dir: Path, ckpt: dict, records: list[dict], algorithm, env) -> Resume:
-    template = algorithm.init_state(env)         # the objects the saved state goes into
+    template = algorithm.checkpoint_template(    # the objects the saved state goes into
+        env, algorithm.init_state(env), ckpt["state"])
     state = restore(env, ckpt, template, where=run_dir / CHECKPOINT)
     return Resume(ckpt, state, records)
 
@@ -445,6 +491,7 @@ def resume_experiment(run_dir: str | Path) -> RunResult:
                           "of a run (runs/<name>-<time>/)")
     try:
         with lock_run_dir(run_dir):
+            check_run_files(run_dir)            # before anything is read or changed
             return _resume(run_dir, saved)
     except KeyboardInterrupt:
         raise RunInterrupted(run_dir) from None

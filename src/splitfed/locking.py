@@ -21,6 +21,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import stat
 from pathlib import Path
 
 from splitfed.errors import ConfigError
@@ -52,10 +53,17 @@ class DirLock:
         path = directory / LOCK_NAME
         for _ in range(10):   # the holder may remove the file between our open and flock
             try:
-                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+                             | os.O_NOCTTY | os.O_CLOEXEC, 0o644)
             except OSError as e:
+                if e.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
+                    kind = "a symbolic link" if e.errno == errno.ELOOP else "not a regular file"
+                    raise ConfigError(_damaged(path, kind)) from None
                 raise ConfigError(f"cannot create the lock file {path} "
                                   f"({e.strerror or e}); choose another --out-dir") from None
+            if not stat.S_ISREG(os.fstat(fd).st_mode):   # a pipe, a device
+                os.close(fd)
+                raise ConfigError(_damaged(path, "not a regular file"))
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as e:
@@ -65,7 +73,7 @@ class DirLock:
                                       "system may not support locks") from None
                 raise ConfigError(_in_use(what, directory, holder(directory), hint)) from None
             try:
-                same = os.fstat(fd).st_ino == os.stat(path).st_ino
+                same = os.fstat(fd).st_ino == os.lstat(path).st_ino
             except FileNotFoundError:
                 same = False
             if not same:              # locked a file that its holder has just removed
@@ -107,10 +115,13 @@ def holder(directory: str | Path) -> int | None:
     by a process whose pid is unknown, None when it is free. Creates nothing."""
     path = Path(directory) / LOCK_NAME
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY
+                     | os.O_CLOEXEC)
     except OSError:
         return None
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None           # not splitfed's lock: acquire() refuses it
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except OSError:
@@ -131,6 +142,11 @@ def check_free(directory: str | Path, what: str = "directory", *, hint: str = HI
     pid = holder(directory)
     if pid is not None:
         raise ConfigError(_in_use(what, directory, pid, hint))
+
+
+def _damaged(path: Path, what: str) -> str:
+    return (f"the lock file {path} is {what}; the directory is damaged or not "
+            "splitfed's: remove that file, or choose another --out-dir")
 
 
 def _in_use(what: str, directory: Path | str, pid: int | None, hint: str) -> str:

@@ -6,11 +6,17 @@ Algorithms return metrics; only the round loop logs them, through this interface
 from __future__ import annotations
 
 import csv
+import errno
+import io
 import json
 import math
+import os
 from pathlib import Path
 
 from splitfed.errors import FormatError
+
+#: the largest ``metrics.jsonl`` read back (far above any real run's records)
+MAX_METRICS_BYTES = 1 << 30
 
 
 def _clean(v):
@@ -27,7 +33,7 @@ class MetricLogger:
         self.records: list[dict] = []
         self._fh = None
         if self.run_dir is not None:
-            self._fh = open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8")
+            self._fh = _open_append(self.run_dir / "metrics.jsonl")
 
     def log(self, record: dict) -> None:
         record = {k: _clean(v) for k, v in record.items()}
@@ -43,16 +49,35 @@ class MetricLogger:
             write_csv(self.records, self.run_dir / "metrics.csv")
 
 
+def _open_append(path: Path):
+    """``path`` opened for appending text, never through a symbolic link: a link planted
+    in a shared run directory would have the records written into its target."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise FormatError(f"{path} is a symbolic link; splitfed does not write through "
+                              "links: the run directory is damaged or not splitfed's, "
+                              "delete it to rerun the run") from None
+        raise
+    return os.fdopen(fd, "a", encoding="utf-8")
+
+
 def read_records(path: str | Path) -> list[dict]:
     """The records of a ``metrics.jsonl`` file, checked: every non-blank line a JSON
     object with an integer ``round`` >= 0.
 
     Raises :class:`FormatError` naming the file and line when it is not such a file
-    (torn, truncated, foreign); :class:`OSError` when it cannot be read.
+    (torn, truncated, foreign), or naming the file when it is not a regular file (a
+    pipe, a device) or is larger than :data:`MAX_METRICS_BYTES`; :class:`OSError` when
+    it cannot be read.
     """
+    from splitfed.safeio import read_regular   # (safeio imports torch: load it late)
+
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_regular(path, str(path), MAX_METRICS_BYTES).decode("utf-8")
     except UnicodeDecodeError as e:
         raise FormatError(f"{path}: not a metrics file (not UTF-8 text at byte "
                           f"{e.start})") from None
@@ -79,10 +104,14 @@ def write_csv(records: list[dict], path: Path) -> None:
     columns: list[str] = []
     for r in records:
         columns += [k for k in r if k not in columns]
-    with open(path, "w", newline="", encoding="utf-8") as fh:
-        w = csv.DictWriter(fh, fieldnames=columns)
-        w.writeheader()
-        w.writerows(records)
+    buf = io.StringIO(newline="")
+    w = csv.DictWriter(buf, fieldnames=columns)
+    w.writeheader()
+    w.writerows(records)
+    data = buf.getvalue().encode("utf-8")
+    from splitfed.checkpoint import atomic_write   # (imports torch: load it late)
+
+    atomic_write(path, lambda fh: fh.write(data))   # replaces a link, never its target
 
 
 def last_value(records: list[dict], key: str):

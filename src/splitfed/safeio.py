@@ -21,6 +21,8 @@ file or a message from the network could take over the process. Here:
 from __future__ import annotations
 
 import io
+import os
+import stat
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -30,6 +32,8 @@ import torch
 from splitfed.errors import FormatError
 
 TAG = "__ndarray__"
+#: what :func:`read_regular` names a file that is not a regular one
+NOT_REGULAR = "not a regular file (a directory, a pipe, a socket or a device)"
 _SCALARS = (type(None), bool, int, float, str, bytes)
 _KEYS = (str, int, float, bool, type(None))
 
@@ -119,3 +123,40 @@ def load(fh: BinaryIO | str | Path, what: str = "file") -> Any:
 
 def loads(data: bytes, what: str = "message") -> Any:
     return load(io.BytesIO(data), what)
+
+
+def read_regular(path: str | Path, what: str, max_bytes: int, *,
+                 error: type[Exception] = FormatError, hint: str = "") -> bytes:
+    """The bytes of ``path``, which must be a regular file (a symbolic link to one is
+    fine) of at most ``max_bytes`` bytes.
+
+    A pipe, a socket, a device or a directory is refused without being read (a pipe is
+    opened non-blocking, so a pipe with no writer cannot hang the process), and so is a
+    file larger than ``max_bytes`` (at most ``max_bytes + 1`` bytes are ever read, so a
+    file that grows or lies about its size cannot exhaust memory). Those refusals raise
+    ``error`` with one line ``<what>: <reason>[; <hint>]``; ``what`` names the file.
+    The file not existing or not being readable raises the :class:`OSError` as is."""
+    def refuse(reason: str) -> Exception:
+        return error(f"{what}: {reason}" + (f"; {hint}" if hint else ""))
+
+    if not stat.S_ISREG(os.stat(path).st_mode):      # no open (a device's side effects)
+        raise refuse(NOT_REGULAR)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)                             # what was opened, not what was seen
+        if not stat.S_ISREG(st.st_mode):
+            raise refuse(NOT_REGULAR)
+        if st.st_size > max_bytes:
+            raise refuse(f"{st.st_size} bytes, more than the {max_bytes} allowed")
+        chunks, left = [], max_bytes + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        if left <= 0:
+            raise refuse(f"more than the {max_bytes} bytes allowed")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)

@@ -98,6 +98,14 @@ class ServerTraining:
                               "environment has none (build it with build_environment)")
         return env.server_data
 
+    def checkpoint_template(self, env, template: dict, saved: dict) -> dict:
+        """The server's momentum buffers exist from its first step with momentum on."""
+        template = super().checkpoint_template(env, template, saved)
+        if isinstance(saved, dict) and "server_momentum" in saved and "model" in template:
+            names = [k for k, p in env.model.named_parameters() if p.requires_grad]
+            template = {**template, "server_momentum": {n: template["model"][n] for n in names}}
+        return template
+
     def draw_server_data(self, env) -> np.ndarray:
         """D_s^t: indices into the training set."""
         return self._server(env).draw(env.streams.numpy("server_data"))

@@ -61,6 +61,13 @@ class Algorithm:
         """Default: the global model (a copy of ``env.model``'s state) under ``"model"``."""
         return {"model": {k: v.detach().clone() for k, v in env.model.state_dict().items()}}
 
+    def checkpoint_template(self, env, template: dict, saved: dict) -> dict:
+        """What a checkpointed state must look like (:mod:`splitfed.checkpoint` checks the
+        saved state against it before resuming): ``template`` is ``init_state(env)``;
+        an algorithm whose state gains keys during the rounds adds them when ``saved``
+        has them. Default: ``template``."""
+        return template
+
     def round(self, env, state: dict, t: int, cohort) -> tuple[dict, dict[str, float]]:
         raise NotImplementedError
 

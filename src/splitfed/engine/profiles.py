@@ -183,14 +183,25 @@ def trace(num_clients: int, rng: np.random.Generator, *, path: str,
     return p
 
 
+#: the largest clock trace read (a CSV row per client: far above any real trace)
+MAX_TRACE_BYTES = 256 << 20
+
+
 def load_trace(path: str | Path, num_clients: int) -> dict[str, np.ndarray]:
     """The trace's columns as arrays indexed by client id; ConfigError naming the file,
     line and column on anything malformed."""
+    from splitfed.safeio import read_regular
+
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        data = read_regular(path, f"clock trace {path}", MAX_TRACE_BYTES, error=ConfigError,
+                            hint="give the path of a CSV file (clock.path)")
+        text = data.decode("utf-8")
     except OSError as e:
         raise ConfigError(f"clock trace {path}: cannot read it ({e.strerror})") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"clock trace {path}: not UTF-8 text (at byte {e.start}); give "
+                          "the path of a CSV file (clock.path)") from None
     reader = csv.DictReader(text.splitlines())
     header = [h.strip() for h in (reader.fieldnames or [])]
     for col in TRACE_COLUMNS:

@@ -70,16 +70,24 @@ def new_secret() -> str:
     return _secrets.token_hex(32)
 
 
+#: the largest secret file read (a secret is a line of some dozens of characters)
+MAX_SECRET_BYTES = 64 << 10
+
+
 def read_secret(secret_file: str | None = None, env: dict | None = None) -> str | None:
     """The secret from ``secret_file`` (if given) or ``$SPLITFED_SECRET``; None if
     neither. Raises :class:`ConfigError` for a missing, unreadable, group/world-readable
     or short secret."""
     env = os.environ if env is None else env
     if secret_file is not None:
+        from splitfed.safeio import read_regular
+
         path = Path(secret_file)
         try:
             mode = path.stat().st_mode
-            text = path.read_text(encoding="utf-8")
+            text = read_regular(path, f"--secret-file {secret_file}", MAX_SECRET_BYTES,
+                                error=ConfigError,
+                                hint="give a file holding the secret").decode("utf-8")
         except (OSError, UnicodeDecodeError) as e:
             raise ConfigError(f"--secret-file {secret_file}: cannot read it ({e})") from None
         if mode & (stat.S_IRWXG | stat.S_IRWXO):

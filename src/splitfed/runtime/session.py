@@ -44,13 +44,14 @@ from splitfed.checkpoint import (CHECKPOINT, Checkpointer, checkpoint_records,
                                  cpu_capability, load_checkpoint, restore, thread_warnings,
                                  truncate_metrics)
 from splitfed.config import RunConfig, build_config
-from splitfed.configtools import dump_yaml, load_yaml, to_dict
+from splitfed.configtools import load_yaml, to_dict
 from splitfed.data.partition import partition_summary
 from splitfed.engine import placement
 from splitfed.engine.loop import run_rounds
 from splitfed.errors import ConfigError
-from splitfed.experiment import (RunResult, _check_empty, _new_run_dir, build_algorithm,
-                                 build_environment, lock_run_dir)
+from splitfed.experiment import (RunResult, _check_empty, _new_run_dir, _write_atomic,
+                                 build_algorithm, build_environment, check_run_files,
+                                 lock_run_dir, write_config)
 from splitfed.metrics import MetricLogger, best_value, last_value
 from splitfed.provenance import provenance
 from splitfed.runtime.placement import (RankPlacement, RoundControl, RuntimeClock, StopRun,
@@ -140,6 +141,7 @@ def serve(links: Links, cfg: RunConfig | None = None, *, options: RuntimeOptions
     except ConfigError as e:
         raise ConfigError(f"{saved}: {e}") from None
     with lock_run_dir(run_dir):
+        check_run_files(run_dir)               # before anything is read or changed
         ckpt = load_checkpoint(run_dir, rounds=cfg.rounds)
         records = checkpoint_records(run_dir, ckpt) if ckpt is not None else None
         for line in thread_warnings(ckpt) if ckpt is not None else ():
@@ -166,7 +168,9 @@ def _serve(links: Links, cfg: RunConfig, *, options: RuntimeOptions,
     with contextlib.ExitStack() as stack:
         if ckpt is not None:
             where = Path(run_dir) / CHECKPOINT
-            state = restore(env, ckpt, algorithm.init_state(env), where=where)
+            template = algorithm.checkpoint_template(env, algorithm.init_state(env),
+                                                     ckpt["state"])
+            state = restore(env, ckpt, template, where=where)
             records = truncate_metrics(run_dir, ckpt["records"], ckpt["round"])
             start, wall0 = ckpt["round"] + 1, ckpt["wall_time_s"]
             resumed = list(ckpt["resumed_from"]) + [ckpt["round"]]
@@ -183,10 +187,10 @@ def _serve(links: Links, cfg: RunConfig, *, options: RuntimeOptions,
             if not locked:
                 stack.enter_context(lock_run_dir(run_dir))
                 _check_empty(run_dir)
-            dump_yaml(cfg, run_dir / "config.yaml")
+            write_config(cfg, run_dir / "config.yaml")
             labels = env.data.train.y.cpu().numpy()
-            (run_dir / "partition.txt").write_text(
-                partition_summary(env.client_indices, labels, env.data.num_classes) + "\n")
+            _write_atomic(run_dir / "partition.txt", partition_summary(
+                env.client_indices, labels, env.data.num_classes) + "\n")
         return _run(links, cfg, algorithm, env, control, Path(run_dir), options, ckpt,
                     state=state, start=start, records=records or [], wall0=wall0,
                     resumed=resumed, started=started)
@@ -225,7 +229,7 @@ def _run(links, cfg, algorithm, env, control, run_dir: Path, options, ckpt, *, s
                "provenance": provenance(), "processes": links.world_size,
                "lost_ranks": {str(r): why for r, why in sorted(links.lost.items())},
                **env.transport.wire_totals()}
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    _write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
     return RunResult(status, logger.records, run_dir, wall, state)
 
 
