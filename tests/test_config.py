@@ -97,3 +97,13 @@ def test_check_model_size_static_and_memory(monkeypatch):
     monkeypatch.setattr(config, "machine_memory", lambda: 10**8)
     with pytest.raises(ConfigError, match="engine.chunk_size"):
         config.check_model_size(cfg, 10**7, copies=4)
+
+
+@pytest.mark.parametrize("device", ["meta", "meta:0", "mps", "xpu", "lazy", "cuda:9999"])
+def test_an_unusable_device_is_refused_before_anything_is_written(tmp_path, capsys, device):
+    from splitfed.cli import main
+    code = main(["run", "quick_digits", "rounds=1", f"out_dir={tmp_path}",
+                 f"engine.device={device}"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("splitfed: error: engine.device")
+    assert len(err.strip().splitlines()) == 1 and not any(tmp_path.iterdir())
