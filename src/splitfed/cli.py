@@ -35,6 +35,7 @@ import shlex
 import sys
 
 from splitfed.errors import RunInterrupted, SplitfedError
+from splitfed.registry import add_plugin_argument
 
 #: exit status of an interrupted command (128 + SIGINT, as a shell reports Ctrl-C)
 INTERRUPTED = 130
@@ -190,15 +191,6 @@ class _Parser(argparse.ArgumentParser):
         print(f"splitfed: error: {where}{message} (see: {self.prog} --help)",
               file=sys.stderr)
         raise SystemExit(2)
-
-
-def add_plugin_argument(p: argparse.ArgumentParser) -> None:
-    """``--plugin MODULE`` (repeatable), shared with the worker of ``splitfed launch``."""
-    p.add_argument("--plugin", action="append", default=[], metavar="MODULE",
-                   help="import MODULE (a module name or a .py file) first: it registers "
-                        "algorithms, models, data sets, partitioners or clock profiles "
-                        "(repeat for several; recorded in the config's plugins; "
-                        "docs/extending.md)")
 
 
 def _load_plugins(args) -> None:

@@ -211,6 +211,16 @@ def register_clock_profile(name: str, fn: Callable | None = None, *, replace: bo
 # ------------------------------------------------------------------- loading plugins
 
 
+def add_plugin_argument(parser) -> None:
+    """``--plugin MODULE`` (repeatable) on an ``argparse`` parser: the commands of
+    ``splitfed`` and the worker of ``splitfed launch``."""
+    parser.add_argument("--plugin", action="append", default=[], metavar="MODULE",
+                        help="import MODULE (a module name, from this Python environment) "
+                             "first: it registers algorithms, models, data sets, "
+                             "partitioners or clock profiles (repeat for several; recorded "
+                             "in the config's plugins; docs/extending.md)")
+
+
 def _one_line(text: str) -> str:
     return " ".join(str(text).split())
 

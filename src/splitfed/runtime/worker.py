@@ -51,7 +51,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--real-delays", type=float, default=None, metavar="SCALE",
                    help="client ranks sleep SCALE (>= 0) wall seconds per simulated second "
                         "of their clients' compute and transfers (docs/clock.md profiles)")
-    from splitfed.cli import add_plugin_argument
+    from splitfed.registry import add_plugin_argument
 
     add_plugin_argument(p)
 
