@@ -207,3 +207,23 @@ def test_a_closed_stdout_ends_the_command_quietly(tmp_path):
     proc.stdout.close()                   # the reader is gone before anything is written
     err = proc.stderr.read()
     assert proc.wait(timeout=60) == 141 and err == ""
+
+
+def test_version_and_config_show(capsys, tmp_path):
+    import yaml
+
+    import splitfed
+    from splitfed.cli import main
+    from splitfed.config import build_config, load_config
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"splitfed {splitfed.__version__}"
+    args = ["quick_digits", "train.lr=0.3", "~partition.alpha",
+            "~partition.min_partition_size", "partition.scheme=iid"]
+    assert main(["config", "show", *args]) == 0
+    shown = yaml.safe_load(capsys.readouterr().out)
+    assert build_config(shown) == load_config(args[0], args[1:])  # what a run would use
+    assert shown["train"]["lr"] == 0.3 and shown["partition"]["options"] == {}
+    assert main(["config", "show", "quick_digits", "train.lr=-1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("splitfed: error: train.lr") and len(err.splitlines()) == 1
+    assert not any(tmp_path.iterdir())

@@ -1,4 +1,4 @@
-"""Command line: ``splitfed run | list | partition``.
+"""Command line: ``splitfed run | sweep | study | launch | list | partition | plot | config``.
 
     splitfed run CONFIG [key=value ...]     run an experiment (CONFIG: a YAML file or a
                                             shipped config name, see ``splitfed list``)
@@ -14,16 +14,18 @@
     splitfed study STUDY.yaml               run a study (a set of runs), write a table and
                                             plots (see docs/studies.md)
     splitfed plot RUN_DIR ... -o FILE       draw runs' test accuracy (--force overwrites)
+    splitfed config show CONFIG [key=value] print the resolved config (YAML)
+    splitfed --version                      the installed version
 
-``--plugin MODULE`` (run, sweep, study, launch, list, partition; repeatable) imports a
-module (or a .py file) that registers algorithms, models, data sets, partitioners or
-clock profiles before the config is read, and adds it to the config's ``plugins``;
-installed packages' entry points of the group ``splitfed.plugins`` are imported by every
-command (docs/extending.md).
+``--plugin MODULE`` (run, sweep, study, launch, list, partition, config; repeatable)
+imports a module (by name, from this Python environment) that registers algorithms,
+models, data sets, partitioners or clock profiles before the config is read, and adds it
+to the config's ``plugins``; installed packages' entry points of the group
+``splitfed.plugins`` are imported by every command (docs/extending.md).
 
-Exit status: 0 done, 3 a run diverged, 2 an error (one line: splitfed: error: ...),
-130 interrupted (Ctrl-C; an interrupted run, sweep or study continues where it stopped,
-the line printed says how).
+Exit status: 0 done, 3 a run did not complete (diverged, no_client_trained), 2 an error
+(one line: splitfed: error: ...), 130 interrupted (Ctrl-C; an interrupted run, sweep or
+study continues where it stopped, the line printed says how).
 """
 
 from __future__ import annotations
@@ -75,6 +77,17 @@ def _cmd_run(args) -> int:
           f"{result.records[-1]['round']} rounds, wall time {result.wall_time_s:.1f} s")
     print(f"run directory: {result.run_dir}")
     return 0 if result.status == "completed" else 3
+
+
+def _cmd_config(args) -> int:
+    import yaml
+
+    from splitfed.config import load_config
+    from splitfed.configtools import to_dict
+
+    cfg = load_config(args.config, args.overrides, plugins=args.plugin)
+    sys.stdout.write(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    return 0
 
 
 def _cmd_list(args) -> int:
@@ -205,7 +218,17 @@ def _load_plugins(args) -> None:
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="splitfed", description=__doc__,
                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    from splitfed import __version__
+
+    p.add_argument("--version", action="version", version=f"splitfed {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
+    c = sub.add_parser("config", help="print the resolved config of CONFIG [key=value ...]")
+    c.add_argument("action", choices=("show",), help="show: the config as a run would use "
+                   "it (YAML, every key with its value)")
+    c.add_argument("config", help="YAML file or shipped config name")
+    c.add_argument("overrides", nargs="*", help="key=value overrides (~key removes a key)")
+    add_plugin_argument(c)
+    c.set_defaults(func=_cmd_config)
     r = sub.add_parser("run", help="run an experiment")
     r.add_argument("config", nargs="?", help="YAML file or shipped config name")
     r.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.lr=0.05")
