@@ -227,3 +227,23 @@ def test_version_and_config_show(capsys, tmp_path):
     err = capsys.readouterr().err
     assert err.startswith("splitfed: error: train.lr") and len(err.splitlines()) == 1
     assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("argv", [
+    ["run", "{bomb}"], ["partition", "{bomb}"], ["study", "{bomb}"],
+    ["launch", "{bomb}", "--nproc", "2"], ["config", "show", "{bomb}"],
+    ["sweep", "quick_digits", "train.lr=[&a [1,1,1]],[*a]"],
+])
+def test_a_yaml_alias_is_answered_before_torch_loads(tmp_path, argv):
+    """Every command refuses an alias (a billion-laughs file) at once: one line, exit 2,
+    in a process that never imports torch."""
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text('a: &a ["lol","lol","lol"]\nb: &b [*a,*a,*a]\nc: [*b,*b,*b]\n')
+    code = ("import sys\nfrom splitfed.cli import main\nrc = main(sys.argv[1:])\n"
+            "assert 'torch' not in sys.modules, 'torch was imported'\nsys.exit(rc)\n")
+    args = [a.format(bomb=bomb) for a in argv]
+    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True,
+                          text=True, timeout=60, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("splitfed: error: ") and "aliases" in line

@@ -139,14 +139,15 @@ def _model_cuts(name: str) -> str:
 
 
 def _cmd_partition(args) -> int:
+    from splitfed.config import load_config
+
+    cfg = load_config(args.config, args.overrides, plugins=args.plugin)  # before torch
     import torch
 
-    from splitfed.config import load_config
     from splitfed.data.partition import partition_summary
     from splitfed.experiment import load_data, make_partition
     from splitfed.rng import RandomStreams
 
-    cfg = load_config(args.config, args.overrides, plugins=args.plugin)
     streams = RandomStreams(cfg.seed)
     bundle = load_data(cfg, streams, torch.device("cpu"))
     parts = make_partition(cfg, bundle, streams)
@@ -155,6 +156,9 @@ def _cmd_partition(args) -> int:
 
 
 def _cmd_study(args) -> int:
+    from splitfed.configtools import load_yaml
+
+    load_yaml(args.study)                      # a malformed file: answered before torch loads
     from splitfed.study import run_study
 
     result = run_study(args.study, out_dir=args.out_dir, progress=args.progress,
@@ -164,6 +168,9 @@ def _cmd_study(args) -> int:
 
 def _cmd_sweep(args) -> int:
     from splitfed.errors import ConfigError
+    from splitfed.grid import parse_axes
+
+    parse_axes(args.axes)                      # a malformed value: answered before torch loads
     from splitfed.sweep import run_sweep
 
     seeds = None
@@ -190,6 +197,11 @@ def _cmd_plot(args) -> int:
 
 
 def _cmd_launch(args) -> int:
+    if args.config is not None and args.resume is None:
+        from splitfed.config import resolve_config_path
+        from splitfed.configtools import load_yaml
+
+        load_yaml(resolve_config_path(args.config))   # a malformed file: before torch loads
     from splitfed.runtime.launch import launch
 
     return launch(args)

@@ -30,40 +30,14 @@ from pathlib import Path
 from typing import Any
 
 
-from splitfed.configtools import yaml_load
 from splitfed.errors import ConfigError
+from splitfed.grid import parse_axes  # noqa: F401 - part of this module's interface
 from splitfed.study import (StudyResult, execute_study, open_study, read_records,
                             run_numbers, study_from_mapping, value_text, write_results)
 
 DEFAULT_OUT_DIR = "runs/sweeps"
 COLUMNS = ("status", "final_test_acc", "best_test_acc", "rounds")
 OUTPUTS = ("sweep.md", "sweep.csv", "sweep.json")
-
-
-def parse_axes(items: list[str]) -> tuple[dict[str, list[Any]], list[str]]:
-    """``["train.lr=0.01,0.1", "rounds=5"]`` -> (axes ``{"train.lr": [0.01, 0.1]}``,
-    overrides ``["rounds=5"]``). ConfigError names a malformed item."""
-    axes: dict[str, list[Any]] = {}
-    overrides: list[str] = []
-    for item in items:
-        key, sep, text = item.partition("=")
-        key = key.strip()
-        if not sep or not key or any(not part for part in key.split(".")):
-            raise ConfigError(f"sweep: '{item}' must look like key.sub=v1,v2,... "
-                              "(e.g. train.lr=0.01,0.1)")
-        values = yaml_load(f"[{text}]", f"sweep: '{item}': cannot parse the values as YAML")
-        if not values:
-            raise ConfigError(f"sweep: '{item}' gives no value; write key=v1,v2,...")
-        if key in axes or any(o.partition("=")[0] == key for o in overrides):
-            raise ConfigError(f"sweep: '{key}' is given twice; give all its values at once, "
-                              f"{key}=v1,v2,...")
-        if len(values) == 1:
-            overrides.append(item)
-        else:
-            if len({json.dumps(v, sort_keys=True, default=str) for v in values}) < len(values):
-                raise ConfigError(f"sweep: '{item}' repeats a value")
-            axes[key] = values
-    return axes, overrides
 
 
 def default_name(config: str) -> str:
