@@ -2,7 +2,7 @@
 
 Checkpoints (:mod:`splitfed.checkpoint`) and the multi-process runtime's messages hold
 nested containers of tensors, numpy arrays and plain values. Python's pickle (and
-``torch.load(weights_only=False)``) can run arbitrary code while loading, so a shared
+PyTorch's unrestricted loading mode) can run arbitrary code while loading, so a shared
 file or a message from the network could take over the process. Here:
 
 - :func:`encode` turns a value into what PyTorch's restricted loader accepts: ``None``,
