@@ -101,3 +101,18 @@ def _finite_pair(ref32, ref64):
     ref64 = ref64.detach().to(torch.float64)
     keep = torch.isfinite(ref64)
     return ref64[keep], ref32.detach().to(torch.float64)[keep]
+
+
+def interrupt_round(monkeypatch, name: str, stop: int) -> None:
+    """Ctrl-C in the middle of round ``stop`` of the next run of algorithm ``name``."""
+    from splitfed.algorithms import get_algorithm
+
+    cls = get_algorithm(name)
+    original = cls.round
+
+    def round_(self, env, state, t, cohort):
+        if t == stop:
+            raise KeyboardInterrupt
+        return original(self, env, state, t, cohort)
+
+    monkeypatch.setattr(cls, "round", round_)

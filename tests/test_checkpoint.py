@@ -16,12 +16,11 @@ import pytest
 import torch
 
 import splitfed.experiment as experiment
-from splitfed.algorithms import get_algorithm
 from splitfed.checkpoint import CHECKPOINT, Checkpointer, atomic_save, load_checkpoint
 from splitfed.configtools import dump_yaml
 from splitfed.errors import ConfigError, FormatError, RunInterrupted
 from splitfed.experiment import resume_experiment, run_experiment
-from tests.helpers import digits_config
+from tests.helpers import digits_config, interrupt_round
 
 WALL = {"round_time_s"}               # measured, not simulated: may differ
 SPLIT = {"model": {"name": "mlp", "hidden": [32, 16], "cut": 1}}
@@ -283,19 +282,6 @@ def test_server_momentum_resumes_bit_identically(tmp_path, monkeypatch, name):
     cfg = digits_config(algorithm={"name": name}, rounds=3, checkpoint_every=2,
                         train={"momentum": 0.5}, **MOVING)
     check_resume(tmp_path, monkeypatch, cfg, 2)
-
-
-def interrupt_round(monkeypatch, name: str, stop: int) -> None:
-    """Ctrl-C in the middle of round ``stop`` of the next run of algorithm ``name``."""
-    cls = get_algorithm(name)
-    original = cls.round
-
-    def round_(self, env, state, t, cohort):
-        if t == stop:
-            raise KeyboardInterrupt
-        return original(self, env, state, t, cohort)
-
-    monkeypatch.setattr(cls, "round", round_)
 
 
 def test_ctrl_c_leaves_a_resumable_run(tmp_path, monkeypatch):

@@ -28,7 +28,6 @@ import yaml
 
 import splitfed.checkpoint as checkpoint
 from splitfed import safeio
-from splitfed.algorithms import get_algorithm
 from splitfed.checkpoint import CHECKPOINT, FORMAT, load_checkpoint
 from splitfed.cli import main
 from splitfed.configtools import dump_yaml
@@ -37,7 +36,7 @@ from splitfed.experiment import lock_run_dir, resume_experiment, run_experiment
 from splitfed.locking import LOCK_NAME, holder
 from splitfed.study import run_study, study_from_mapping
 from splitfed.sweep import run_sweep
-from tests.helpers import digits_config
+from tests.helpers import digits_config, interrupt_round
 
 BIN = Path(sys.executable).parent / "splitfed"
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -72,18 +71,6 @@ def plant(run_dir: Path, marker: Path, how: str = "zip") -> None:
         path.write_bytes(pickle.dumps(obj))
     else:
         torch.save(obj, path)
-
-
-def interrupt_round(monkeypatch, name: str, stop: int) -> None:
-    cls = get_algorithm(name)
-    original = cls.round
-
-    def round_(self, env, state, t, cohort):
-        if t == stop:
-            raise KeyboardInterrupt
-        return original(self, env, state, t, cohort)
-
-    monkeypatch.setattr(cls, "round", round_)
 
 
 def interrupted_run(run_dir: Path, monkeypatch, **over) -> Path:
