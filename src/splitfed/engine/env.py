@@ -14,15 +14,27 @@ import torch
 from torch import nn
 
 from splitfed.engine.batches import local_step_counts
-from splitfed.engine.clock import VirtualClock
+from splitfed.engine.clock import CLIENT, VirtualClock
 from splitfed.engine.executor import ClientExecutor
+from splitfed.engine.placement import Placement
 from splitfed.engine.profiles import fixed
+from splitfed.engine.stacked import StackedModel, placed_stacked
 from splitfed.rng import RandomStreams
 from splitfed.transport import Ledger, Transport
 
 
 @dataclass
 class Environment:
+    """What a run's algorithm works in (module doc).
+
+    ``placement`` says where computation runs: None (the default, the simulator) when
+    every client and the servers are in this process; the multi-process runtime sets it
+    to its rank's :class:`~splitfed.engine.placement.Placement` (which clients this rank
+    hosts), and the engine's primitives that get it from here (:meth:`stacked`,
+    :meth:`executor`, :mod:`splitfed.engine.split`, ``ForwardCopies(placement=...)``)
+    compute only this rank's side (engine/placement.py).
+    """
+
     config: Any                      # splitfed.config.RunConfig
     data: Any                        # splitfed.data.DataBundle (tensors on `device`)
     client_indices: list[np.ndarray]
@@ -35,6 +47,7 @@ class Environment:
     device: torch.device
     server_data: Any = None          # splitfed.data.server_data.ServerData (hybrid FL)
     clock: VirtualClock | None = None  # simulated time; default: fixed default speeds
+    placement: Placement | None = None  # where computation runs; None: all in this process
 
     def __post_init__(self):
         if self.clock is None:
@@ -70,4 +83,17 @@ class Environment:
         """A batched executor training copies of ``module`` on the clients' data."""
         return ClientExecutor(module, self.data.train.x, self.data.train.y,
                               self.client_indices, batch_size=self.config.train.batch_size,
-                              chunk_size=self.config.engine.chunk_size, clock=self.clock)
+                              chunk_size=self.config.engine.chunk_size, clock=self.clock,
+                              placement=self.placement)
+
+    def stacked(self, module: nn.Module, start, n: int, *, role: str = CLIENT,
+                ids: np.ndarray | None = None, momentum: float = 0.0,
+                weight_decay: float = 0.0, timed: bool = True) -> StackedModel:
+        """``n`` stacked copies of ``module`` from ``start``
+        (:class:`~splitfed.engine.stacked.StackedModel`) doing ``role`` work for the
+        clients ``ids`` (one per copy). Under a :attr:`placement` whose process computes
+        only some of them, the placement's model, which holds and trains only those.
+        ``timed``: charged to the run's clock (with ``ids``)."""
+        return placed_stacked(self.placement, module, start, n, role=role, ids=ids,
+                              momentum=momentum, weight_decay=weight_decay,
+                              clock=self.clock if timed else None)

@@ -22,9 +22,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from splitfed.engine import placement
 from splitfed.engine.batches import batch_plan
-from splitfed.engine.stacked import GradHook, StackedModel
+from splitfed.engine.placement import Placement
+from splitfed.engine.stacked import GradHook, placed_stacked
 
 DEFAULT_SAMPLES_PER_CALL = 320
 
@@ -40,13 +40,20 @@ class ChunkResult:
 
 
 class ClientExecutor:
-    """Trains the cohort's copies of ``module`` on their own data, many clients at once."""
+    """Trains the cohort's copies of ``module`` on their own data, many clients at once.
+
+    ``placement`` (``env.placement``; None: every client in this process) says which
+    copies the multi-process runtime computes here (engine/placement.py): only those are
+    trained, and each chunk's losses are collected from where the clients are hosted.
+    """
 
     def __init__(self, module: nn.Module, x: torch.Tensor, y: torch.Tensor,
                  client_indices: Sequence[np.ndarray], *, batch_size: int,
-                 chunk_size: int | None = None, clock=None):
+                 chunk_size: int | None = None, clock=None,
+                 placement: Placement | None = None):
         self.module = module
         self.clock = clock                # charges the clients' compute (None: not timed)
+        self.placement = placement
         self.x, self.y = x, y
         self.client_indices = [np.asarray(i, dtype=np.int64) for i in client_indices]
         self.batch_size = int(batch_size)
@@ -72,7 +79,7 @@ class ClientExecutor:
         client_ids = np.asarray(client_ids, dtype=np.int64)
         steps = np.asarray(steps, dtype=np.int64)
         plans = self.plans(client_ids, steps, rng)
-        place = placement.current()
+        place = self.placement
         for slots in self.chunks(steps):
             chunk = self._train_chunk(start, slots, client_ids[slots], steps[slots],
                                       [plans[s] for s in slots], lr, momentum,
@@ -84,8 +91,8 @@ class ClientExecutor:
     def _train_chunk(self, start, slots, ids, steps, plans, lr, momentum, weight_decay,
                      grad_hook) -> ChunkResult:
         n = len(slots)
-        model = StackedModel(self.module, start, n, momentum=momentum,
-                             weight_decay=weight_decay, clock=self.clock, ids=ids)
+        model = placed_stacked(self.placement, self.module, start, n, momentum=momentum,
+                               weight_decay=weight_decay, clock=self.clock, ids=ids)
         device = self.x.device
         loss_sum = torch.zeros(n, device=device)
         for k in range(int(steps[0])):
@@ -94,7 +101,7 @@ class ClientExecutor:
             out = model.forward(self.x[idx], a)
             losses = F.cross_entropy(out.flatten(0, 1), self.y[idx].flatten(),
                                      reduction="none").view(a, -1).mean(1)
-            model.step(losses.sum(), lr=lr, ids=ids[:a], hook=grad_hook)
+            model.step(losses.sum(), lr=lr, ids=slots[:a], hook=grad_hook)
             loss_sum[:a] += losses.detach()
         loss = loss_sum / torch.from_numpy(steps).to(loss_sum)
         return ChunkResult(slots=slots, client_ids=ids, state=model.final(), loss=loss)

@@ -1,30 +1,39 @@
 """Where computation runs: the seam between the engine and a multi-process runtime.
 
-In one process (the simulator, the default) every client and the servers live in the
-same address space and nothing here is consulted beyond one ``None`` check. The
-multi-process runtime (:mod:`splitfed.runtime`) runs the same round loop and algorithm
-code on every rank (SPMD) and installs a :class:`Placement` that says which rank hosts
-which clients; the engine's compute primitives ask it what to compute here:
+The placement is a field of the run's environment, ``env.placement``
+(:class:`~splitfed.engine.env.Environment`). In one process (the simulator, the default)
+it is None: every client and the servers live in the same address space and nothing
+here is consulted beyond one ``None`` check. The multi-process runtime
+(:mod:`splitfed.runtime`) runs the same round loop and algorithm code on every rank
+(SPMD) and sets ``env.placement`` to a :class:`Placement` that says which rank hosts
+which clients; the engine's compute primitives, which receive it from the environment,
+ask it what to compute here:
 
-- :class:`~splitfed.engine.stacked.StackedModel` trains only the copies hosted here
-  (``local_slots``) and shows placeholders (zeros) for the others;
-- :class:`~splitfed.engine.executor.ClientExecutor` hands each chunk's training losses
-  to the server (``collect``; :func:`client_values` for algorithms with their own
-  client loop), since on the server they were computed elsewhere;
+- :meth:`env.stacked <splitfed.engine.env.Environment.stacked>` builds stacked copies
+  (:func:`~splitfed.engine.stacked.placed_stacked`): a
+  :class:`~splitfed.engine.stacked.StackedModel` when every copy is computed here, else
+  the placement's model (:meth:`Placement.stacked`), which trains only the copies hosted
+  here (``local_slots``) and shows placeholders (zeros) for the others;
+- :class:`~splitfed.engine.executor.ClientExecutor` (``env.executor``) hands each
+  chunk's training losses to the server (``collect``; :func:`client_values` for
+  algorithms with their own client loop), since on the server they were computed
+  elsewhere;
 - :func:`~splitfed.engine.split.server_step`, :func:`~splitfed.engine.split.
   client_forward` / :func:`~splitfed.engine.split.client_backward` (SL's sequential
-  client) and :func:`cohort_forward_here` (batched passes outside a stacked model,
-  MU-SplitFed) run only where their side is hosted.
+  client) and :func:`cohort_forward_here` (batched passes outside a stacked model:
+  :class:`~splitfed.engine.stacked.ForwardCopies`, MU-SplitFed and GAS) run only where
+  their side is hosted.
 
-Tensors cross between ranks only through the transport (``env.transport``); a
-placeholder never leaves the rank that made it.
+Every helper here takes the placement as its first argument (None: everything runs in
+this process). Tensors cross between ranks only through the transport
+(``env.transport``); a placeholder never leaves the rank that made it.
 """
 
 from __future__ import annotations
 
 import weakref
 from collections.abc import Mapping, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -32,15 +41,18 @@ from torch import nn
 
 from splitfed.models.cohort import cohort_forward
 
-
 class Placement(Protocol):
     def local_slots(self, role: str, ids: np.ndarray) -> np.ndarray:
         """Positions in ``ids`` whose ``role`` work (``client``, ``server``,
         ``server_copy``) this process computes, ascending."""
 
-    def stacked_class(self, role: str, ids) -> type:
-        """The :class:`~splitfed.engine.stacked.StackedModel` class for copies of
-        ``role`` for ``ids``: itself when all are computed here."""
+    def stacked(self, module: nn.Module, start: Mapping[str, torch.Tensor], n: int, *,
+                role: str, ids, momentum: float, weight_decay: float,
+                clock) -> Any:
+        """Stacked copies of ``module`` for ``role`` work for the clients ``ids`` (one
+        per copy), with :class:`~splitfed.engine.stacked.StackedModel`'s arguments: a
+        plain ``StackedModel`` when all of them are computed here, else a model that
+        computes only the local copies (it is given this placement)."""
 
     def serves(self, client_id: int) -> bool:
         """Whether this process runs the single server model's step for ``client_id``."""
@@ -49,30 +61,16 @@ class Placement(Protocol):
         """Per-client values [C] (metrics, not payload) as the server sees them."""
 
 
-_current: Placement | None = None
-
-
-def current() -> Placement | None:
-    """The installed placement, or None: everything runs in this process."""
-    return _current
-
-
-def install(placement: Placement | None) -> None:
-    """Install (or, with None, remove) this process's placement."""
-    global _current
-    _current = placement
-
-
-def client_values(ids, values: torch.Tensor) -> torch.Tensor:
+def client_values(place: Placement | None, ids, values: torch.Tensor) -> torch.Tensor:
     """Per-client values [C] computed on the clients' side (training losses), as the
-    server sees them: gathered from where the clients are hosted (``collect``)."""
-    place = _current
+    server sees them under the placement ``place``: gathered from where the clients are
+    hosted (``collect``)."""
     return values if place is None else place.collect(np.asarray(ids), values)
 
 
-def hosted(role: str, ids) -> np.ndarray | None:
-    """Positions in ``ids`` computed in this process; None when that is all of them."""
-    place = _current
+def hosted(place: Placement | None, role: str, ids) -> np.ndarray | None:
+    """Positions in ``ids`` computed in this process under ``place``; None when that is
+    all of them."""
     if place is None:
         return None
     ids = np.atleast_1d(np.asarray(ids, dtype=np.int64))
@@ -80,14 +78,16 @@ def hosted(role: str, ids) -> np.ndarray | None:
     return None if len(rows) == len(ids) else rows
 
 
-def cohort_forward_here(role: str, ids, module: nn.Module, state: Mapping[str, torch.Tensor],
-                        x: torch.Tensor, *, training: bool = True,
+def cohort_forward_here(place: Placement | None, role: str, ids, module: nn.Module,
+                        state: Mapping[str, torch.Tensor], x: torch.Tensor, *,
+                        training: bool = True,
                         write_back: Sequence[str] = ()) -> torch.Tensor:
     """:func:`~splitfed.models.cohort.cohort_forward` over the copies computed in this
-    process (``role`` work for the clients ``ids``, one per leading row of ``state`` and
-    ``x``); the other rows of the output are zeros. ``write_back``: tensors of ``state``
-    the pass updates in place (BatchNorm statistics), copied back to their rows."""
-    rows = hosted(role, ids)
+    process under ``place`` (``role`` work for the clients ``ids``, one per leading row
+    of ``state`` and ``x``); the other rows of the output are zeros. ``write_back``:
+    tensors of ``state`` the pass updates in place (BatchNorm statistics), copied back to
+    their rows."""
+    rows = hosted(place, role, ids)
     if rows is None:
         return cohort_forward(module, state, x, training=training)
     idx = torch.from_numpy(rows).to(x.device)

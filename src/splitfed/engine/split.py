@@ -92,7 +92,7 @@ def server_step(env, server: nn.Module, opt: torch.optim.Optimizer, h: torch.Ten
     """
     env.clock.charge(CLOCK_SERVER, server, [client_id], h, passes=TRAIN_FACTOR,
                      stacked=False)
-    place = placement.current()
+    place = env.placement
     if place is not None and not place.serves(client_id):   # a client rank, or lost
         return torch.zeros((), dtype=h.dtype), torch.zeros_like(h)
     h = h.detach().requires_grad_(True)
@@ -140,21 +140,28 @@ def client_forward(env, module: nn.Module, client_id: int, x: torch.Tensor) -> t
     its timeline. It runs where the client is hosted; elsewhere (the multi-process
     runtime) the result is a placeholder (zeros; nothing is computed)."""
     client_compute(env, module, client_id, x)
-    if placement.hosted(CLOCK_CLIENT, [client_id]) is not None:
+    if placement.hosted(env.placement, CLOCK_CLIENT, [client_id]) is not None:
         return placement.placeholder(module, x, stacked=False)
     return module(x)
 
 
 def client_backward(env, module: nn.Module, opt: torch.optim.Optimizer,
                     params: list[torch.Tensor], client_id: int, x: torch.Tensor,
-                    acts: torch.Tensor, grad: torch.Tensor, lr: float) -> None:
+                    acts: torch.Tensor, grad: torch.Tensor, lr: float, *,
+                    hook=None, slot: int = 0) -> None:
     """The backward pass of :func:`client_forward` from the cut-layer gradient ``grad``
     and one step of the client's optimizer, charged to its timeline; only where the
-    client is hosted."""
+    client is hosted. ``hook`` (a gradient transform's stacked ``update``, for the
+    client at cohort position ``slot``) corrects the gradients first."""
     client_compute(env, module, client_id, x, passes=TRAIN_FACTOR - 1)
-    if placement.hosted(CLOCK_CLIENT, [client_id]) is not None:
+    if placement.hosted(env.placement, CLOCK_CLIENT, [client_id]) is not None:
         return
-    sgd_step(opt, params, torch.autograd.grad(acts, params, grad), lr)
+    grads = torch.autograd.grad(acts, params, grad)
+    if hook is not None:
+        names = [n for n, _ in module.named_parameters()]
+        grads = [g[0] for g in hook(names, [p.detach().unsqueeze(0) for p in params],
+                                    [g.unsqueeze(0) for g in grads], np.array([slot]))]
+    sgd_step(opt, params, grads, lr)
 
 
 def take_turn(env, client_id: int, client_state: Mapping[str, torch.Tensor]

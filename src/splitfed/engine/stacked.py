@@ -14,6 +14,11 @@ With a ``clock`` and the copies' client ``ids``, every forward charges B x forwa
 per active copy and every step 2 x forward MACs (the backward pass) to the simulated
 timeline of its ``role``: the clients' own devices (``"client"``) or the per-client
 server lanes of server-side copies (``"server_copy"``); see :mod:`splitfed.engine.clock`.
+
+A ``StackedModel`` computes all its copies in this process. Where the run's environment
+has a placement (the multi-process runtime, :mod:`splitfed.engine.placement`), stacked
+copies are built with ``env.stacked`` (:func:`placed_stacked`), which returns the
+placement's model for copies partly hosted elsewhere.
 """
 
 from __future__ import annotations
@@ -24,15 +29,17 @@ import numpy as np
 import torch
 from torch import nn
 
-from splitfed.engine import placement
 from splitfed.engine.flops import TRAIN_FACTOR
 from splitfed.engine.optim import StackedSGD
+from splitfed.engine.placement import Placement, cohort_forward_here
 from splitfed.engine.split import per_client_loss
 from splitfed.models.cohort import cohort_forward
 
-#: ``hook(names, params, grads, ids) -> grads``: a correction of the stacked gradients of
-#: the active copies before the optimizer step (FedProx's proximal term, SCAFFOLD's control
-#: variates). ``params`` are detached prefix views; ``ids`` the client ids of the copies.
+#: ``hook(names, params, grads, slots) -> grads``: a correction of the stacked gradients of
+#: the active copies before the optimizer step (a gradient transform's ``update``,
+#: :mod:`splitfed.engine.transforms`: FedProx's proximal term, SCAFFOLD's control
+#: variates). ``params`` are detached prefix views; ``slots`` the cohort positions of the
+#: copies (what the caller passed to ``step`` as ``ids``), not client ids.
 GradHook = Callable[[Sequence[str], list[torch.Tensor], list[torch.Tensor], np.ndarray],
                     list[torch.Tensor]]
 
@@ -48,13 +55,9 @@ def stack_copies(start: Mapping[str, torch.Tensor], n: int,
 
 
 class StackedModel:
-    def __new__(cls, module, start, n, *, role: str = "client", ids=None, **kw):
-        # multi-process runtime (engine/placement.py): copies hosted on other ranks are
-        # not computed here; the placement picks the class that leaves them out
-        place = placement.current()
-        if place is not None and cls is StackedModel:
-            cls = place.stacked_class(role, ids)
-        return super().__new__(cls)
+    """``n`` copies of ``module`` trained in this process (module doc). Code with an
+    environment builds them with ``env.stacked`` (:func:`placed_stacked`), which leaves
+    out the copies that the multi-process runtime computes elsewhere."""
 
     def __init__(self, module: nn.Module, start: Mapping[str, torch.Tensor], n: int, *,
                  momentum: float = 0.0, weight_decay: float = 0.0, clock=None,
@@ -115,6 +118,21 @@ class StackedModel:
                 t.copy_(mean[k].unsqueeze(0).expand_as(t))
 
 
+def placed_stacked(place: Placement | None, module: nn.Module,
+                   start: Mapping[str, torch.Tensor], n: int, *, role: str = "client",
+                   ids: np.ndarray | None = None, momentum: float = 0.0,
+                   weight_decay: float = 0.0, clock=None) -> StackedModel:
+    """Stacked copies for the placement ``place`` (engine/placement.py): a
+    :class:`StackedModel` when ``place`` is None (everything in this process), else the
+    placement's model (:meth:`~splitfed.engine.placement.Placement.stacked`), which
+    computes only the copies hosted here."""
+    kw = {"role": role, "ids": ids, "momentum": momentum, "weight_decay": weight_decay,
+          "clock": clock}
+    if place is None:
+        return StackedModel(module, start, n, **kw)
+    return place.stacked(module, start, n, **kw)
+
+
 class ForwardCopies:
     """Stacked copies of one side of the cut trained by forward passes (zeroth-order).
 
@@ -124,13 +142,15 @@ class ForwardCopies:
     parameters (a perturbation) or the current ones, and charges B x forward MACs per copy
     to ``role``'s timeline of those clients, or of ``charge_to``. Buffers (BatchNorm
     statistics) change only in a pass with ``update_stats`` (the unperturbed client pass);
-    every other pass reads a copy of them. Copies hosted in other processes of the
-    multi-process runtime are not computed here (engine/placement.py).
+    every other pass reads a copy of them. Under a ``placement`` (the multi-process
+    runtime's ``env.placement``; None: everything here) copies hosted in other processes
+    are not computed here (engine/placement.py).
     """
 
     def __init__(self, module: nn.Module, start: Mapping[str, torch.Tensor], n: int, *,
-                 clock, role: str, ids) -> None:
+                 clock, role: str, ids, placement: Placement | None = None) -> None:
         self.module, self.clock, self.role = module, clock, role
+        self.placement = placement
         self.ids = np.atleast_1d(np.asarray(ids, dtype=np.int64))
         self.names = [k for k, _ in module.named_parameters()]
         self.state = stack_copies({k: start[k] for k in module.state_dict()}, n, ())
@@ -157,8 +177,9 @@ class ForwardCopies:
         rows = slice(None) if slot is None else slice(slot, slot + 1)
         bufs = {k: self.state[k][rows] if update_stats else self.state[k][rows].clone()
                 for k in self.buffers}
-        return placement.cohort_forward_here(
-            self.role, who, self.module, {**dict(zip(self.names, params)), **bufs}, x,
+        return cohort_forward_here(
+            self.placement, self.role, who, self.module,
+            {**dict(zip(self.names, params)), **bufs}, x,
             write_back=self.buffers if update_stats else ())
 
     def first_order_grads(self, x: torch.Tensor, y: torch.Tensor | None = None,

@@ -1,12 +1,13 @@
 """Which rank computes what, and the engine parts the multi-process runtime swaps in.
 
-- :class:`RankPlacement` (installed with :func:`splitfed.engine.placement.install`):
-  client work runs on the rank that hosts the client, server work (the single server
-  model, server copies) on rank 0.
-- :class:`PartialStackedModel`: a :class:`~splitfed.engine.stacked.StackedModel` whose
-  copies are partly hosted elsewhere: it holds and trains only the local copies and
-  shows zeros (placeholders) for the others; the clock is still charged for every copy
-  so that all ranks keep the same timelines.
+- :class:`RankPlacement` (the environment's ``env.placement`` on every rank, set by
+  :func:`splitfed.runtime.session.adapt`): client work runs on the rank that hosts the
+  client, server work (the single server model, server copies) on rank 0.
+- :class:`PartialStackedModel` (built by :meth:`RankPlacement.stacked`, i.e.
+  ``env.stacked``): a :class:`~splitfed.engine.stacked.StackedModel` whose copies are
+  partly hosted elsewhere: it holds and trains only the local copies and shows zeros
+  (placeholders) for the others; the clock is still charged for every copy so that all
+  ranks keep the same timelines.
 - :class:`RuntimeClock`: the virtual clock, plus real delays (a client rank sleeps for
   its clients' simulated compute and transfer times) and lost ranks (their clients are
   late: left out of aggregation, counted in ``dropped``).
@@ -24,7 +25,7 @@ import torch
 
 from splitfed.engine.clock import CLIENT, VirtualClock
 from splitfed.engine.flops import TRAIN_FACTOR
-from splitfed.engine.placement import current, placeholder
+from splitfed.engine.placement import Placement, placeholder
 from splitfed.engine.participation import Cohort
 from splitfed.engine.stacked import StackedModel
 from splitfed.transport.distributed import SERVER_RANK, Links
@@ -60,12 +61,16 @@ class RankPlacement:
             return np.flatnonzero(self.hosts[ids] == self.rank)
         return np.arange(len(ids)) if self.is_server else np.zeros(0, dtype=np.int64)
 
-    def stacked_class(self, role: str, ids) -> type:
+    def stacked(self, module, start, n, *, role, ids, momentum, weight_decay,
+                clock) -> StackedModel:
         if ids is None:
             raise RuntimeError("the multi-process runtime needs the client ids of every "
-                               "stacked model (StackedModel(..., ids=...)) to place it")
-        n = len(np.atleast_1d(ids))
-        return StackedModel if len(self.local_slots(role, ids)) == n else PartialStackedModel
+                               "stacked model (env.stacked(..., ids=...)) to place it")
+        kw = {"role": role, "ids": ids, "momentum": momentum, "weight_decay": weight_decay,
+              "clock": clock}
+        if len(self.local_slots(role, ids)) == len(np.atleast_1d(ids)):
+            return StackedModel(module, start, n, **kw)
+        return PartialStackedModel(self, module, start, n, **kw)
 
     def serves(self, client_id: int) -> bool:
         return self.is_server and self.links.alive(int(self.hosts[int(client_id)]))
@@ -78,12 +83,14 @@ class RankPlacement:
 
 
 class PartialStackedModel(StackedModel):
-    """Stacked copies of which only those hosted on this rank are held and trained."""
+    """Stacked copies of which only those computed here under ``placement`` (this rank's
+    hosted copies of ``role`` work for the clients ``ids``) are held and trained."""
 
-    def __init__(self, module, start, n, *, momentum=0.0, weight_decay=0.0, clock=None,
-                 ids=None, role=CLIENT):
+    def __init__(self, placement: Placement, module, start, n, *, momentum=0.0,
+                 weight_decay=0.0, clock=None, ids=None, role=CLIENT):
+        self.placement = placement
         self.full_ids = np.atleast_1d(np.asarray(ids, dtype=np.int64))
-        self.rows = current().local_slots(role, self.full_ids)
+        self.rows = placement.local_slots(role, self.full_ids)
         self.full_n = int(n)
         super().__init__(module, start, len(self.rows), momentum=momentum,
                          weight_decay=weight_decay, role=role)

@@ -1,8 +1,9 @@
 """One run on many processes: rank 0 serves, the other ranks host clients (SPMD).
 
 Every rank builds the same environment from the same config (rank 0 sends it: the
-client ranks need no files but the data set), installs the runtime's parts
-(:func:`adapt`) and runs the engine's own round loop (:func:`~splitfed.engine.loop.
+client ranks need no files but the data set), puts the runtime's parts into it
+(:func:`adapt`: its placement, ``env.placement``, and the runtime's clock, transport and
+sampler) and runs the engine's own round loop (:func:`~splitfed.engine.loop.
 run_rounds`) with the algorithm's unchanged code. The placement makes every rank compute
 only its own side: client forward/backward passes on the rank that hosts the client,
 server passes and aggregation results that matter on rank 0; the transport carries the
@@ -46,7 +47,6 @@ from splitfed.checkpoint import (CHECKPOINT, Checkpointer, checkpoint_records,
 from splitfed.config import RunConfig, build_config
 from splitfed.configtools import load_yaml, to_dict
 from splitfed.data.partition import partition_summary
-from splitfed.engine import placement
 from splitfed.engine.loop import run_rounds
 from splitfed.errors import ConfigError
 from splitfed.experiment import (RunResult, _check_empty, _new_run_dir, _write_atomic,
@@ -84,16 +84,24 @@ def check_supported(cfg: RunConfig) -> None:
         raise ConfigError(f"algorithm.name: {cfg.algorithm.name!r} does not run on the "
                           f"multi-process runtime yet; supported: {', '.join(supported())} "
                           "(use splitfed run for the others)")
+    from splitfed.experiment import build_algorithm
+
+    algorithm = build_algorithm(cfg)
+    if not algorithm.runs_distributed:
+        local = [t.name for t in (*algorithm.gradient_transforms, *algorithm.server_steps)
+                 if not t.distributed]
+        raise ConfigError(f"algorithm: the transforms {', '.join(local)} do not run on the "
+                          "multi-process runtime yet (use splitfed run)")
     if cfg.engine.device != "cpu":
         raise ConfigError("engine.device: the multi-process runtime runs on cpu (gloo)")
 
 
 def adapt(env, links: Links, delay_scale: float | None) -> RoundControl:
-    """Install this rank's placement and swap in the runtime's clock, transport and
-    sampler; returns the round control."""
+    """Set this rank's placement (``env.placement``) and swap in the runtime's clock,
+    transport and sampler; returns the round control."""
     hosts = host_ranks(env.num_clients, links.world_size)
     place = RankPlacement(links, hosts)
-    placement.install(place)
+    env.placement = place
     clock = RuntimeClock.adopt(env.clock, place, delay_scale)
     env.clock = clock
     env.transport = DistributedTransport(env.ledger, links, hosts, clock=clock)
@@ -216,7 +224,6 @@ def _run(links, cfg, algorithm, env, control, run_dir: Path, options, ckpt, *, s
     finally:
         control.stop(status)
         logger.close()
-        placement.install(None)
     wall = wall0 + time.perf_counter() - t0
     summary = {"name": cfg.name, "algorithm": cfg.algorithm.name, "dataset": cfg.data.name,
                "model": cfg.model.name, "status": status,
@@ -261,5 +268,3 @@ def host(links: Links) -> str:
         return msg.get("stop", "completed")
     except StopRun as stop:
         return str(stop)
-    finally:
-        placement.install(None)
