@@ -148,7 +148,7 @@ class Splitfed(Variant):
         cohort = env.sampler.sample(env.streams.numpy("participation"))
         if clock is not None:
             cohort = clock.begin_round(cohort)
-        self.state, _ = self.algo.round(env, self.state, self.t, cohort)
+        self.state = self.algo.round(env, self.state, self.t, cohort).state
         if clock is not None:
             clock.end_round()
 

@@ -116,3 +116,31 @@ def interrupt_round(monkeypatch, name: str, stop: int) -> None:
         return original(self, env, state, t, cohort)
 
     monkeypatch.setattr(cls, "round", round_)
+
+
+def assert_same_run(a, b):
+    """Two run results (``run_experiment``) with bit-identical models and the same
+    records, apart from the wall-clock ``round_time_s``."""
+    assert a.state["model"].keys() == b.state["model"].keys()
+    for k, v in a.state["model"].items():
+        assert torch.equal(b.state["model"][k], v), k
+
+    def strip(records):
+        return [{k: v for k, v in r.items() if k != "round_time_s"} for r in records]
+    assert strip(a.records) == strip(b.records)
+
+
+def bn_mlp():
+    """A small split MLP for digits with BatchNorm buffers (running statistics and the
+    integer counter), cut after its first block; seeded."""
+    from collections import OrderedDict
+
+    from splitfed.models import BlockModel
+
+    torch.manual_seed(0)
+    blocks = OrderedDict(
+        fc1=torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 16),
+                                torch.nn.BatchNorm1d(16), torch.nn.ReLU()),
+        out=torch.nn.Linear(16, 10))
+    return BlockModel(blocks, name="bn_mlp", cut_descriptions={1: "after fc1"},
+                      default_cut=1)

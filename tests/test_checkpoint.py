@@ -133,8 +133,9 @@ def test_checkpoint_holds_the_whole_run_state(tmp_path):
     ckpt = load_checkpoint(tmp_path / "r")
     assert ckpt["round"] == 3 and ckpt["status"] == "completed"
     assert ckpt["records"] == 4                           # rounds 0..3
-    assert set(ckpt["state"]) == {"model", "control", "client_controls"}
-    assert all(c.shape[0] == 3 for c in ckpt["state"]["client_controls"].values())
+    assert set(ckpt["state"]) == {"model", "scaffold"}
+    assert set(ckpt["state"]["scaffold"]) == {"control", "client_controls"}
+    assert all(c.shape[0] == 3 for c in ckpt["state"]["scaffold"]["client_controls"].values())
     assert {"participation", "batches", "clock"} <= set(ckpt["streams"]["numpy"])
     assert ckpt["clock"]["now"] == result.records[-1]["sim_time_s"]
     assert ckpt["ledger"]["rounds"].keys() == {1, 2, 3}

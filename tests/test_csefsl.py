@@ -77,7 +77,7 @@ def manual(cfg, transport=None):
     def step(state, t):
         env.ledger.round = t
         cohort = env.sampler.sample(env.streams.numpy("participation"))
-        return algo.round(env, state, t, cohort)[0], cohort
+        return algo.round(env, state, t, cohort).state, cohort
 
     return env, algo, algo.init_state(env), step
 

@@ -39,7 +39,7 @@ def test_scaffold_deadline_leaves_the_late_clients_controls_alone():
     env, rec, state = _run(_config("scaffold", deadline=100.0))
     assert rec["dropped"] == 1
     a = env.data_sizes / env.data_sizes.sum()
-    ci, c = state["client_controls"], state["control"]
+    ci, c = state["scaffold"]["client_controls"], state["scaffold"]["control"]
     for name in c:
         assert torch.count_nonzero(ci[name][LATE]) == 0, name           # still c_2 = 0
         for k in (0, 1):
@@ -50,7 +50,8 @@ def test_scaffold_deadline_leaves_the_late_clients_controls_alone():
     # without a deadline every client's control moves
     _, rec, state = _run(_config("scaffold", deadline=None))
     assert rec["dropped"] == 0
-    assert all(torch.count_nonzero(v[LATE]) > 0 for v in state["client_controls"].values())
+    assert all(torch.count_nonzero(v[LATE]) > 0
+               for v in state["scaffold"]["client_controls"].values())
 
 
 def test_fedclg_s_deadline_drops_the_late_clients_correction():

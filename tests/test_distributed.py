@@ -19,9 +19,8 @@ import torch.nn.functional as F
 
 from helpers import digits_config
 from splitfed.configtools import dump_yaml
-from splitfed.engine import placement
 from splitfed.engine.stacked import StackedModel
-from splitfed.experiment import run_experiment
+from splitfed.experiment import build_environment, run_experiment
 from splitfed.models import build_model
 from splitfed.runtime.launch import spawn
 from splitfed.runtime.placement import host_ranks
@@ -44,10 +43,11 @@ class _Hosts:
         return np.array([i for i, c in enumerate(np.atleast_1d(ids)) if c in self.mine],
                         dtype=np.int64)
 
-    def stacked_class(self, role, ids):
+    def stacked(self, module, start, n, *, role, ids, **kw):
         from splitfed.runtime.placement import PartialStackedModel
-        return (StackedModel if len(self.local_slots(role, ids)) == len(np.atleast_1d(ids))
-                else PartialStackedModel)
+        if len(self.local_slots(role, ids)) == len(np.atleast_1d(ids)):
+            return StackedModel(module, start, n, role=role, ids=ids, **kw)
+        return PartialStackedModel(self, module, start, n, role=role, ids=ids, **kw)
 
 
 def test_partial_stacked_model_trains_exactly_the_hosted_copies():
@@ -58,12 +58,11 @@ def test_partial_stacked_model_trains_exactly_the_hosted_copies():
     ids = np.arange(4)
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(4, 5, 1, 8, 8, generator=g), torch.randint(0, 10, (4, 5), generator=g)
-    full = StackedModel(model, start, 4, ids=ids)
-    placement.install(_Hosts([1, 3]))
-    try:
-        part = StackedModel(model, start, 4, ids=ids)
-    finally:
-        placement.install(None)
+    env = build_environment(digits_config(partition__num_clients=4))
+    full = env.stacked(model, start, 4, ids=ids)          # no placement: all copies here
+    assert type(full) is StackedModel and full.n == 4
+    env.placement = _Hosts([1, 3])
+    part = env.stacked(model, start, 4, ids=ids)
     assert type(part).__name__ == "PartialStackedModel" and part.n == 2
     for a in (4, 3, 2):            # copies still working are a prefix, as in the executor
         for m in (full, part):
@@ -136,6 +135,15 @@ def test_algorithms_equal_the_simulator_parameters_and_bytes(tmp_path):
                 participation={"mode": "with_replacement", "clients_per_round": 4},
                 train={"batch_size": 8, "local_steps": 2, "local_epochs": None, "lr": 0.1,
                        "momentum": 0.9})]
+    cfgs += [   # transforms on split algorithms (docs/transforms.md): configs, not code
+        _config("sflv2_prox_scaffold", {"name": "sflv2", "client_transforms": [
+            {"name": "prox", "mu": 0.1}, {"name": "scaffold"}]}, tmp_path, rounds=3),
+        _config("sflv1_fedopt", {"name": "sflv1", "server_transforms": [
+            {"name": "fedopt", "server_lr": 0.05}]}, tmp_path, rounds=2),
+        _config("sl_server_momentum", {"name": "sl", "server_transforms": [
+            {"name": "momentum", "beta": 0.9}]}, tmp_path, rounds=3),
+        _config("csefsl_scaffold", {"name": "csefsl", "client_transforms": [
+            {"name": "scaffold"}]}, tmp_path, rounds=3)]
     torch.save(cfgs, tmp_path / "configs.pt")
     procs = spawn(3, [str(tmp_path), str(tmp_path / "configs.pt")],
                   module="distributed_worker", env=ENV)

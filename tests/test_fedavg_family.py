@@ -1,18 +1,16 @@
 """FedProx, FedOpt and SCAFFOLD against FedAvg and plain unbatched references (digits)."""
 
-from collections import OrderedDict
 
 import numpy as np
 import pytest
 import torch
-from helpers import digits_config
+from helpers import assert_same_run, bn_mlp, digits_config
 
 from splitfed.algorithms.fedavg import FedAvg
-from splitfed.algorithms.fedopt import FedOpt
+from splitfed.algorithms.fedopt import AdaptiveStep, FedOpt
 from splitfed.algorithms.scaffold import Scaffold
 from splitfed.engine.batches import batch_plan, local_step_counts
 from splitfed.experiment import build_environment, run_experiment
-from splitfed.models.blocks import BlockModel
 from splitfed.rng import RandomStreams
 
 
@@ -87,11 +85,7 @@ def _reference(cfg, rounds, mu=0.0, scaffold=False):
 def test_fedprox_mu_zero_is_fedavg_bit_for_bit():
     avg = run(digits_config(**HETERO))
     prox = run(digits_config(algorithm={"name": "fedprox", "mu": 0.0}, **HETERO))
-    for k, v in avg.state["model"].items():
-        assert torch.equal(prox.state["model"][k], v), k
-    drop = [{k: v for k, v in r.items() if k != "round_time_s"} for r in avg.records]
-    assert drop == [{k: v for k, v in r.items() if k != "round_time_s"}
-                    for r in prox.records]
+    assert_same_run(avg, prox)
 
 
 def test_fedprox_first_local_step_is_fedavg_then_proximal():
@@ -142,8 +136,8 @@ def test_fedopt_one_round_follows_algorithm_2(variant):
         want, m, v = _expected_fedopt(x0[k].double(), delta, variant, 0.05, 0.9, 0.99,
                                       1e-3, 1e-6)
         assert torch.allclose(res["model"][k].double(), want, atol=1e-6), k
-        assert torch.allclose(res["server_opt"]["m"][k].double(), m, atol=1e-8), k
-        assert torch.allclose(res["server_opt"]["v"][k].double(), v, rtol=1e-4), k
+        assert torch.allclose(res["fedopt"]["m"][k].double(), m, atol=1e-8), k
+        assert torch.allclose(res["fedopt"]["v"][k].double(), v, rtol=1e-4), k
 
 
 @pytest.mark.numerics
@@ -173,50 +167,53 @@ def test_fedopt_adagrad_without_momentum_takes_sign_steps():
 def test_fedopt_state_persists_across_rounds_and_empty_rounds_keep_it():
     seen = []
 
+    class SpyStep(AdaptiveStep):
+        def update(self, ctx, model):
+            seen.append({k: v.clone() for k, v in ctx.aggregate.delta().items()})
+            return super().update(ctx, model)
+
     class Spy(FedOpt):
-        def server_update(self, env, state, acc):
-            seen.append({k: v.clone() for k, v in acc.delta().items()})
-            return super().server_update(env, state, acc)
+        def transforms(self):
+            grads, (step,) = super().transforms()
+            assert type(step) is AdaptiveStep and step.options.server_optimizer == "yogi"
+            return grads, [SpyStep(step.options)]
 
     cfg = digits_config(algorithm={"name": "fedopt", "server_optimizer": "yogi"}, **HETERO)
     env = build_environment(cfg)
     algo = Spy(FedOpt.Options(server_optimizer="yogi"))
     state = algo.init_state(env)
     init = state
-    m = {k: torch.zeros_like(v) for k, v in state["server_opt"]["m"].items()}
+    m = {k: torch.zeros_like(v) for k, v in state["fedopt"]["m"].items()}
     v = {k: torch.full_like(t, 1e-6) for k, t in m.items()}
     for t in (1, 2):
         cohort = env.sampler.sample(env.streams.numpy("participation"))
         old = state
-        state, _ = algo.round(env, state, t, cohort)
+        state = algo.round(env, state, t, cohort).state
         for k in m:
             d = seen[-1][k]
             m[k] = 0.9 * m[k] + 0.1 * d
             v[k] = v[k] - 0.01 * d * d * torch.sign(v[k] - d * d)
             want = old["model"][k] + 0.01 * m[k] / (v[k].sqrt() + 1e-3)
             assert torch.allclose(state["model"][k], want, atol=1e-7), k
-            assert torch.allclose(state["server_opt"]["m"][k], m[k], atol=1e-9)
-    assert all(torch.equal(t, torch.zeros_like(t)) for t in init["server_opt"]["m"].values())
+            assert torch.allclose(state["fedopt"]["m"][k], m[k], atol=1e-9)
+    assert all(torch.equal(t, torch.zeros_like(t)) for t in init["fedopt"]["m"].values())
     empty = type(cohort)(np.zeros(0, dtype=np.int64), np.zeros(0))
-    kept, metrics = algo.round(env, state, 3, empty)
-    assert metrics == {}
+    result = algo.round(env, state, 3, empty)
+    kept = result.state
+    assert result.record() == {}
+    assert result.samples == 0 and result.server_samples is None
+    assert len(seen) == 2                       # no server step in an empty round
     for part in ("model",):
         assert all(torch.equal(kept[part][k], state[part][k]) for k in state[part])
     for part in ("m", "v"):
-        assert all(torch.equal(kept["server_opt"][part][k], state["server_opt"][part][k])
-                   for k in state["server_opt"][part])
+        assert all(torch.equal(kept["fedopt"][part][k], state["fedopt"][part][k])
+                   for k in state["fedopt"][part])
 
 
 def _bn_environment():
     """Digits with a small MLP that has BatchNorm buffers (running stats, counter)."""
     env = build_environment(digits_config(partition={"scheme": "iid", "num_clients": 3}))
-    torch.manual_seed(0)
-    blocks = OrderedDict(
-        fc1=torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 16),
-                                torch.nn.BatchNorm1d(16), torch.nn.ReLU()),
-        out=torch.nn.Linear(16, 10))
-    env.model = BlockModel(blocks, name="bn_mlp", cut_descriptions={1: "after fc1"},
-                           default_cut=1)
+    env.model = bn_mlp()
     return env
 
 
@@ -224,7 +221,7 @@ def _one_round(algo):
     env = _bn_environment()
     state = algo.init_state(env)
     cohort = env.sampler.sample(env.streams.numpy("participation"))
-    return env, algo.round(env, state, 1, cohort)[0]
+    return env, algo.round(env, state, 1, cohort).state
 
 
 def test_fedopt_and_scaffold_leave_batchnorm_buffers_to_fedavg():
@@ -234,7 +231,7 @@ def test_fedopt_and_scaffold_leave_batchnorm_buffers_to_fedavg():
     params = {n for n, _ in env.model.named_parameters()}
     buffers = {n for n, _ in env.model.named_buffers()}
     assert len(buffers) == 3
-    assert set(opt["server_opt"]["v"]) == params == set(sca["control"])
+    assert set(opt["fedopt"]["v"]) == params == set(sca["scaffold"]["control"])
     for b in buffers:
         assert not torch.equal(avg["model"][b], env.model.state_dict()[b]), b
         assert torch.equal(opt["model"][b], avg["model"][b]), b
@@ -249,11 +246,11 @@ def test_scaffold_matches_unbatched_reference_over_rounds():
     got = run(cfg).state
     model, c, ci = _reference(cfg, 3, scaffold=True)
     close(got["model"], model)
-    close(got["control"], c, atol=1e-4)
+    close(got["scaffold"]["control"], c, atol=1e-4)
     for n in c:
-        close({n: got["client_controls"][n]}, {n: torch.stack([row[n] for row in ci])},
-              atol=1e-4)
-    assert any(got["control"][n].abs().max() > 1e-3 for n in c)
+        close({n: got["scaffold"]["client_controls"][n]},
+              {n: torch.stack([row[n] for row in ci])}, atol=1e-4)
+    assert any(got["scaffold"]["control"][n].abs().max() > 1e-3 for n in c)
 
 
 def test_scaffold_doubles_model_communication():
@@ -277,6 +274,6 @@ def test_scaffold_server_control_is_weighted_mean_of_client_controls(participati
     assert any(r.get("participants", 0) > 0 for r in res.records)
     env = build_environment(cfg)
     a = torch.from_numpy(env.data_sizes / env.data_sizes.sum()).float()
-    for n, c in res.state["control"].items():
-        want = torch.tensordot(a, res.state["client_controls"][n], dims=1)
+    for n, c in res.state["scaffold"]["control"].items():
+        want = torch.tensordot(a, res.state["scaffold"]["client_controls"][n], dims=1)
         assert torch.allclose(c, want, atol=1e-5), n

@@ -2,20 +2,19 @@
 FedAvg, hand computations and plain unbatched references (digits, tiny MLP)."""
 
 import copy
-from collections import OrderedDict
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import digits_config
+from helpers import bn_mlp, digits_config
 
 from splitfed.algorithms.fedavg import FedAvg
-from splitfed.algorithms.fedclg import FedCLGC, FedCLGS
+from splitfed.algorithms.fedclg import (AggregateCorrection, ClientCorrection, FedCLGC,
+                                        FedCLGS)
 from splitfed.engine.batches import batch_plan, local_step_counts
 from splitfed.errors import ConfigError
 from splitfed.experiment import build_algorithm, build_environment, run_experiment
-from splitfed.models.blocks import BlockModel
 from splitfed.rng import RandomStreams
 
 HETERO = dict(partition={"scheme": "dirichlet", "num_clients": 4, "alpha": 0.5,
@@ -174,9 +173,11 @@ def test_scaffold_plus_with_no_server_epochs_is_scaffold_exactly():
                              **common)).state
     sca = run(digits_config(algorithm={"name": "scaffold"}, server_data={"always": True},
                             **common)).state
-    for part in ("model", "control"):
-        for k, v in sca[part].items():
-            assert torch.equal(plus[part][k], v), (part, k)
+    for k, v in sca["model"].items():
+        assert torch.equal(plus["model"][k], v), ("model", k)
+    for part in ("control", "client_controls"):
+        for k, v in sca["scaffold"][part].items():
+            assert torch.equal(plus["scaffold"][part][k], v), (part, k)
 
 
 def test_server_training_follows_fedavg_aggregation():
@@ -192,8 +193,9 @@ def test_server_training_follows_fedavg_aggregation():
 # ----------------------------------------------------------------------------- FedCLG
 
 
-class Spy:
-    """Records the server's g_s batch, the round's corrections and every client's model."""
+class SpyCorrection:
+    """A FedCLG correction that records the server's g_s batch, the round's corrections
+    and every client's trained model (as the transform collects it, before upload)."""
 
     def __init__(self, *a, **kw):
         super().__init__(*a, **kw)
@@ -203,23 +205,54 @@ class Spy:
         self.batches.append(np.array(batch))
         return super().server_gradient(env, x_t, batch)
 
-    def round_state(self, env, t, cohort, g_s, g_i):
-        out = super().round_state(env, t, cohort, g_s, g_i)
-        self.corrections.append(out["_fedclg_corrections"])
+    def correction(self, env, t, cohort, g_s, g_i, round_):
+        out = super().correction(env, t, cohort, g_s, g_i, round_)
+        # FedCLG-C: the per-slot c_i; FedCLG-S: the uploaded g_i
+        self.corrections.append(out.corrections if isinstance(self, ClientCorrection)
+                                else out.g_i)
+        collect = out.collect
+
+        def spy_collect(slots, final):
+            collect(slots, final)
+            for j, slot in enumerate(slots):
+                self.states.append((int(slot), {k: v[j].clone() for k, v in final.items()}))
+        out.collect = spy_collect
         return out
 
-    def client_results(self, env, state, t, cohort, chunk):
-        super().client_results(env, state, t, cohort, chunk)
-        for j, slot in enumerate(chunk.slots):
-            self.states.append((int(slot), {k: v[j].clone() for k, v in chunk.state.items()}))
+
+class SpyClientCorrection(SpyCorrection, ClientCorrection):
+    pass
+
+
+class SpyAggregateCorrection(SpyCorrection, AggregateCorrection):
+    pass
+
+
+class Spy:
+    """The algorithm with its FedCLG correction replaced by the spying one."""
+
+    Correction: type                # the spying subclass of the algorithm's correction
+
+    def transforms(self):
+        (correction, *grads), steps = super().transforms()
+        assert type(correction) in self.Correction.__bases__
+        return [self.Correction(correction.options), *grads], steps
+
+    @property
+    def spy(self):
+        return self.gradient_transforms[0]
+
+    batches = property(lambda self: self.spy.batches)
+    states = property(lambda self: self.spy.states)
+    corrections = property(lambda self: self.spy.corrections)
 
 
 class SpyC(Spy, FedCLGC):
-    pass
+    Correction = SpyClientCorrection
 
 
 class SpyS(Spy, FedCLGS):
-    pass
+    Correction = SpyAggregateCorrection
 
 
 def _one_round(algo, cfg, env=None):
@@ -230,8 +263,8 @@ def _one_round(algo, cfg, env=None):
     plans_rng = copy.deepcopy(env.streams.numpy("batches"))
     plans = [batch_plan(env.client_indices[c], int(k), cfg.train.batch_size, plans_rng)
              for c, k in zip(cohort.ids, env.local_steps(cohort.ids))]
-    new, metrics = algo.round(env, state, 1, cohort)
-    return env, x0, cohort, plans, new, metrics
+    result = algo.round(env, state, 1, cohort)
+    return env, x0, cohort, plans, result.state, result.record()
 
 
 ONE_STEP = dict(rounds=1, train={"batch_size": 8, "local_steps": 1, "local_epochs": None,
@@ -275,16 +308,6 @@ def test_fedclg_s_aggregate_is_eq_11_by_hand():
           {n: x0[n] - eta_g * eta * g_s[n] for n in want}, atol=1e-6)
 
 
-def _bn_model():
-    torch.manual_seed(0)
-    blocks = OrderedDict(
-        fc1=torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 16),
-                                torch.nn.BatchNorm1d(16), torch.nn.ReLU()),
-        out=torch.nn.Linear(16, 10))
-    return BlockModel(blocks, name="bn_mlp", cut_descriptions={1: "after fc1"},
-                      default_cut=1)
-
-
 @pytest.mark.parametrize("cls,steps", [(SpyC, 1), (SpyS, 3)], ids=["fedclg_c", "fedclg_s"])
 def test_batchnorm_buffers_are_never_corrected(cls, steps):
     """K = 1 (FedCLG-C) or plain local steps (FedCLG-S): the buffers after a round are
@@ -295,7 +318,7 @@ def test_batchnorm_buffers_are_never_corrected(cls, steps):
 
     def bn_env():
         env = build_environment(cfg)
-        env.model = _bn_model()
+        env.model = bn_mlp()
         return env
 
     algo = cls(cls.Options(server_epochs=0))
@@ -304,7 +327,7 @@ def test_batchnorm_buffers_are_never_corrected(cls, steps):
     params, buffers = set(param_names(env.model)), {n for n, _ in env.model.named_buffers()}
     assert len(buffers) == 3
     corrections = algo.corrections[0]          # FedCLG-C: c_i; FedCLG-S: the uploaded g_i
-    assert set(corrections.get("g_i", corrections)) == params
+    assert set(corrections) == params
     for b in buffers:
         assert not torch.equal(avg[b], x0[b]), b
         assert torch.equal(new["model"][b], avg[b]), b
@@ -314,10 +337,10 @@ def test_batchnorm_buffers_are_never_corrected(cls, steps):
 def test_server_gradient_pass_leaves_global_buffers_alone():
     cfg = digits_config(algorithm={"name": "fedclg_c", "server_epochs": 0}, **ONE_STEP)
     env = build_environment(cfg)
-    env.model = _bn_model()
+    env.model = bn_mlp()
     x0 = {k: v.clone() for k, v in env.model.state_dict().items()}
     algo = FedCLGC(FedCLGC.Options(server_epochs=0))
-    algo.server_gradient(env, x0, env.server_data.pool[:8])
+    algo.gradient_transforms[0].server_gradient(env, x0, env.server_data.pool[:8])
     for k, v in x0.items():
         assert torch.equal(env.model.state_dict()[k], v), k
 

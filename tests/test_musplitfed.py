@@ -206,7 +206,8 @@ def test_zeroth_order_round_uses_no_autograd_graph():
     algo = build_algorithm(cfg)
     state = algo.init_state(env)
     env.ledger.round = 1
-    new, _ = algo.round(env, state, 1, env.sampler.sample(env.streams.numpy("participation")))
+    new = algo.round(env, state, 1,
+                     env.sampler.sample(env.streams.numpy("participation"))).state
     assert all(not v.requires_grad for v in new["model"].values())
     assert not np.allclose(new["model"]["fc1.1.weight"].numpy(),
                            state["model"]["fc1.1.weight"].numpy())

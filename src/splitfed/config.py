@@ -130,6 +130,12 @@ class EngineConfig:
 @dataclass
 class AlgorithmConfig:
     name: str = field(default="fedavg", metadata={"help": "algorithm (splitfed list)"})
+    client_transforms: list[dict[str, Any]] = field(default_factory=list, metadata={
+        "help": "gradient transforms added to the clients' local steps, in order: "
+                "[{name: prox, mu: 0.01}] (splitfed list)"})
+    server_transforms: list[dict[str, Any]] = field(default_factory=list, metadata={
+        "help": "server steps: one aggregating step (rate, momentum, fedadam, ...) that "
+                "replaces the algorithm's, then steps that train further (server_train)"})
     options: dict[str, Any] = field(default_factory=dict)
 
 

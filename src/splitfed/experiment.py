@@ -142,8 +142,7 @@ def make_partition(cfg: RunConfig, bundle, streams: RandomStreams,
 
 def _server_data(cfg: RunConfig, bundle, streams: RandomStreams):
     """The server's pool (paper 004) if the algorithm uses server data, else None."""
-    algorithm = ALGORITHMS.get(cfg.algorithm.name)
-    if not (getattr(algorithm, "needs_server_data", False) or cfg.server_data.always):
+    if not (build_algorithm(cfg).needs_server_data or cfg.server_data.always):
         return None
     return build_server_data(cfg.server_data, bundle.train, bundle.num_classes,
                              streams.numpy("server_pool"))
@@ -204,9 +203,8 @@ def build_environment(cfg: RunConfig) -> Environment:
         raise ConfigError(f"clock.path: the trace makes every one of the {len(parts)} "
                           "clients unavailable for the whole run (available_until <= 0 or "
                           "<= available_from); give some client a window that ends after 0")
-    algorithm = ALGORITHMS.get(cfg.algorithm.name)
-    alone = getattr(algorithm, "federated", True) and not (
-        getattr(algorithm, "needs_server_data", False))
+    algorithm = build_algorithm(cfg)
+    alone = algorithm.federated and not algorithm.needs_server_data
     if cfg.rounds and alone and not clock.profiles.available(np.arange(len(parts)), 0.0).any():
         raise ConfigError(f"clock.path: no client is available at simulated time 0, so no "
                           f"round of {cfg.algorithm.name} can take place (simulated time "
@@ -243,8 +241,33 @@ def build_clock(cfg: RunConfig, num_clients: int, streams: RandomStreams) -> Vir
 
 
 def build_algorithm(cfg: RunConfig):
+    """The configured algorithm with its options and the config's transforms."""
     cls = get_algorithm(cfg.algorithm.name)
-    return cls(from_dict(cls.Options, cfg.algorithm.options, path="algorithm"))
+    options = from_dict(cls.Options, cfg.algorithm.options, path="algorithm")
+    return cls(options, client_transforms=_transforms(cfg, "client_transforms"),
+               server_transforms=_transforms(cfg, "server_transforms"))
+
+
+def _transforms(cfg: RunConfig, section: str) -> list:
+    from splitfed.algorithms import get_transform
+    from splitfed.engine.transforms import GradientTransform
+
+    out = []
+    for i, spec in enumerate(getattr(cfg.algorithm, section)):
+        where = f"algorithm.{section}[{i}]"
+        if not isinstance(spec, dict) or "name" not in spec:
+            raise ConfigError(f"{where}: expected a mapping with a name, e.g. "
+                              "{name: prox, mu: 0.01}")
+        cls = get_transform(spec["name"], where)
+        client = issubclass(cls, GradientTransform)
+        if client != (section == "client_transforms"):
+            other = "client_transforms" if client else "server_transforms"
+            raise ConfigError(f"{where}.name: {spec['name']!r} is a "
+                              f"{'gradient transform' if client else 'server step'}; "
+                              f"list it under algorithm.{other}")
+        opts = {k: v for k, v in spec.items() if k != "name"}
+        out.append(cls(from_dict(cls.Options, opts, path=where)))
+    return out
 
 
 def _new_run_dir(cfg: RunConfig) -> Path:

@@ -1,4 +1,5 @@
-"""Plugins: register your own algorithms, models, data sets, partitioners and clock profiles.
+"""Plugins: register your own algorithms, transforms, models, data sets, partitioners and
+clock profiles.
 
 A plugin is a Python module that registers components with the decorators below when it
 is imported::
@@ -23,10 +24,11 @@ Every command imports the plugins before it reads a config (see ``docs/extending
 The registries are the same dicts the package uses for its built-in components
 (``splitfed.algorithms.ALGORITHMS``, ``splitfed.models.MODELS``,
 ``splitfed.data.DATASETS``, ``splitfed.data.partition.PARTITIONERS``,
-``splitfed.engine.profiles.GENERATORS``); a registered component is looked up, and its
-options are validated, exactly as a built-in one. Registering a name that is taken
-(built in, or by another plugin) raises :class:`~splitfed.errors.PluginError` naming the
-kind, the name and the module of the component that holds it, unless ``replace=True``.
+``splitfed.engine.profiles.GENERATORS``, ``splitfed.algorithms.TRANSFORMS``); a registered
+component is looked up, and its options are validated, exactly as a built-in one.
+Registering a name that is taken (built in, or by another plugin) raises
+:class:`~splitfed.errors.PluginError` naming the kind, the name and the module of the
+component that holds it, unless ``replace=True``.
 
 This module imports neither torch nor the registries until something is registered, so
 ``import splitfed`` stays light.
@@ -53,6 +55,7 @@ _REGISTRIES = {
     "dataset": ("splitfed.data", "DATASETS"),
     "partitioner": ("splitfed.data.partition", "PARTITIONERS"),
     "clock profile": ("splitfed.engine.profiles", "GENERATORS"),
+    "transform": ("splitfed.algorithms", "TRANSFORMS"),
 }
 #: the leading positional parameters each kind of function is called with; its other
 #: parameters are its options (validated against the config's keys)
@@ -76,7 +79,7 @@ _ENTRY_POINTS_LOADED = False
 
 def registry(kind: str) -> dict:
     """The registry dict of ``kind`` (``"algorithm"``, ``"model"``, ``"dataset"``,
-    ``"partitioner"`` or ``"clock profile"``): the package's own dict."""
+    ``"partitioner"``, ``"clock profile"`` or ``"transform"``): the package's own dict."""
     module, attr = _REGISTRIES[kind]
     return getattr(importlib.import_module(module), attr)
 
@@ -146,10 +149,29 @@ def _check_algorithm(name: str, cls: Any) -> None:
                           "are the algorithm's options)")
 
 
+def _check_transform(name: str, cls: Any) -> None:
+    import dataclasses
+
+    from splitfed.engine.transforms import GradientTransform, ServerStep
+
+    what = f"register_transform({name!r})"
+    if not (isinstance(cls, type) and issubclass(cls, (GradientTransform, ServerStep))):
+        raise PluginError(f"{what}: expected a subclass of splitfed.engine.transforms."
+                          f"GradientTransform or ServerStep, got {cls!r}")
+    if not dataclasses.is_dataclass(cls.Options):
+        raise PluginError(f"{what}: {cls.__name__}.Options must be a dataclass (its fields "
+                          "are the transform's options)")
+    if cls.name != name:
+        raise PluginError(f"{what}: the class's name attribute is {cls.name!r}; set "
+                          f"name = {name!r} (it keys the transform's state)")
+
+
 def _register(kind: str, name: str, obj: Any, replace: bool) -> Any:
     key = _key(kind, name)
     if kind == "algorithm":
         _check_algorithm(key, obj)
+    elif kind == "transform":
+        _check_transform(key, obj)
     else:
         _check_function(kind, key, obj)
     table = registry(kind)
@@ -208,6 +230,15 @@ def register_clock_profile(name: str, fn: Callable | None = None, *, replace: bo
     return _decorator("clock profile", name, fn, replace)
 
 
+def register_transform(name: str, cls: type | None = None, *, replace: bool = False):
+    """Register a gradient transform or a server step (a subclass of
+    :class:`~splitfed.engine.transforms.GradientTransform` or
+    :class:`~splitfed.engine.transforms.ServerStep` with ``name = NAME`` and an
+    ``Options`` dataclass) for ``algorithm.client_transforms`` / ``server_transforms``:
+    ``[{name: NAME, option: value}]``."""
+    return _decorator("transform", name, cls, replace)
+
+
 # ------------------------------------------------------------------- loading plugins
 
 
@@ -216,7 +247,7 @@ def add_plugin_argument(parser) -> None:
     ``splitfed`` and the worker of ``splitfed launch``."""
     parser.add_argument("--plugin", action="append", default=[], metavar="MODULE",
                         help="import MODULE (a module name, from this Python environment) "
-                             "first: it registers algorithms, models, data sets, "
+                             "first: it registers algorithms, transforms, models, data sets, "
                              "partitioners or clock profiles (repeat for several; recorded "
                              "in the config's plugins; docs/extending.md)")
 

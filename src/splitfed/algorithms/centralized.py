@@ -21,6 +21,7 @@ from splitfed.engine.algorithm import Algorithm
 from splitfed.engine.batches import batch_plan, local_step_counts
 from splitfed.engine.clock import SERVER
 from splitfed.engine.flops import TRAIN_FACTOR
+from splitfed.engine.rounds import RoundResult
 
 
 class Centralized(Algorithm):
@@ -29,8 +30,7 @@ class Centralized(Algorithm):
     federated = False
 
     def init_state(self, env) -> dict:
-        model = copy.deepcopy(env.model)
-        tr = env.config.train
+        model, tr = copy.deepcopy(env.model), env.config.train
         opt = torch.optim.SGD(model.parameters(), lr=tr.lr, momentum=tr.momentum,
                               weight_decay=tr.weight_decay)
         return {"module": model, "optimizer": opt}
@@ -57,4 +57,4 @@ class Centralized(Algorithm):
             loss.backward()
             opt.step()
             total += float(loss.detach())
-        return state, {"train_loss": total / steps, "samples": steps * tr.batch_size}
+        return RoundResult(state, total / steps, steps * tr.batch_size)

@@ -25,19 +25,9 @@ Communication is FedAvg's: D_s^t never leaves the server.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from splitfed.algorithms.fedavg import FedAvg
+from splitfed.algorithms.server_only import ServerTrain
+from splitfed.engine.algorithm import variant
 
-from splitfed.algorithms.fedavg import FedAvg, FedAvgOptions
-from splitfed.algorithms.server_only import ServerTraining, ServerTrainingOptions
-
-
-@dataclass
-class HybridOptions(FedAvgOptions, ServerTrainingOptions):
-    """``global_lr`` eta_g and the server's ``server_lr``, ``server_epochs``/``server_steps``,
-    ``server_batch_size``."""
-
-
-class CLGSGD(ServerTraining, FedAvg):
-    name = "clgsgd"
-    reference = "Bian et al. (paper 004), CLG-SGD, eqs. 3-5"
-    Options = HybridOptions
+CLGSGD = variant("CLGSGD", FedAvg, name="clgsgd", server=[ServerTrain],
+                 reference="Bian et al. (paper 004), CLG-SGD, eqs. 3-5")

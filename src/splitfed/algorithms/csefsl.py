@@ -54,6 +54,8 @@ Decisions (docs/design.md and this file):
   (:func:`~splitfed.engine.split.server_step`); without feedback it overlaps the
   clients' local steps. With a round deadline a client whose (x_C, x_A) arrive late is
   left out of both averages; the server keeps its update with that client's upload.
+- Transforms (:mod:`splitfed.engine.transforms`) act on x_C: a gradient transform
+  corrects its local steps, the server steps move its aggregate; x_A is averaged plainly.
 """
 
 from __future__ import annotations
@@ -70,9 +72,9 @@ from splitfed.engine.aggregate import DeltaAccumulator
 from splitfed.engine.algorithm import Algorithm
 from splitfed.engine.evaluate import evaluate
 from splitfed.engine.placement import client_values
-from splitfed.engine.split import (SplitModel, per_client_loss, return_gradients,
-                                   send_activations, server_step, sgd)
-from splitfed.engine.stacked import StackedModel
+from splitfed.engine.rounds import Round
+from splitfed.engine.split import (SplitModel, per_client_loss, return_gradients, send_activations,
+                                   server_step, sgd)
 from splitfed.models.aux import build_aux_head
 from splitfed.rng import derive_seed
 
@@ -100,13 +102,12 @@ class _Chunk:
     """One chunk of the cohort: stacked client models and their auxiliary heads."""
 
     def __init__(self, parts, head, client_start, aux_start, slots, ids, steps, plans, tr,
-                 clock):
+                 env):
         n = len(slots)
         self.slots, self.ids, self.steps, self.plans = slots, ids, steps, plans
-        kw = {"momentum": tr.momentum, "weight_decay": tr.weight_decay, "clock": clock,
-              "ids": ids}
-        self.client = StackedModel(parts.client, client_start, n, **kw)
-        self.aux = StackedModel(head, aux_start, n, **kw)
+        kw = {"momentum": tr.momentum, "weight_decay": tr.weight_decay, "ids": ids}
+        self.client = env.stacked(parts.client, client_start, n, **kw)
+        self.aux = env.stacked(head, aux_start, n, **kw)
         self.loss_sum = torch.zeros(n, dtype=torch.float64)
         self.first = None                     # (acts, labels) of an uploaded first step
 
@@ -121,11 +122,12 @@ class _Chunk:
         self.loss_sum[:acts.shape[0]] += losses.detach().to(torch.float64).cpu()
         return losses
 
-    def aux_step(self, acts, y, lr: float) -> None:
-        """Lines 32-35 / 39-42: x_C and x_A both step on the auxiliary loss."""
+    def aux_step(self, acts, y, lr: float, hook=None) -> None:
+        """Lines 32-35 / 39-42: x_C and x_A both step on the auxiliary loss (a gradient
+        transform ``hook`` corrects x_C's step)."""
         (g_acts,) = self.aux.step(self.aux_losses(acts, y).sum(), lr=lr,
                                   extra_inputs=[acts])
-        self.client.step(acts, g_acts, lr=lr)
+        self.client.step(acts, g_acts, lr=lr, ids=self.slots[:acts.shape[0]], hook=hook)
 
     def upload_first(self, env):
         """Lines 25-26: the first step's smashed data and labels go up."""
@@ -133,18 +135,18 @@ class _Chunk:
         self.first = (acts, y)
         return send_activations(env, self.ids[:acts.shape[0]], acts, y)
 
-    def train(self, env, lr: float, g_first=None) -> None:
+    def train(self, env, lr: float, g_first=None, hook=None) -> None:
         """K local steps; ``g_first``: the server's z_b for the uploaded first step."""
         acts, y = self.first if self.first is not None else self.forward(env, 0)
         self.first = None
         if g_first is None:
-            self.aux_step(acts, y, lr)
+            self.aux_step(acts, y, lr, hook)
         else:                                 # lines 27-30: server gradient, x_A kept
             with torch.no_grad():
                 self.aux_losses(acts.detach(), y)
-            self.client.step(acts, g_first, lr=lr)
+            self.client.step(acts, g_first, lr=lr, ids=self.slots[:acts.shape[0]], hook=hook)
         for k in range(1, int(self.steps[0])):
-            self.aux_step(*self.forward(env, k), lr)
+            self.aux_step(*self.forward(env, k), lr, hook)
 
 
 class CSEFSL(Algorithm):
@@ -153,8 +155,7 @@ class CSEFSL(Algorithm):
     Options = CSEFSLOptions
     distributed = True
     split = True
-    #: the server sees one batch per client per upload round: more rounds to learn
-    conformance_overrides = {"rounds": 12}
+    uses_transforms = True
 
     def uploads(self, t: int) -> bool:
         """Line 8 with the paper's round t - 1: (t - 1) mod l = 0 and t - 1 != 0."""
@@ -176,56 +177,48 @@ class CSEFSL(Algorithm):
         return {**super().init_state(env), "aux": aux, "server_opt": None}
 
     def round(self, env, state, t, cohort):
-        if cohort.is_empty():
-            return state, {}
+        rnd = Round(self, env, state, t, cohort)
+        if rnd.empty:
+            return rnd.finish()
         tr = env.config.train
         parts = SplitModel.of(env)
         head = self.head(env, parts.client)
-        steps = env.local_steps(cohort.ids)
+        steps = rnd.steps
         executor = env.executor(parts.client)
         plans = executor.plans(cohort.ids, steps, env.streams.numpy("batches"))
-        client_start = env.transport.broadcast("model", cohort.ids,
-                                               parts.client_state(state["model"]))
+        client_start = rnd.send(parts.client_state(state["model"]))
         aux_start = env.transport.broadcast("model", cohort.ids, state["aux"])
         chunks = (_Chunk(parts, head, client_start, aux_start, s, cohort.ids[s], steps[s],
-                         [plans[i] for i in s], tr, env.clock) for s in executor.chunks(steps))
-        server_state, metrics = parts.server_state(state["model"]), {}
+                         [plans[i] for i in s], tr, env) for s in executor.chunks(steps))
+        server_state, metrics, new = parts.server_state(state["model"]), {}, {}
         grads: dict[int, torch.Tensor] = {}
         if self.uploads(t):
             chunks = list(chunks)                 # first steps wait for the server
             sent = [c.upload_first(env) for c in chunks]
-            server_state, g_h, metrics["server_loss"], opt_state = self._serve_all(
+            server_state, g_h, metrics["server_loss"], new["server_opt"] = self._serve_all(
                 env, state, t, chunks, sent)
-            state = {**state, "server_opt": opt_state}
             if self.options.server_feedback:
                 grads = {i: return_gradients(env, c.ids[:len(g)], g)
                          for i, (c, g) in enumerate(zip(chunks, g_h))}
-        client_acc = DeltaAccumulator(parts.client_state(state["model"]),
-                                      renormalise=env.clock.renormalise)
         aux_acc = DeltaAccumulator(state["aux"], renormalise=env.clock.renormalise)
-        weights = torch.tensor(cohort.weights, dtype=torch.float64)
-        losses = torch.zeros(cohort.size, dtype=torch.float64)
         lr = env.lr(t)
         for i, chunk in enumerate(chunks):        # lazily built: one chunk in memory
-            chunk.train(env, lr, grads.get(i))
-            w = weights[torch.from_numpy(chunk.slots)]
+            chunk.train(env, lr, grads.get(i), rnd.hook)
             client_up = env.transport.upload("model", chunk.ids, chunk.client.final())
             aux_up = env.transport.upload("model", chunk.ids, chunk.aux.final())
             keep = env.clock.on_time(chunk.ids)
-            client_acc.add(w, client_up, keep=keep)
-            aux_acc.add(w, aux_up, keep=keep)
-            losses[torch.from_numpy(chunk.slots)] = client_values(
-                chunk.ids, chunk.loss_sum / torch.from_numpy(chunk.steps).to(torch.float64))
-        new = {**state, "model": {**client_acc.result(), **server_state},
-               "aux": aux_acc.result()}
+            rnd.add(chunk.slots, client_up, client_values(
+                env.placement, chunk.ids,
+                chunk.loss_sum / torch.from_numpy(chunk.steps).to(torch.float64)), keep=keep)
+            rnd.collect(chunk.slots, chunk.client.final())
+            aux_acc.add(rnd.weights[torch.from_numpy(chunk.slots)], aux_up, keep=keep)
         uploaded = cohort.size if self.uploads(t) else 0
-        metrics.update(train_loss=float(losses.mean()),
-                       samples=int(steps.sum()) * tr.batch_size,
-                       server_samples=uploaded * tr.batch_size)
+        result = rnd.finish(state={**new, "model": server_state, "aux": aux_acc.result()},
+                            server_samples=uploaded * tr.batch_size, metrics=metrics)
         cfg = env.config
         if t % cfg.eval_every == 0 or t == cfg.rounds:
-            metrics.update(self._aux_eval(env, parts, head, new))
-        return new, metrics
+            result.metrics.update(self._aux_eval(env, parts, head, result.state))
+        return result
 
     def _serve_all(self, env, state, t, chunks, sent):
         """Lines 9-17: one server update per upload, in sequence, on the single x_S."""

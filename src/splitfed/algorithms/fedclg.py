@@ -54,6 +54,9 @@ Decisions (docs/design.md and what the paper leaves open):
   the model (bytes_up/model = 2x). ``with_replacement``: every slot has its own first
   batch, so its own g^i_t and c_i.
 - A round with an empty cohort computes no g^s_t, keeps x_t and trains the server.
+
+The corrections are the gradient transforms ``fedclg_c`` and ``fedclg_s``; the
+algorithms are FedAvg's round with one of them, then ``server_train`` (CLG-SGD's).
 """
 
 from __future__ import annotations
@@ -66,20 +69,22 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from splitfed.algorithms.clgsgd import CLGSGD, HybridOptions
+from splitfed.algorithms.fedavg import FedAvg
+from splitfed.algorithms.server_only import ServerTrain
+from splitfed.engine.algorithm import variant
 from splitfed.engine.batches import batch_plan
 from splitfed.engine.executor import DEFAULT_SAMPLES_PER_CALL
 from splitfed.engine.stacked import StackedModel
-
-_CORR = "_fedclg_corrections"     # round-scoped keys, removed before the round returns
-_CHUNK = "_fedclg_chunk"
+from splitfed.engine.transforms import GradientRound, GradientTransform
 
 
 @dataclass
-class FedCLGOptions(HybridOptions):
+class CorrectionOptions:
     client_gradient: Literal["first_batch", "fresh_batch", "full"] = field(
         default="first_batch", metadata={
             "help": "g_i at x_t: the first local minibatch, a fresh one, or all client data"})
+    server_batch_size: int | None = field(default=None, metadata={
+        "ge": 1, "le": 10**6, "help": "B_s of g_s (null: train.batch_size)"})
 
 
 def stacked_gradients(module, start, x: torch.Tensor, y: torch.Tensor,
@@ -113,43 +118,33 @@ def stacked_gradients(module, start, x: torch.Tensor, y: torch.Tensor,
     return {n: torch.cat(v) for n, v in out.items()}
 
 
-class _FedCLG(CLGSGD):
-    """The round of Algorithm 1: g^s at x_t, the clients' g^i, the variant's correction."""
+class CLGCorrection(GradientTransform):
+    """g^s_t at x_t and the clients' g^i_t (Algorithm 1 line 4), and the variant's
+    correction: at every local step (C, eq. 10) or at aggregation (S, eq. 11)."""
 
-    Options = FedCLGOptions
+    Options = CorrectionOptions
     distributed = False                   # not on the multi-process runtime yet
+    needs_server_data = True
+    splits = False                        # g^s and g^i of the whole model
 
-    def client_round(self, env, state, t, cohort, rows):
-        if cohort.is_empty():
-            return state, {}
-        x_t = state["model"]
-        batch = self.server_gradient_batch(env, rows)
+    def start(self, env, state, t, cohort, round_):
+        x_t, batch = round_.model, self.server_gradient_batch(env, round_.server_rows)
         g_s = self.server_gradient(env, x_t, batch)
-        g_i, extra_samples = self.client_gradients(env, x_t, cohort)
-        extra = self.round_state(env, t, cohort, g_s, g_i)
-        new, metrics = super().client_round(env, {**state, **extra}, t, cohort, rows)
-        for key in extra:
-            new.pop(key, None)
-        metrics["samples"] = metrics.get("samples", 0) + extra_samples
-        metrics["server_samples"] = len(batch)
-        return new, metrics
-
-    def round_state(self, env, t, cohort, g_s, g_i) -> dict:
-        raise NotImplementedError
-
-    # ------------------------------------------------------------------ gradients at x_t
+        g_i, extra = self.client_gradients(env, x_t, cohort)
+        out = self.correction(env, t, cohort, g_s, g_i, round_)
+        out.samples, out.server_samples = extra, len(batch)
+        return out
 
     def server_gradient_batch(self, env, rows: np.ndarray) -> np.ndarray:
         """zeta_s: a minibatch of D_s^t (``server_data`` stream), or D_s^t (full batch)."""
-        if self._server(env).full_batch:
+        if env.server_data.full_batch:
             return rows
-        return batch_plan(rows, 1, self.server_batch_size(env),
-                          env.streams.numpy("server_data"))[0]
+        size = int(self.options.server_batch_size or env.config.train.batch_size)
+        return batch_plan(rows, 1, size, env.streams.numpy("server_data"))[0]
 
     def server_gradient(self, env, x_t, batch: np.ndarray) -> dict[str, torch.Tensor]:
         """g^s_t = grad f_s(x_t, zeta_s) (Algorithm 1 line 4), parameters only."""
-        server = self._server(env)
-        g = stacked_gradients(env.model, x_t, server.x, server.y, [batch], 1)
+        g = stacked_gradients(env.model, x_t, env.server_data.x, env.server_data.y, [batch], 1)
         return {n: v[0] for n, v in g.items()}
 
     def client_gradients(self, env, x_t, cohort) -> tuple[dict[str, torch.Tensor], int]:
@@ -176,73 +171,79 @@ class _FedCLG(CLGSGD):
         return grads, extra
 
 
-class FedCLGC(_FedCLG):
-    """FedCLG-C (paper 004 eq. 10): c_i = g^s - g^i added at every local step."""
+class ClientCorrection(CLGCorrection):
+    """FedCLG-C (eq. 10): c_i = g^s - g^i added at every local step."""
 
     name = "fedclg_c"
-    reference = "Bian et al. (paper 004), FedCLG-C, Algorithm 1 and eq. 10"
+    reference = "Bian et al. (paper 004), FedCLG-C, eq. 10"
 
-    def round_state(self, env, t, cohort, g_s, g_i) -> dict:
+    def correction(self, env, t, cohort, g_s, g_i, round_):
         g_s = env.transport.broadcast("model", cohort.ids, g_s)
-        corrections = {n: g_s[n].unsqueeze(0) - g_i[n] for n in g_i}
-        chunks = env.executor(env.model).chunks(env.local_steps(cohort.ids))
-        return {_CORR: corrections, _CHUNK: {"chunks": chunks, "at": 0}}
-
-    def grad_hook(self, env, state, cohort):
-        """g + c_i for the active slots of the chunk the executor is training."""
-        corrections, pos = state[_CORR], state[_CHUNK]
-        cache: dict[tuple[int, int], list[torch.Tensor]] = {}
-
-        def corrected(names, params, grads, client_ids):
-            slots = pos["chunks"][pos["at"]][:len(client_ids)]
-            if not np.array_equal(cohort.ids[slots], client_ids):
-                raise RuntimeError("fedclg_c: the executor's chunks are not the expected ones")
-            key = (pos["at"], len(client_ids))
-            if key not in cache:
-                rows = torch.from_numpy(slots)
-                cache.clear()
-                cache[key] = [corrections[n].index_select(0, rows.to(corrections[n].device))
-                              for n in names]
-            return torch._foreach_add(grads, cache[key])
-        return corrected
-
-    def client_results(self, env, state, t, cohort, chunk):
-        state[_CHUNK]["at"] += 1
+        return _StepCorrection({n: g_s[n].unsqueeze(0) - g_i[n] for n in g_i})
 
 
-class FedCLGS(_FedCLG):
-    """FedCLG-S (paper 004 eq. 11): the correction is applied at aggregation."""
+class _StepCorrection(GradientRound):
+    def __init__(self, corrections):
+        self.corrections = corrections
+        self.cache: dict[bytes, list[torch.Tensor]] = {}
+
+    def update(self, names, params, grads, slots):
+        """g + c_i for the active slots."""
+        key = np.asarray(slots).tobytes()
+        if key not in self.cache:
+            rows = torch.from_numpy(np.asarray(slots, dtype=np.int64))
+            self.cache.clear()
+            self.cache[key] = [self.corrections[n].index_select(
+                0, rows.to(self.corrections[n].device)) for n in names]
+        return torch._foreach_add(grads, self.cache[key])
+
+
+class AggregateCorrection(CLGCorrection):
+    """FedCLG-S (eq. 11): the correction is applied at aggregation."""
 
     name = "fedclg_s"
-    reference = "Bian et al. (paper 004), FedCLG-S, Algorithm 1 and eq. 11"
+    reference = "Bian et al. (paper 004), FedCLG-S, eq. 11"
 
     @torch.no_grad()
-    def round_state(self, env, t, cohort, g_s, g_i) -> dict:
+    def correction(self, env, t, cohort, g_s, g_i, round_):
         """The uploaded g^i and eta w_i K_i per slot; eq. 11's correction is summed in
-        :meth:`server_update`, over the clients the aggregation kept."""
+        ``adjust``, over the clients the aggregation kept."""
         g_i = env.transport.upload("model", cohort.ids, g_i)
         coef = (torch.from_numpy(np.array(cohort.weights, dtype=np.float64))
                 * torch.from_numpy(env.local_steps(cohort.ids).astype(np.float64))
                 * float(env.lr(t)))
-        return {_CORR: {"g_s": g_s, "g_i": g_i, "coef": coef, "ids": cohort.ids}}
+        eta_g = getattr(round_.algorithm.server_steps[0].options, "global_lr", 1.0)
+        return _AggregateRound(env, eta_g, g_s, g_i, coef, cohort.ids)
+
+
+class _AggregateRound(GradientRound):
+    def __init__(self, env, global_lr, g_s, g_i, coef, ids):
+        self.env, self.eta_g, self.g_s, self.g_i, self.coef, self.ids = (
+            env, float(global_lr), g_s, g_i, coef, ids)
 
     @torch.no_grad()
-    def server_update(self, env, state, acc):
+    def adjust(self, model, acc):
         """x_t + eta_g sum_i w_i Delta_i, minus eta_g eta sum_i w_i K_i (g^s - g^i).
 
         With a round deadline the sum runs over the kept clients only, with the same
         renormalised weights as their Delta_i (docs/clock.md): a late client contributes
         neither its model delta nor its correction term."""
-        eta_g = float(self.options.global_lr)
-        out = acc.result(eta_g)
         if acc.count == 0:
-            return out
-        saved = state[_CORR]
-        keep = torch.from_numpy(env.clock.on_time(saved["ids"]))
-        coef = saved["coef"][keep] * acc.scale
-        for n, g in saved["g_i"].items():
+            return model
+        out = dict(model)
+        keep = torch.from_numpy(self.env.clock.on_time(self.ids))
+        coef = self.coef[keep] * acc.scale
+        for n, g in self.g_i.items():
             c = coef.to(g.device)
             kept = g[keep.to(g.device)].double()
-            corr = c.sum() * saved["g_s"][n].double() - torch.tensordot(c, kept, dims=1)
-            out[n] = (out[n].double() - eta_g * corr.to(out[n].device)).to(out[n].dtype)
+            corr = c.sum() * self.g_s[n].double() - torch.tensordot(c, kept, dims=1)
+            out[n] = (out[n].double() - self.eta_g * corr.to(out[n].device)).to(out[n].dtype)
         return out
+
+
+FedCLGC = variant("FedCLGC", FedAvg, name="fedclg_c", gradient=[ClientCorrection],
+                  server=[ServerTrain], distributed=False,
+                  reference="Bian et al. (paper 004), FedCLG-C, Algorithm 1 and eq. 10")
+FedCLGS = variant("FedCLGS", FedAvg, name="fedclg_s", gradient=[AggregateCorrection],
+                  server=[ServerTrain], distributed=False,
+                  reference="Bian et al. (paper 004), FedCLG-S, Algorithm 1 and eq. 11")

@@ -22,8 +22,11 @@ Options (defaults): ``server_optimizer`` "adam" (or "yogi", "adagrad"), ``server
 (= tau^2). beta1 = 0.9 and beta2 = 0.99 are the paper's experimental settings; the best
 eta and tau depend on the task (the paper grid-searches both).
 
+The server step is ``fedopt``, which every algorithm with clients takes
+(docs/transforms.md).
+
 Decisions (docs/design.md): the server optimizer state (m, v) lives in the algorithm state
-(``state["server_opt"]``) and persists across rounds; client optimizer state is fresh
+(``state["fedopt"]``) and persists across rounds; client optimizer state is fresh
 each round. The adaptive update acts on parameters only: BatchNorm buffers take FedAvg's
 aggregate (weighted average; integer counters the maximum). A round with an empty cohort
 keeps the model and the optimizer state. Communication is FedAvg's.
@@ -37,7 +40,8 @@ from typing import Literal
 import torch
 
 from splitfed.algorithms.fedavg import FedAvg
-from splitfed.engine.aggregate import DeltaAccumulator
+from splitfed.engine.algorithm import variant
+from splitfed.engine.transforms import ServerStep
 
 
 @dataclass
@@ -53,36 +57,28 @@ class FedOptOptions:
         "ge": 0, "help": "v_{-1} (null: tau^2)"})
 
 
-class FedOpt(FedAvg):
+class AdaptiveStep(ServerStep):
+    """Algorithm 2 lines 10-15 on the aggregated delta (module doc)."""
+
     name = "fedopt"
-    reference = "Reddi et al. 2021 (ICLR), Algorithm 2 (FedAdagrad, FedYogi, FedAdam)"
+    reference = "Reddi et al. 2021 (ICLR), Algorithm 2"
     Options = FedOptOptions
 
-    def init_state(self, env) -> dict:
-        state = super().init_state(env)
+    def init(self, env, params):
         o = self.options
         v0 = o.tau ** 2 if o.v_init is None else o.v_init
-        names = [n for n, _ in env.model.named_parameters()]
-        model = state["model"]
-        state["server_opt"] = {"m": {n: torch.zeros_like(model[n]) for n in names},
-                               "v": {n: torch.full_like(model[n], v0) for n in names}}
-        return state
-
-    def round(self, env, state, t, cohort):
-        # server_update stores the new (m, v) in this round's own copy of the optimizer
-        # dict, which the new state shares; the incoming state is left untouched.
-        return super().round(env, {**state, "server_opt": dict(state["server_opt"])},
-                             t, cohort)
+        return {"m": {n: torch.zeros_like(p) for n, p in params.items()},
+                "v": {n: torch.full_like(p, v0) for n, p in params.items()}}
 
     @torch.no_grad()
-    def server_update(self, env, state: dict, acc: DeltaAccumulator) -> dict:
+    def update(self, ctx, model):
         o = self.options
-        new = acc.result(1.0)          # buffers: FedAvg's aggregate
-        delta = acc.delta()
-        opt = state["server_opt"]
+        new = ctx.aggregate.result(1.0)          # buffers: FedAvg's aggregate
+        delta = ctx.aggregate.delta()
+        ref = ctx.aggregate.reference
         m_new, v_new = {}, {}
-        for name, m in opt["m"].items():
-            d, v = delta[name], opt["v"][name]
+        for name, m in ctx.state["m"].items():
+            d, v = delta[name], ctx.state["v"][name]
             d2 = d * d
             m = o.beta1 * m + (1 - o.beta1) * d
             if o.server_optimizer == "adagrad":
@@ -91,7 +87,11 @@ class FedOpt(FedAvg):
                 v = v - (1 - o.beta2) * d2 * torch.sign(v - d2)
             else:
                 v = o.beta2 * v + (1 - o.beta2) * d2
-            new[name] = state["model"][name] + o.server_lr * m / (v.sqrt() + o.tau)
+            new[name] = ref[name] + o.server_lr * m / (v.sqrt() + o.tau)
             m_new[name], v_new[name] = m, v
-        opt["m"], opt["v"] = m_new, v_new
+        ctx.state = {"m": m_new, "v": v_new}
         return new
+
+
+FedOpt = variant("FedOpt", FedAvg, name="fedopt", step=AdaptiveStep,
+                 reference="Reddi et al. 2021 (ICLR), Algorithm 2 (FedAdagrad, FedYogi, FedAdam)")

@@ -12,7 +12,8 @@ so every local SGD step uses the gradient g_n(x) + mu * (x - x_t):
 At the first local step x = x_t and the step is FedAvg's. The server aggregates exactly as
 FedAvg (``global_lr`` = eta_g, default 1; weights and participation modes as FedAvg).
 
-Options: ``mu`` (default 0.01, >= 0); ``mu = 0`` is FedAvg, bit for bit (no hook runs).
+Options: ``mu`` (default 0.01, >= 0); ``mu = 0`` is FedAvg, bit for bit (no hook runs);
+the term is the gradient transform ``prox`` of every algorithm (docs/transforms.md).
 
 Decisions (docs/design.md): the proximal term acts on parameters only; BatchNorm buffers are not
 parameters, are never pulled towards x_t and are averaged like parameters. The term is
@@ -30,27 +31,25 @@ from dataclasses import dataclass, field
 
 import torch
 
-from splitfed.algorithms.fedavg import FedAvg, FedAvgOptions
+from splitfed.algorithms.fedavg import FedAvg
+from splitfed.engine.algorithm import variant
+from splitfed.engine.transforms import GradientTransform
 
 
-@dataclass
-class FedProxOptions(FedAvgOptions):
-    mu: float = field(default=0.01, metadata={"ge": 0, "help": "proximal weight mu"})
+class Proximal(GradientTransform):
+    """g + mu (x - x_t) on every parameter, x_t the model the client started from."""
 
+    name, reference = "prox", "Li et al. 2020 (MLSys), eq. 2"
 
-class FedProx(FedAvg):
-    name = "fedprox"
-    reference = "Li et al. 2020 (MLSys), Algorithm 2, eq. 2"
-    Options = FedProxOptions
+    @dataclass
+    class Options:
+        mu: float = field(default=0.01, metadata={"ge": 0, "help": "proximal weight mu"})
 
-    def grad_hook(self, env, state, cohort):
-        """g + mu (x - x_t) on every parameter; None (plain SGD) when mu = 0."""
+    def start(self, env, state, t, cohort, round_):
         mu = float(self.options.mu)
-        if mu == 0.0:
-            return None
-        anchor = state["model"]
+        return None if mu == 0.0 else lambda names, params, grads, slots: [
+            torch.add(g, p - round_.start[n], alpha=mu) for n, p, g in zip(names, params, grads)]
 
-        def proximal(names, params, grads, client_ids):
-            return [torch.add(g, p - anchor[n], alpha=mu)
-                    for n, p, g in zip(names, params, grads)]
-        return proximal
+
+FedProx = variant("FedProx", FedAvg, name="fedprox", gradient=[Proximal],
+                  reference="Li et al. 2020 (MLSys), Algorithm 2, eq. 2")

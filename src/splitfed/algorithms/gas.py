@@ -71,9 +71,9 @@ import numpy as np
 import torch
 
 from splitfed.engine import zo
-from splitfed.engine.aggregate import DeltaAccumulator
 from splitfed.engine.algorithm import Algorithm
 from splitfed.engine.clock import CLIENT, SERVER, EventQueue
+from splitfed.engine.rounds import Round
 from splitfed.engine.split import SplitModel, per_client_loss
 from splitfed.engine.stacked import ForwardCopies
 from splitfed.models import output_shape
@@ -188,11 +188,6 @@ class GAS(Algorithm):
     distributed = True
     split = True
     asynchronous = True
-    # zeroth-order: one ZO step per upload needs many more rounds than first-order methods
-    conformance_overrides = {"rounds": 40, "eval_every": 10,
-                             "algorithm": {"server_lr": 0.02},
-                             "train": {"batch_size": 16, "local_steps": 4,
-                                       "local_epochs": None, "lr": 0.01}}
 
     def init_state(self, env) -> dict:
         parts = SplitModel.of(env)
@@ -202,19 +197,20 @@ class GAS(Algorithm):
 
     @torch.no_grad()
     def round(self, env, state, t, cohort):
-        if cohort.is_empty():
-            return state, {}
-        o, tr = self.options, env.config.train
-        parts = SplitModel.of(env)
-        ids, n = cohort.ids, cohort.size
-        steps = env.local_steps(ids)
+        rnd = Round(self, env, state, t, cohort)
+        if rnd.empty:
+            return rnd.finish()
+        o, parts = self.options, SplitModel.of(env)
+        ids, n, steps = cohort.ids, cohort.size, rnd.steps
         plans = env.executor(parts.client).plans(ids, steps, env.streams.numpy("batches"))
         base = int(env.streams.numpy("zo").integers(2**62))
         gen = torch.Generator().manual_seed(int(env.streams.numpy("gas").integers(2**62)))
-        start = env.transport.broadcast("model", ids, parts.client_state(state["model"]))
-        client = ForwardCopies(parts.client, start, n, clock=env.clock, role=CLIENT, ids=ids)
+        start = rnd.send(parts.client_state(state["model"]))
+        client = ForwardCopies(parts.client, start, n, clock=env.clock, role=CLIENT, ids=ids,
+                               placement=env.placement)
         server = ForwardCopies(parts.server, parts.server_state(state["model"]), 1,
-                               clock=env.clock, role=SERVER, ids=ids[:1])
+                               clock=env.clock, role=SERVER, ids=ids[:1],
+                               placement=env.placement)
         stats = {k: v.clone() for k, v in state["stats"].items()}
         size = o.buffer_size or n
         buffer = [] if state["buffer"] is None else [(int(c), h, y) for c, h, y in zip(
@@ -264,23 +260,19 @@ class GAS(Algorithm):
             else:
                 uploads[i] = env.transport.upload(
                     "model", [cid], {key: v[i:i + 1] for key, v in client.state.items()})
-        acc = DeltaAccumulator(parts.client_state(state["model"]),
-                               renormalise=env.clock.renormalise)
         done = sorted(uploads)
         if done:
-            stacked = {key: torch.cat([uploads[i][key] for i in done]) for key in uploads[done[0]]}
-            acc.add(torch.tensor(cohort.weights[done], dtype=torch.float64), stacked,
-                    keep=env.clock.on_time(ids[done]))
-        model = {**acc.result(o.global_lr),
-                 **{k: v[0].clone() for k, v in server.state.items()}}
+            rnd.add(np.array(done), {key: torch.cat([uploads[i][key] for i in done])
+                                     for key in uploads[done[0]]})
         kept = None if not buffer else {
             "ids": torch.tensor([c for c, _, _ in buffer]),
             "h": torch.stack([h for _, h, _ in buffer]), "y": torch.stack([y for *_, y in buffer])}
-        metrics = {"train_loss": float(np.mean(losses)) if losses else float("nan"),
-                   "samples": int(steps.sum()) * tr.batch_size, "server_samples": server_samples,
-                   "server_steps": server_steps - int(state["server_steps"])}
-        return ({**state, "model": model, "stats": stats, "buffer": kept,
-                 "server_steps": server_steps}, metrics)
+        server_state = {k: v[0].clone() for k, v in server.state.items()}
+        return rnd.finish(state={"model": server_state, "stats": stats, "buffer": kept,
+                                 "server_steps": server_steps},
+                          train_loss=float(np.mean(losses)) if losses else float("nan"),
+                          server_samples=server_samples,
+                          metrics={"server_steps": server_steps - int(state["server_steps"])})
 
     def _server_step(self, env, server: ForwardCopies, stats: dict, buffer, step: int, cid: int,
                      base: int, gen: torch.Generator) -> int:

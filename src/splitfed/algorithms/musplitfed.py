@@ -57,10 +57,10 @@ import numpy as np
 import torch
 
 from splitfed.engine import zo
-from splitfed.engine.aggregate import DeltaAccumulator
 from splitfed.engine.algorithm import Algorithm
 from splitfed.engine.clock import CLIENT, SERVER_COPY
 from splitfed.engine.flops import TRAIN_FACTOR
+from splitfed.engine.rounds import Round
 from splitfed.engine.split import SplitModel, per_client_loss, return_gradients
 from splitfed.engine.stacked import ForwardCopies
 from splitfed.rng import derive_seed
@@ -99,19 +99,16 @@ class MUSplitFed(Algorithm):
     Options = MUSplitFedOptions
     distributed = True
     split = True
-    # zeroth-order: one ZO step per round needs many more rounds than first-order methods
-    conformance_overrides = {"rounds": 60, "eval_every": 10,
-                             "algorithm": {"server_lr": 0.05, "global_lr": 1.0},
-                             "train": {"batch_size": 32, "local_steps": 1,
-                                       "local_epochs": None, "lr": 0.02}}
+    aggregates_all = True                 # client copies and server copies, eta_g
 
     def _seeds(self, base: int, side: str, step: int) -> list[int]:
         return [derive_seed(base, f"{side}/{step}/{j}") for j in range(self.options.directions)]
 
     @torch.no_grad()
     def round(self, env, state, t, cohort):
-        if cohort.is_empty():
-            return state, {}
+        rnd = Round(self, env, state, t, cohort)
+        if rnd.empty:
+            return rnd.finish()
         o, tr = self.options, env.config.train
         parts = SplitModel.of(env)
         ids, n = cohort.ids, cohort.size
@@ -120,10 +117,12 @@ class MUSplitFed(Algorithm):
                                                          env.streams.numpy("batches")))
         rows = torch.from_numpy(rows[:, 0]).to(env.device)
         x, y = env.data.train.x[rows], env.data.train.y[rows]
-        start = env.transport.broadcast("model", ids, parts.client_state(state["model"]))
-        client = ForwardCopies(parts.client, start, n, clock=env.clock, role=CLIENT, ids=ids)
+        start = rnd.send(parts.client_state(state["model"]))
+        client = ForwardCopies(parts.client, start, n, clock=env.clock, role=CLIENT, ids=ids,
+                               placement=env.placement)
         server = ForwardCopies(parts.server, parts.server_state(state["model"]), n,
-                               clock=env.clock, role=SERVER_COPY, ids=ids)
+                               clock=env.clock, role=SERVER_COPY, ids=ids,
+                               placement=env.placement)
         lam, c_seeds = o.smoothing, self._seeds(base, "client", 0)
         h = client.forward(x, update_stats=True)
         sent, scales = [h], []
@@ -139,16 +138,10 @@ class MUSplitFed(Algorithm):
         self._client_step(env, client, server, received, y_s, ids, c_seeds, scales, x,
                           env.lr(t))
         up = env.transport.upload("model", ids, client.state)
-        weights = torch.tensor(cohort.weights, dtype=torch.float64)
-        renorm, keep = env.clock.renormalise, env.clock.on_time(ids)
-        c_acc = DeltaAccumulator(parts.client_state(state["model"]), renormalise=renorm)
-        s_acc = DeltaAccumulator(parts.server_state(state["model"]), renormalise=renorm)
-        c_acc.add(weights, up, keep=keep)
-        s_acc.add(weights, server.state, keep=keep)
-        model = {**c_acc.result(o.global_lr), **s_acc.result(o.global_lr)}
-        return ({**state, "model": model},
-                {"train_loss": float(losses.mean()), "samples": n * tr.batch_size,
-                 "tau": tau})
+        rnd.aggregate_against(state["model"])       # client copies and server copies
+        rnd.add(np.arange(n), {**up, **server.state})
+        return rnd.finish(train_loss=float(losses.mean()), samples=n * tr.batch_size,
+                          metrics={"tau": tau})
 
     def _adaptive_tau(self, env, ids, server_module, h) -> int:
         """Paper 001 eq. (12): tau = t_straggler / t_server, rounded down, in [1, max_tau].

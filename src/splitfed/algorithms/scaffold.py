@@ -25,12 +25,13 @@ c = sum_n a_n c_n, so that c - c_i estimates grad f - grad f_i for the objective
 f = sum_n a_n f_n that the weighted model update descends. Under bernoulli participation c
 still uses a_i (not a_i / q_i): the server knows exactly which controls changed.
 
-Decisions (docs/design.md and what the paper leaves open):
+The controls are the gradient transform ``scaffold`` (docs/transforms.md). Decisions
+(docs/design.md and what the paper leaves open):
 
 - Controls are kept for parameters only, never for BatchNorm buffers (those are averaged
-  like parameters by FedAvg's aggregation). ``state["control"]`` holds c and
-  ``state["client_controls"]`` the stacked c_i, [N, ...] per parameter (the clients' own
-  memory, simulated on the server side).
+  like parameters by FedAvg's aggregation). ``state["scaffold"]["control"]`` holds c
+  and ``state["scaffold"]["client_controls"]`` the stacked c_i, [N, ...] per parameter
+  (the clients' own memory, simulated on the server side).
 - Communication doubles: c is broadcast with the model and the control deltas are uploaded
   with it, both as ``model`` transfers, so the ledger shows 2x FedAvg's model bytes (for a
   model without buffers).
@@ -54,75 +55,70 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from splitfed.algorithms.fedavg import FedAvg, FedAvgOptions
+from splitfed.algorithms.fedavg import FedAvg
+from splitfed.engine.algorithm import variant
 from splitfed.engine.participation import base_weights
+from splitfed.engine.transforms import GradientRound, GradientTransform
 
-_ROUND = "control_deltas"    # this round's uploaded c_i^+ - c_i per slot, [S, ...]
 
+class ScaffoldControls(GradientTransform):
+    """SCAFFOLD's control variates on the clients' trained part (module doc)."""
 
-class Scaffold(FedAvg):
     name = "scaffold"
-    reference = "Karimireddy et al. 2020 (ICML), Algorithm 1, option II control variates"
-    Options = FedAvgOptions
+    reference = "Karimireddy et al. 2020 (ICML), Algorithm 1, option II"
 
-    def init_state(self, env) -> dict:
-        state = super().init_state(env)
-        names = [n for n, _ in env.model.named_parameters()]
-        model, n = state["model"], env.num_clients
-        state["control"] = {k: torch.zeros_like(model[k]) for k in names}
-        state["client_controls"] = {k: model[k].new_zeros(n, *model[k].shape) for k in names}
-        return state
+    def init(self, env, params):
+        n = env.num_clients
+        return {"control": {k: torch.zeros_like(v) for k, v in params.items()},
+                "client_controls": {k: v.new_zeros(n, *v.shape) for k, v in params.items()}}
 
-    def round(self, env, state, t, cohort):
-        if cohort.is_empty():
-            return state, {}
+    def start(self, env, state, t, cohort, round_):
         c = env.transport.broadcast("model", cohort.ids, state["control"])
-        deltas = {k: v.new_zeros(cohort.size, *v.shape) for k, v in c.items()}
-        new, metrics = super().round(env, {**state, "control": c, _ROUND: deltas},
-                                     t, cohort)
-        del new[_ROUND]
-        new.update(self._update_controls(env, state, cohort, deltas))
-        return new, metrics
+        return _ControlRound(env, state, c, t, cohort)
 
-    def grad_hook(self, env, state, cohort):
-        """g + c - c_i for the active clients (corrections cached per id pattern)."""
-        c, ci = state["control"], state["client_controls"]
-        cache: dict[bytes, list[torch.Tensor]] = {}
 
-        def corrected(names, params, grads, client_ids):
-            key = np.asarray(client_ids).tobytes()
-            if key not in cache:
-                rows = torch.from_numpy(np.asarray(client_ids, dtype=np.int64))
-                cache[key] = [c[n] - ci[n].index_select(0, rows.to(ci[n].device))
-                              for n in names]
-            return torch._foreach_add(grads, cache[key])
-        return corrected
+class _ControlRound(GradientRound):
+    def __init__(self, env, state, c, t, cohort):
+        self.env, self.state, self.c, self.t, self.cohort = env, state, c, t, cohort
+        self.deltas = {k: v.new_zeros(cohort.size, *v.shape) for k, v in c.items()}
+        self.cache: dict[bytes, list[torch.Tensor]] = {}
+
+    def update(self, names, params, grads, slots):
+        """g + c - c_i for the active clients (corrections cached per slot pattern)."""
+        key = np.asarray(slots).tobytes()
+        if key not in self.cache:
+            ci = self.state["client_controls"]
+            rows = torch.from_numpy(np.asarray(self.cohort.ids[slots], dtype=np.int64))
+            self.cache[key] = [self.c[n] - ci[n].index_select(0, rows.to(ci[n].device))
+                               for n in names]
+        return torch._foreach_add(grads, self.cache[key])
 
     @torch.no_grad()
-    def client_results(self, env, state, t, cohort, chunk):
+    def collect(self, slots, final):
         """Option II: c_i^+ - c_i = (x - y_i) / (K_i eta_l) - c, uploaded per slot."""
-        steps = env.local_steps(cohort.ids)[chunk.slots]
-        c, x = state["control"], state["model"]
-        scale = torch.from_numpy(1.0 / (steps * float(env.lr(t))))
+        env, ids = self.env, self.cohort.ids[slots]
+        steps = env.local_steps(self.cohort.ids)[slots]
+        x, scale = self.start, torch.from_numpy(1.0 / (steps * float(env.lr(self.t))))
         dc = {}
-        for name, cn in c.items():
+        for name, cn in self.c.items():
             s = scale.to(cn).view(-1, *([1] * cn.dim()))
-            dc[name] = (x[name] - chunk.state[name]) * s - cn
-        on_time = env.clock.on_time(chunk.client_ids)   # as decided for the model upload
-        uploaded = env.transport.upload("model", chunk.client_ids, dc)
-        slots = torch.from_numpy(chunk.slots[on_time])
-        for name, rows in state[_ROUND].items():
-            rows[slots.to(rows.device)] = uploaded[name][torch.from_numpy(on_time)]
+            dc[name] = (x[name] - final[name]) * s - cn
+        on_time = env.clock.on_time(ids)   # as decided for the model upload
+        uploaded = env.transport.upload("model", ids, dc)
+        rows = torch.from_numpy(np.asarray(slots)[on_time])
+        for name, d in self.deltas.items():
+            d[rows.to(d.device)] = uploaded[name][torch.from_numpy(on_time)]
 
     @torch.no_grad()
-    def _update_controls(self, env, state, cohort, deltas) -> dict:
+    def finish(self):
         """c_i <- c_i + Delta c_i (mean over a client's slots); c <- c + sum a_i Delta c_i."""
-        ids, inverse = np.unique(cohort.ids, return_inverse=True)
+        env, state = self.env, self.state
+        ids, inverse = np.unique(self.cohort.ids, return_inverse=True)
         counts = torch.from_numpy(np.bincount(inverse))
         a = torch.from_numpy(base_weights(env.data_sizes, env.config.participation.weighting))
         rows, inv = torch.from_numpy(ids), torch.from_numpy(inverse.reshape(-1))
         control, clients = {}, {}
-        for name, d in deltas.items():
+        for name, d in self.deltas.items():
             per_client = d.new_zeros(len(ids), *d.shape[1:]).index_add_(0, inv.to(d.device), d)
             per_client /= counts.to(d).view(-1, *([1] * (d.dim() - 1)))
             ci = state["client_controls"][name]
@@ -130,3 +126,7 @@ class Scaffold(FedAvg):
             w = a[rows].to(per_client)
             control[name] = state["control"][name] + torch.tensordot(w, per_client, dims=1)
         return {"control": control, "client_controls": clients}
+
+
+Scaffold = variant("Scaffold", FedAvg, name="scaffold", gradient=[ScaffoldControls],
+                   reference="Karimireddy et al. 2020 (ICML), Algorithm 1, option II")

@@ -17,13 +17,12 @@ SCAFFOLD+ is SCAFFOLD exactly.
 
 from __future__ import annotations
 
-from splitfed.algorithms.clgsgd import HybridOptions
-from splitfed.algorithms.scaffold import Scaffold
-from splitfed.algorithms.server_only import ServerTraining
+from splitfed.algorithms.fedavg import FedAvg
+from splitfed.algorithms.scaffold import ScaffoldControls
+from splitfed.algorithms.server_only import ServerTrain
+from splitfed.engine.algorithm import variant
 
-
-class ScaffoldPlus(ServerTraining, Scaffold):
-    name = "scaffold_plus"
-    reference = ("Bian et al. (paper 004), Sec. VI baseline SCAFFOLD+: SCAFFOLD "
-                 "(Karimireddy et al. 2020, option II) then eq. 5")
-    Options = HybridOptions
+ScaffoldPlus = variant(
+    "ScaffoldPlus", FedAvg, name="scaffold_plus", gradient=[ScaffoldControls],
+    server=[ServerTrain], reference="Bian et al. (paper 004), Sec. VI baseline SCAFFOLD+: "
+    "SCAFFOLD (Karimireddy et al. 2020, option II) then eq. 5")

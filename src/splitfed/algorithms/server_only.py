@@ -9,7 +9,8 @@ Each round t the server holds D_s^t: m_s samples drawn from its pool
 
 with g^s_e the gradient on a minibatch of D_s^t (on all of D_s^t with
 ``server_data.full_batch``). Server-only applies it to the global model alone, without
-clients (x^s = x_t); CLG-SGD, FedCLG and SCAFFOLD+ apply it after their aggregation.
+clients (x^s = x_t); CLG-SGD, FedCLG and SCAFFOLD+ apply it after their aggregation, as
+the server step ``server_train`` (docs/transforms.md).
 
 Options (:class:`ServerTrainingOptions`):
 
@@ -46,7 +47,9 @@ import torch.nn.functional as F
 from splitfed.engine.algorithm import Algorithm
 from splitfed.engine.batches import batch_plan, local_step_counts
 from splitfed.engine.clock import SERVER
-from splitfed.engine.stacked import StackedModel
+from splitfed.engine.participation import Cohort
+from splitfed.engine.rounds import Round, RoundResult
+from splitfed.engine.transforms import ServerStep
 from splitfed.errors import ConfigError
 
 
@@ -70,96 +73,78 @@ class ServerTrainingOptions:
                               f"{self.server_epochs}); set the other to null")
 
 
-class ServerTraining:
-    """Mixin: D_s^t each round, client work (the next class's ``round``), then eq. (5)."""
+class ServerTrain(ServerStep):
+    """Eq. (5) on the round's model: E SGD steps on D_s^t at rate gamma_t (module doc)."""
 
-    #: build_environment carves the server's pool for algorithms that set this
+    name = "server_train"
+    reference = "Bian et al. (paper 004), eq. 5"
+    Options = ServerTrainingOptions
     needs_server_data = True
+    aggregates = False
+    on_empty = True
 
-    def round(self, env, state, t, cohort):
-        rows = self.draw_server_data(env)
-        new, metrics = self.client_round(env, state, t, cohort, rows)
-        new, server = self.server_train(env, new, t, rows)
-        out = {**metrics, **server}
-        if "server_samples" in metrics or "server_samples" in server:
-            out["server_samples"] = (metrics.get("server_samples", 0)
-                                     + server.get("server_samples", 0))
-        return new, out
-
-    def client_round(self, env, state, t, cohort, rows):
-        """The clients' part of the round (FedAvg's or SCAFFOLD's round by default)."""
-        return super().round(env, state, t, cohort)
-
-    # ------------------------------------------------------------------ server data
-
-    def _server(self, env):
-        if env.server_data is None:
-            raise ConfigError(f"algorithm {self.name!r} needs server data, but the "
-                              "environment has none (build it with build_environment)")
-        return env.server_data
+    @property
+    def key(self) -> str:
+        return "server_momentum"          # the server's momentum buffers, when it has some
 
     def checkpoint_template(self, env, template: dict, saved: dict) -> dict:
         """The server's momentum buffers exist from its first step with momentum on."""
-        template = super().checkpoint_template(env, template, saved)
         if isinstance(saved, dict) and "server_momentum" in saved and "model" in template:
             names = [k for k, p in env.model.named_parameters() if p.requires_grad]
             template = {**template, "server_momentum": {n: template["model"][n] for n in names}}
         return template
 
-    def draw_server_data(self, env) -> np.ndarray:
-        """D_s^t: indices into the training set."""
-        return self._server(env).draw(env.streams.numpy("server_data"))
-
-    def server_batch_size(self, env) -> int:
+    def batch_size(self, env) -> int:
         return int(self.options.server_batch_size or env.config.train.batch_size)
 
-    def server_batches(self, env, rows: np.ndarray, steps: int) -> np.ndarray:
+    def batches(self, env, rows: np.ndarray, steps: int) -> np.ndarray:
         """[steps, B_s] minibatches of D_s^t, or D_s^t itself per step (full batch)."""
-        if self._server(env).full_batch:
+        if env.server_data.full_batch:
             return np.tile(rows, (steps, 1))
-        return batch_plan(rows, steps, self.server_batch_size(env),
-                          env.streams.numpy("server_data"))
+        return batch_plan(rows, steps, self.batch_size(env), env.streams.numpy("server_data"))
 
-    def server_step_count(self, env, rows: np.ndarray) -> int:
+    def step_count(self, env, rows: np.ndarray) -> int:
         o = self.options
         if o.server_steps is not None:
             return int(o.server_steps)
         if o.server_epochs == 0:
             return 0
-        batch = len(rows) if self._server(env).full_batch else self.server_batch_size(env)
+        batch = len(rows) if env.server_data.full_batch else self.batch_size(env)
         return int(local_step_counts(np.array([len(rows)]), batch, None, o.server_epochs)[0])
 
-    # ------------------------------------------------------------------ eq. (5)
-
-    def server_train(self, env, state: dict, t: int, rows: np.ndarray):
+    def update(self, ctx, model):
         """E SGD steps of the global model on D_s^t at rate gamma_t (eq. 5)."""
-        steps = self.server_step_count(env, rows)
+        env, rows = ctx.env, ctx.round.server_rows
+        steps = self.step_count(env, rows)
         if steps == 0:
-            return state, {}
-        plan = self.server_batches(env, rows, steps)
-        tr, server = env.config.train, self._server(env)
-        model = StackedModel(env.model, state["model"], 1, momentum=tr.momentum,
-                             weight_decay=tr.weight_decay, clock=env.clock,
-                             ids=np.zeros(0, dtype=np.int64), role=SERVER)  # no client
-        names = model.param_names
-        if "server_momentum" in state:
-            model.opt.buffers = [state["server_momentum"][n].unsqueeze(0).clone()
-                                 for n in names]
-        lr = env.lr(t, self.options.server_lr)
+            return model
+        plan = self.batches(env, rows, steps)
+        tr, server = env.config.train, env.server_data
+        net = env.stacked(env.model, model, 1, momentum=tr.momentum,
+                          weight_decay=tr.weight_decay, ids=np.zeros(0, dtype=np.int64),
+                          role=SERVER)  # no client
+        names = net.param_names
+        if ctx.state is not None:
+            net.opt.buffers = [ctx.state[n].unsqueeze(0).clone() for n in names]
+        lr = env.lr(ctx.t, self.options.server_lr)
         x, y = server.x, server.y
         total = torch.zeros((), dtype=torch.float64)
         for batch in torch.from_numpy(plan).to(x.device):
-            out = model.forward(x[batch].unsqueeze(0))
+            out = net.forward(x[batch].unsqueeze(0))
             loss = F.cross_entropy(out[0], y[batch])
-            model.step(loss, lr=lr)
+            net.step(loss, lr=lr)
             total += loss.detach().double().cpu()
-        new = {**state, "model": {k: v[0].clone() for k, v in model.final().items()}}
-        if model.opt.buffers is not None:
-            new["server_momentum"] = {n: b[0].clone() for n, b in zip(names, model.opt.buffers)}
-        return new, {"server_loss": float(total) / steps, "server_samples": plan.size}
+        if net.opt.buffers is not None:
+            ctx.state = {n: b[0].clone() for n, b in zip(names, net.opt.buffers)}
+        ctx.metrics["server_loss"] = float(total) / steps
+        ctx.server_samples += plan.size
+        return {k: v[0].clone() for k, v in net.final().items()}
 
 
-class ServerOnly(ServerTraining, Algorithm):
+NOBODY = Cohort(np.zeros(0, dtype=np.int64), np.zeros(0))
+
+
+class ServerOnly(Algorithm):
     """Paper 004 Sec. VI baseline (1): the server trains on D_s^t alone (eq. 5 from x_t)."""
 
     name = "server_only"
@@ -168,10 +153,13 @@ class ServerOnly(ServerTraining, Algorithm):
     federated = False
     distributed = True
 
+    def transforms(self):
+        return [], [ServerTrain(self.options)]
+
     def round(self, env, state, t, cohort):
-        rows = self.draw_server_data(env)
-        new, server = self.server_train(env, state, t, rows)
-        if not server:
-            return new, {}
-        return new, {"train_loss": server["server_loss"],
-                     "samples": server["server_samples"]}
+        rnd = Round(self, env, state, t, NOBODY)   # the server alone
+        result = rnd.finish()
+        if not result.server_samples:
+            return result
+        return RoundResult(result.state, result.metrics["server_loss"],
+                           result.server_samples)

@@ -25,6 +25,11 @@ Simulated time (docs/clock.md): each server copy runs on its client's own server
 With a round deadline, a client whose model arrives late is left out of the final
 aggregation of both sides (its server copy too); the mid-round server averages of
 ``server_period`` include every copy.
+
+Transforms (:mod:`splitfed.engine.transforms`): a gradient transform corrects the
+clients' local steps on the client-side model; the server steps act on the whole
+aggregate, client-side and server-side copies together (SFL-V1 with a FedAdam server
+step is FedAdam on the whole model when tau_tilde = tau).
 """
 
 from __future__ import annotations
@@ -38,9 +43,8 @@ import torch
 from splitfed.engine.aggregate import DeltaAccumulator
 from splitfed.engine.algorithm import Algorithm
 from splitfed.engine.clock import SERVER_COPY
-from splitfed.engine.split import (SplitModel, per_client_loss, return_gradients,
-                                   send_activations)
-from splitfed.engine.stacked import StackedModel
+from splitfed.engine.rounds import Round
+from splitfed.engine.split import SplitModel, per_client_loss, return_gradients, send_activations
 from splitfed.errors import ConfigError
 
 
@@ -58,16 +62,15 @@ class _Chunk:
     """One chunk of the cohort: stacked client models and their stacked server copies."""
 
     def __init__(self, parts: SplitModel, client_start, server_start, slots, ids, steps,
-                 plans, tr, clock):
+                 plans, tr, env):
         n = len(slots)
         self.slots, self.ids, self.steps, self.plans = slots, ids, steps, plans
-        kw = {"momentum": tr.momentum, "weight_decay": tr.weight_decay, "clock": clock,
-              "ids": ids}
-        self.client = StackedModel(parts.client, client_start, n, **kw)
-        self.server = StackedModel(parts.server, server_start, n, role=SERVER_COPY, **kw)
+        kw = {"momentum": tr.momentum, "weight_decay": tr.weight_decay, "ids": ids}
+        self.client = env.stacked(parts.client, client_start, n, **kw)
+        self.server = env.stacked(parts.server, server_start, n, role=SERVER_COPY, **kw)
         self.loss_sum = torch.zeros(n, dtype=torch.float64)
 
-    def iterate(self, env, k: int, lr: float, server_lr: float) -> None:
+    def iterate(self, env, k: int, lr: float, server_lr: float, hook=None) -> None:
         """Local iteration ``k`` of every client in the chunk that is still working."""
         a = int((self.steps > k).sum())
         if a == 0:
@@ -79,7 +82,8 @@ class _Chunk:
         h, y_server = send_activations(env, ids, acts, y)
         losses = per_client_loss(self.server.forward(h, a), y_server)
         (grad_h,) = self.server.step(losses.sum(), lr=server_lr, extra_inputs=[h])
-        self.client.step(acts, return_gradients(env, ids, grad_h), lr=lr)
+        self.client.step(acts, return_gradients(env, ids, grad_h), lr=lr,
+                         ids=self.slots[:a], hook=hook)
         self.loss_sum[:a] += losses.detach().to(torch.float64).cpu()
 
 
@@ -89,6 +93,8 @@ class SFLV1(Algorithm):
     Options = SFLV1Options
     distributed = True
     split = True
+    uses_transforms = True
+    aggregates_all = True                 # client-side and server-side copies alike
 
     def server_copies(self, env, cohort) -> int:
         return cohort.size                # one server-side copy per participating slot
@@ -107,60 +113,47 @@ class SFLV1(Algorithm):
                               f"local steps, which must be equal for all clients (got "
                               f"{sorted(set(steps.tolist()))}); use train.local_steps")
 
-    def _chunks(self, env, parts, state, cohort, steps):
-        executor = env.executor(parts.client)
-        plans = executor.plans(cohort.ids, steps, env.streams.numpy("batches"))
-        client_start = env.transport.broadcast("model", cohort.ids,
-                                               parts.client_state(state["model"]))
-        server_start = parts.server_state(state["model"])
-        for slots in executor.chunks(steps):
-            yield _Chunk(parts, client_start, server_start, slots, cohort.ids[slots],
-                         steps[slots], [plans[s] for s in slots], env.config.train,
-                         env.clock)
-
     def round(self, env, state, t, cohort):
-        if cohort.is_empty():
-            return state, {}
-        tr = env.config.train
+        rnd = Round(self, env, state, t, cohort)
+        if rnd.empty:
+            return rnd.finish()
         lr, server_lr = env.lr(t), env.lr(t, self.options.server_lr)
         parts = SplitModel.of(env)
-        steps = env.local_steps(cohort.ids)
+        steps = rnd.steps
         period = self.options.server_period
         if period is not None and (len(set(steps.tolist())) > 1 or steps[0] % period):
             raise ConfigError(f"algorithm.server_period={period} must divide the number of "
                               f"local steps, which must be equal for all clients "
                               f"(got {sorted(set(steps.tolist()))}); use train.local_steps")
-        weights = torch.tensor(cohort.weights, dtype=torch.float64)
         server_global = parts.server_state(state["model"])
-        chunks = self._chunks(env, parts, state, cohort, steps)
+        executor = env.executor(parts.client)
+        plans = executor.plans(cohort.ids, steps, env.streams.numpy("batches"))
+        client_start = rnd.send(parts.client_state(state["model"]))
+        chunks = (_Chunk(parts, client_start, server_global, slots, cohort.ids[slots],
+                         steps[slots], [plans[s] for s in slots], env.config.train, env)
+                  for slots in executor.chunks(steps))
+        hook = rnd.hook
         if period is None or period >= steps[0]:
             done = []
             for chunk in chunks:          # one chunk at a time: bounded memory
                 for k in range(int(chunk.steps[0])):
-                    chunk.iterate(env, k, lr, server_lr)
+                    chunk.iterate(env, k, lr, server_lr, hook)
                 done.append(self._finish_chunk(env, chunk))
         else:
             chunks = list(chunks)         # lockstep: server copies averaged mid-round
             for k in range(int(steps[0])):
                 for chunk in chunks:
-                    chunk.iterate(env, k, lr, server_lr)
+                    chunk.iterate(env, k, lr, server_lr, hook)
                 if (k + 1) % period == 0 and k + 1 < steps[0]:
-                    server_global = self._average_servers(chunks, weights, server_global)
+                    server_global = self._average_servers(chunks, rnd.weights, server_global)
             done = [self._finish_chunk(env, c) for c in chunks]
-        renorm = env.clock.renormalise
-        client_acc = DeltaAccumulator(parts.client_state(state["model"]), renormalise=renorm)
-        server_acc = DeltaAccumulator(server_global, renormalise=renorm)
-        losses = torch.zeros(cohort.size, dtype=torch.float64)
+        # the server part's delta is taken from its last average (x_t without mid-round ones)
+        rnd.aggregate_against({**parts.client_state(state["model"]), **server_global})
         for chunk, uploaded in done:
-            w = weights[torch.from_numpy(chunk.slots)]
-            keep = env.clock.on_time(chunk.ids)
-            client_acc.add(w, uploaded, keep=keep)
-            server_acc.add(w, chunk.server.final(), keep=keep)
-            losses[torch.from_numpy(chunk.slots)] = chunk.loss_sum / torch.from_numpy(
-                chunk.steps).to(torch.float64)
-        model = {**client_acc.result(), **server_acc.result()}
-        return {**state, "model": model}, {"train_loss": float(losses.mean()),
-                                          "samples": int(steps.sum()) * tr.batch_size}
+            rnd.add(chunk.slots, {**uploaded, **chunk.server.final()},
+                    chunk.loss_sum / torch.from_numpy(chunk.steps).to(torch.float64))
+            rnd.collect(chunk.slots, chunk.client.final())
+        return rnd.finish()
 
     @staticmethod
     def _finish_chunk(env, chunk):

@@ -25,6 +25,11 @@ Simulated time (docs/clock.md): the server's steps
 (:func:`~splitfed.engine.split.server_step`) run on its shared lane in the order above.
 With a round deadline, a client whose model arrives late is left out of the client-side
 aggregation; the server keeps every update it made with that client's activations.
+
+Transforms (:mod:`splitfed.engine.transforms`) act on the client side: a gradient
+transform corrects the clients' local steps (FedProx's proximal term, SCAFFOLD's controls
+on the client-side model), a server step moves the aggregated client-side model; the
+server-side model is trained by the server's own steps above.
 """
 
 from __future__ import annotations
@@ -35,11 +40,10 @@ from typing import Literal, Optional
 import numpy as np
 import torch
 
-from splitfed.engine.aggregate import DeltaAccumulator
 from splitfed.engine.algorithm import Algorithm
+from splitfed.engine.rounds import Round
 from splitfed.engine.split import (SplitModel, participation_probability, return_gradients,
                                    send_activations, server_step, sgd)
-from splitfed.engine.stacked import StackedModel
 
 
 @dataclass
@@ -57,20 +61,21 @@ class SFLV2(Algorithm):
     Options = SFLV2Options
     distributed = True
     split = True
+    uses_transforms = True
 
     def init_state(self, env) -> dict:
         return {**super().init_state(env), "server_opt": None}
 
     def round(self, env, state, t, cohort):
-        if cohort.is_empty():
-            return state, {}
+        rnd = Round(self, env, state, t, cohort)
+        if rnd.empty:
+            return rnd.finish()
         tr = env.config.train
         parts = SplitModel.of(env)
-        steps = env.local_steps(cohort.ids)
+        steps = rnd.steps
         executor = env.executor(parts.client)
         plans = executor.plans(cohort.ids, steps, env.streams.numpy("batches"))
-        client_start = env.transport.broadcast("model", cohort.ids,
-                                               parts.client_state(state["model"]))
+        client_start = rnd.send(parts.client_state(state["model"]))
         server = parts.server_module(parts.server_state(state["model"]))
         opt = sgd(server, env, state["server_opt"])
         server_lr = env.lr(t, self.options.server_lr) / participation_probability(
@@ -81,9 +86,9 @@ class SFLV2(Algorithm):
             groups = executor.chunks(steps)
         else:
             groups = [np.array([s]) for s in rng.permutation(cohort.size)]
-        clients = [StackedModel(parts.client, client_start, len(g), clock=env.clock,
-                                ids=cohort.ids[g], **kw) for g in groups]
-        losses = torch.zeros(cohort.size, dtype=torch.float64)
+        clients = [env.stacked(parts.client, client_start, len(g), ids=cohort.ids[g], **kw)
+                   for g in groups]
+        losses = rnd.losses
         x_all, y_all = env.data.train.x, env.data.train.y
 
         def iterate(members: list[int], k: int) -> None:
@@ -108,7 +113,7 @@ class SFLV2(Algorithm):
                 losses[slot] += float(loss)
             for (j, a, acts, _, _), g_h in zip(sent, grads):
                 down = return_gradients(env, cohort.ids[groups[j][:a]], g_h)
-                clients[j].step(acts, down, lr=env.lr(t))
+                clients[j].step(acts, down, lr=env.lr(t), ids=groups[j][:a], hook=rnd.hook)
 
         if self.options.order == "iteration":
             for k in range(int(steps.max())):
@@ -117,16 +122,8 @@ class SFLV2(Algorithm):
             for j, g in enumerate(groups):
                 for k in range(int(steps[g[0]])):
                     iterate([j], k)
-        acc = DeltaAccumulator(parts.client_state(state["model"]),
-                               renormalise=env.clock.renormalise)
-        weights = torch.tensor(cohort.weights, dtype=torch.float64)
         for g, client in zip(groups, clients):
-            uploaded = env.transport.upload("model", cohort.ids[g], client.final())
-            acc.add(weights[torch.from_numpy(g)], uploaded,
-                    keep=env.clock.on_time(cohort.ids[g]))
-        model = {**acc.result(), **{k: v.detach().clone()
-                                   for k, v in server.state_dict().items()}}
+            rnd.upload(g, client.final())
         losses /= torch.from_numpy(steps).to(torch.float64)
-        return ({**state, "model": model, "server_opt": opt.state_dict()},
-                {"train_loss": float(losses.mean()),
-                 "samples": int(steps.sum()) * tr.batch_size})
+        server_state = {k: v.detach().clone() for k, v in server.state_dict().items()}
+        return rnd.finish(state={"model": server_state, "server_opt": opt.state_dict()})

@@ -25,21 +25,22 @@ Simulated time (docs/clock.md): the server's steps run on its shared lane, and c
 i's turn starts when client i-1's model has reached the server. With a round deadline, a
 client whose turn would start after it does not run; a client whose hand-over arrives
 after it is dropped: the round keeps the client-side model of the last hand-over made in
-time, while the server keeps the updates it made with the late client.
+time, while the server keeps the updates it made with the late client. Transforms
+(docs/transforms.md): server steps replace eq. (4) on the whole model.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
 
 from splitfed.engine.algorithm import Algorithm
 from splitfed.engine.batches import batch_plan
-from splitfed.engine.split import (SplitModel, client_backward, client_forward,
-                                   return_gradients, send_activations, server_step, sgd,
-                                   take_turn)
+from splitfed.engine.rounds import Round, SingleDelta
+from splitfed.engine.split import (SplitModel, client_backward, client_forward, return_gradients,
+                                   send_activations, server_step, sgd, take_turn)
 
 
 @dataclass
@@ -54,16 +55,17 @@ class SL(Algorithm):
     Options = SLOptions
     distributed = True
     split = True
+    uses_transforms = True
+    aggregates_all = True                 # the last hand-over and the server model
 
     def init_state(self, env) -> dict:
         return {**super().init_state(env), "server_opt": None}
 
     def round(self, env, state, t, cohort):
-        if cohort.is_empty():
-            return state, {}
-        tr = env.config.train
-        parts = SplitModel.of(env)
-        start = state["model"]
+        rnd = Round(self, env, state, t, cohort)
+        if rnd.empty:
+            return rnd.finish()
+        tr, parts, start = env.config.train, SplitModel.of(env), state["model"]
         client = parts.client_module(parts.client_state(start))
         server = parts.server_module(parts.server_state(start))
         client_params = list(client.parameters())
@@ -72,13 +74,13 @@ class SL(Algorithm):
         tensors = dict(client.state_dict(keep_vars=True))
         lr = env.lr(t)
         server_opt = sgd(server, env, state["server_opt"], lr)
-        order = cohort.ids[env.streams.numpy("order").permutation(cohort.size)]
-        steps = env.local_steps(order)
+        perm = env.streams.numpy("order").permutation(cohort.size)
+        order, steps = cohort.ids[perm], rnd.steps[perm]
         rng = env.streams.numpy("batches")
         x_all, y_all = env.data.train.x, env.data.train.y
         losses, samples = [], 0
         handed = parts.client_state(start)       # the last hand-over made in time
-        for cid, k_steps in zip(order, steps):
+        for slot, cid, k_steps in zip(perm, order, steps):
             ids = np.array([cid])
             plan = torch.from_numpy(batch_plan(env.client_indices[cid], int(k_steps),
                                                tr.batch_size, rng)).to(env.device)
@@ -86,6 +88,7 @@ class SL(Algorithm):
             if received is None:                 # the turn would start after the deadline
                 continue
             _copy_into(tensors, received)
+            rnd.begin(np.array([slot]), rnd.grad and {k: v.clone() for k, v in received.items()})
             client_opt = torch.optim.SGD(client_params, lr=lr, momentum=tr.momentum,
                                          weight_decay=tr.weight_decay)
             total = 0.0
@@ -96,23 +99,19 @@ class SL(Algorithm):
                 loss, g_h = server_step(env, server, server_opt, h[0], y[0], lr, cid)
                 g_acts = return_gradients(env, ids, g_h.unsqueeze(0))[0]
                 client_backward(env, client, client_opt, client_params, cid, x, acts,
-                                g_acts, lr)
+                                g_acts, lr, hook=rnd.hook, slot=slot)
                 total += float(loss)
-            uploaded = env.transport.upload("model", ids, {k: v.detach().unsqueeze(0)
-                                                           for k, v in tensors.items()})
+            final = {k: v.detach().unsqueeze(0) for k, v in tensors.items()}
+            uploaded = env.transport.upload("model", ids, final)
+            rnd.collect(np.array([slot]), final)
             _copy_into(tensors, {k: v[0] for k, v in uploaded.items()})  # what arrived
             if env.clock.on_time(ids)[0]:
                 handed = {k: v.detach().clone() for k, v in tensors.items()}
             losses.append(total / int(k_steps))
             samples += int(k_steps) * tr.batch_size
-        eta_g = self.options.global_lr
-        last = {**handed, **server.state_dict()}
-        model = {k: (v + eta_g * (last[k] - v)) if v.is_floating_point() else last[k].clone()
-                 for k, v in start.items()}
-        metrics = {"samples": samples}
-        if losses:
-            metrics["train_loss"] = float(np.mean(losses))
-        return {**state, "model": model, "server_opt": server_opt.state_dict()}, metrics
+        rnd.aggregate_against(SingleDelta(start, {**handed, **server.state_dict()}))
+        result = rnd.finish(state={"server_opt": server_opt.state_dict()}, samples=samples)
+        return replace(result, train_loss=float(np.mean(losses)) if losses else None)
 
 
 @torch.no_grad()

@@ -1,9 +1,10 @@
 """The round loop, written once for every algorithm.
 
-Each round: sample the participants, let the algorithm run its round, read the round's
-bytes from the ledger, turn the samples it trained on into client and server
-multiply-accumulates (``server_samples``, when an algorithm's server trains on fewer
-samples than its clients, defaults to ``samples``), record the server-side model memory
+Each round: sample the participants, let the algorithm run its round (it returns a
+:class:`~splitfed.engine.rounds.RoundResult`), read the round's bytes from the ledger,
+turn the samples it trained on into client and server multiply-accumulates
+(``server_samples``, when an algorithm's server trains on fewer or more samples than its
+clients; None: the same as ``samples``), record the server-side model memory
 (``server_param_bytes``: ``algorithm.server_copies`` copies of the server part), evaluate
 every ``eval_every`` rounds (and at round 0 and the last round), log one record. A
 non-finite training loss stops the run with status ``diverged`` at that round.
@@ -31,6 +32,7 @@ from tqdm import tqdm
 
 from splitfed.engine.evaluate import evaluate
 from splitfed.engine.flops import TRAIN_FACTOR, forward_macs
+from splitfed.engine.rounds import RoundResult
 from splitfed.models import output_shape, split
 from splitfed.transport import payload_bytes
 
@@ -108,16 +110,20 @@ def run_rounds(algorithm, env, logger, state: dict | None = None,
         cohort = env.clock.begin_round(env.sampler.sample(env.streams.numpy("participation")))
         if env.clock.keep is not None:
             cohort = _over_select(env, cohort, work)
-        state, metrics = algorithm.round(env, state, t, cohort)
+        result = algorithm.round(env, state, t, cohort)
+        if not isinstance(result, RoundResult):
+            raise TypeError(f"{type(algorithm).__name__}.round must return a "
+                            f"splitfed.engine.rounds.RoundResult, got {type(result).__name__}")
+        state = result.state
         used = env.clock.used(cohort.ids)
         used_any = used_any or used > 0
         record = {"round": t, "participants": int(cohort.size), "clients_used": used,
-                  **metrics,
+                  **result.record(),
                   **env.ledger.round_totals(t), **env.clock.end_round(),
                   "round_time_s": time.perf_counter() - t0}
-        samples = record.pop("samples", 0)
-        record["client_macs"] = samples * client_macs
-        record["server_macs"] = record.pop("server_samples", samples) * server_macs
+        server = result.samples if result.server_samples is None else result.server_samples
+        record["client_macs"] = result.samples * client_macs
+        record["server_macs"] = server * server_macs
         record["server_param_bytes"] = algorithm.server_copies(env, cohort) * copy_bytes
         loss = record.get("train_loss")
         if loss is not None and not math.isfinite(loss):

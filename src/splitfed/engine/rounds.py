@@ -1,0 +1,204 @@
+"""The common prologue and epilogue of a round, and what a round returns.
+
+Every federated and split algorithm does the same around its own client work: keep the
+model when nobody was sampled, send the clients their start, collect what they upload,
+aggregate the on-time uploads with the cohort's weights (:class:`~splitfed.engine.
+aggregate.DeltaAccumulator`), average the clients' training losses, and then move the
+global model with the server steps (:mod:`splitfed.engine.transforms`). :class:`Round`
+does all of it once; an algorithm's ``round`` only trains::
+
+    rnd = Round(self, env, state, t, cohort)
+    if rnd.empty:
+        return rnd.finish()
+    start = rnd.send(part)                            # broadcast, transforms begin
+    for chunk in env.executor(env.model).train(start, cohort.ids, rnd.steps,
+                                               lr=env.lr(t), hook=rnd.hook, ...):
+        rnd.upload(chunk.slots, chunk.state, chunk.loss)
+    return rnd.finish()
+
+:class:`RoundResult` is what ``round`` returns to the loop: the new state, the mean
+training loss, the training samples of the clients (``samples``) and of the server
+(``server_samples``, None: the same as the clients'; they become the MAC counts) and any
+further metrics, logged as they are.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from splitfed.engine.aggregate import DeltaAccumulator
+from splitfed.engine.transforms import StepContext, start_gradients
+
+
+@dataclass
+class RoundResult:
+    """What one round returns to the loop (module doc)."""
+
+    state: dict
+    train_loss: float | None = None
+    samples: int = 0
+    server_samples: int | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def record(self) -> dict[str, float]:
+        """The metrics the loop logs for the round (samples become MACs there)."""
+        out = {} if self.train_loss is None else {"train_loss": self.train_loss}
+        return {**out, **self.metrics}
+
+
+class SingleDelta:
+    """The aggregate of one model that replaces ``reference`` (SL's last hand-over):
+    ``result(eta) = x + eta (last - x)`` in the model's own precision (paper 003 eq. 4)."""
+
+    count = 1
+    scale = 1.0
+
+    def __init__(self, reference: dict[str, torch.Tensor], last: dict[str, torch.Tensor]):
+        self.reference, self.last = reference, last
+
+    def result(self, global_lr: float = 1.0) -> dict[str, torch.Tensor]:
+        return {k: (v + global_lr * (self.last[k] - v)) if v.is_floating_point()
+                else self.last[k].clone() for k, v in self.reference.items()}
+
+    def delta(self) -> dict[str, torch.Tensor]:
+        return {k: self.last[k] - v for k, v in self.reference.items() if v.is_floating_point()}
+
+
+class Round:
+    """One round's common parts for ``algorithm`` (module doc).
+
+    On creation it draws the server's data of the round (D_s^t, for algorithms whose
+    steps train on it) and, unless the cohort is empty, opens the gradient transforms'
+    round. Attributes: ``model`` (x_t, the global model), ``steps`` (K per cohort slot),
+    ``weights`` (the cohort's aggregation weights), ``losses`` (per slot),
+    ``server_rows`` (D_s^t or None), ``grad`` (the transforms' round, or None),
+``start`` (what the clients now training started from),
+    ``metrics`` (extra metrics of the round).
+    """
+
+    def __init__(self, algorithm, env, state: dict, t: int, cohort):
+        self.algorithm, self.env, self.state, self.t, self.cohort = (
+            algorithm, env, state, t, cohort)
+        self.model = state["model"]
+        self.states = {k: state[k] for k in algorithm.transform_keys() if k in state}
+        self.server_rows = (algorithm.draw_server_data(env)
+                            if algorithm.needs_server_data else None)
+        self.empty = cohort.is_empty()
+        self.metrics: dict[str, float] = {}
+        self.server_samples: int | None = None
+        self.acc = None
+        self.grad, self._rounds = None, []
+        if self.empty:
+            return
+        self.weights = torch.tensor(cohort.weights, dtype=torch.float64)
+        self.steps = env.local_steps(cohort.ids)
+        self.samples = int(self.steps.sum()) * env.config.train.batch_size
+        self.losses = torch.zeros(cohort.size, dtype=torch.float64)
+        self.grad, self._rounds = start_gradients(algorithm.gradient_transforms, env,
+                                                  self.states, t, cohort, self)
+
+    @property
+    def hook(self):
+        """The chained gradient correction for the executor / stacked models, or None."""
+        return None if self.grad is None else self.grad.update
+
+    def send(self, part: dict[str, torch.Tensor], *, reference=None) -> dict[str, torch.Tensor]:
+        """Broadcast the clients' trained ``part`` to the cohort; the uploads are
+        aggregated against it (or ``reference``, which may hold more: SFL-V1's server
+        copies); the gradient transforms begin from what the clients received."""
+        received = self.env.transport.broadcast("model", self.cohort.ids, part)
+        self.aggregate_against(part if reference is None else reference)
+        self.begin(np.arange(self.cohort.size), received)
+        return received
+
+    def begin(self, slots, start) -> None:
+        """The clients at cohort ``slots`` start local training from ``start`` (their
+        trained part as received; ``self.start`` for the transforms)."""
+        self.start = start
+        if self.grad is not None:
+            self.grad.begin(np.asarray(slots), start)
+
+    def aggregate_against(self, reference) -> None:
+        """Aggregate against ``reference`` (a dict: a weighted delta accumulator), or use
+        the given aggregate object (:class:`SingleDelta`)."""
+        if isinstance(reference, dict):
+            self.acc = DeltaAccumulator(reference, renormalise=self.env.clock.renormalise)
+        else:
+            self.acc = reference
+
+    def upload(self, slots: np.ndarray, final: dict[str, torch.Tensor], loss=None, *,
+               ids=None) -> dict:
+        """The clients at cohort ``slots`` upload ``final`` (their stacked trained part);
+        the on-time ones enter the aggregate with their weights; ``loss`` [slots] are
+        their training losses; the transforms collect the final states."""
+        slots = np.asarray(slots)
+        ids = self.cohort.ids[slots] if ids is None else ids
+        uploaded = self.env.transport.upload("model", ids, final)
+        self.add(slots, uploaded, loss, ids=ids)
+        self.collect(slots, final)
+        return uploaded
+
+    def add(self, slots, values: dict[str, torch.Tensor], loss=None, *, ids=None,
+            keep=None) -> None:
+        """Aggregate ``values`` (stacked, as the server holds them: what arrived, and
+        server-side copies) of the on-time clients at cohort ``slots``; record their
+        training losses ``loss``. ``keep``: which arrived in time (default: asked of
+        the clock now)."""
+        slots = np.asarray(slots)
+        ids = self.cohort.ids[slots] if ids is None else ids
+        self.acc.add(self.weights[torch.from_numpy(slots)], values,
+                     keep=self.env.clock.on_time(ids) if keep is None else keep)
+        if loss is not None:
+            self.losses[torch.from_numpy(slots)] = loss.to(torch.float64).cpu()
+
+    def collect(self, slots, final: dict[str, torch.Tensor]) -> None:
+        """The transforms see the clients' final trained part (before aggregation)."""
+        if self.grad is not None:
+            self.grad.collect(np.asarray(slots), final)
+
+    def finish(self, *, state: dict | None = None, train_loss: float | None = None,
+               samples: int | None = None, server_samples: int | None = None,
+               metrics: dict | None = None) -> RoundResult:
+        """The epilogue: the server steps on the aggregate (none but server training in
+        an empty round), the transforms' new states, the result. ``state``: further
+        entries of the new state (other model parts go under ``state["model"]``)."""
+        algo, env = self.algorithm, self.env
+        new = {**self.state, **(state or {})}
+        model = {**self.model, **new.get("model", {})}
+        ctx = StepContext(env, self.t, self.acc, None, self)
+        steps = algo.server_steps
+        if not self.empty:
+            first, steps = steps[0], steps[1:]
+            model = self._step(first, ctx, model)
+            if self.grad is not None:
+                model = {**model, **self.grad.adjust(model, self.acc)}
+        for step in steps:
+            if not self.empty or step.on_empty:
+                model = self._step(step, ctx, model)
+        new["model"] = model
+        for tr, r in zip(algo.gradient_transforms, self._rounds):
+            s = None if r is None else r.finish()
+            if s is not None:
+                self.states[tr.key] = s
+        new.update(self.states)
+        extra = {**(metrics or {}), **self.metrics, **ctx.metrics}
+        if self.empty:
+            server = ctx.server_samples or None
+            return RoundResult(new, train_loss, samples or 0, server, extra)
+        client = self.samples + (self.grad.samples if self.grad is not None else 0)
+        server = (server_samples or 0) + ctx.server_samples + (
+            self.grad.server_samples if self.grad is not None else 0)
+        if server_samples is None and not server:
+            server = None
+        return RoundResult(new, float(self.losses.mean()) if train_loss is None else train_loss,
+                           client if samples is None else samples, server, extra)
+
+    def _step(self, step, ctx, model):
+        ctx.state = self.states.get(step.key)
+        out = {**model, **step.update(ctx, model)}
+        if ctx.state is not None:
+            self.states[step.key] = ctx.state
+        return out
