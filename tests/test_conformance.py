@@ -2,138 +2,155 @@
 
 It runs a few rounds on small real data (scikit-learn's digits), it learns, it is
 deterministic for a seed, and it respects participation (clients that were not sampled
-send and receive nothing).
+send and receive nothing). The checks are :mod:`splitfed.testing`'s, which plugin authors
+call on their own algorithms; the settings some algorithms need to learn the small task
+are kept here (LEARN_OVERRIDES), not on the algorithms' classes.
 """
 
-import numpy as np
+import subprocess
+import sys
+
 import pytest
-import torch
 
-from splitfed.algorithms import ALGORITHMS
-from splitfed.config import build_config
-from splitfed.engine.loop import run_rounds
-from splitfed.experiment import build_algorithm, build_environment
-from splitfed.metrics import MetricLogger
-from splitfed.transport import InProcessTransport
+from splitfed import testing
+from splitfed.algorithms import ALGORITHMS, TRANSFORMS
+from splitfed.engine.transforms import GradientTransform
+from splitfed.errors import ConfigError
+from splitfed.registry import load_entry_points
 
+load_entry_points()               # installed plugins' algorithms are checked too
 NAMES = sorted(ALGORITHMS)
+FEDERATED = [n for n in NAMES if ALGORITHMS[n].federated]
 
-
-def config(name, *, learn=False, **over):
-    raw = {"name": name, "rounds": 6, "progress": False, "seed": 11,
-           "algorithm": {"name": name},
-           "data": {"name": "digits"},
-           "partition": {"scheme": "dirichlet", "num_clients": 6, "alpha": 1.0,
-                         "min_partition_size": 5},
-           "model": {"name": "mlp", "hidden": [32]},
-           "train": {"batch_size": 16, "local_steps": 8, "local_epochs": None, "lr": 0.1},
-           "participation": {"mode": "uniform", "clients_per_round": 3}}
-    if learn:
-        for key, value in ALGORITHMS[name].conformance_overrides.items():
-            raw[key] = {**raw[key], **value} if isinstance(value, dict) else value
-    raw.update(over)
-    return build_config(raw)
-
-
-def run(cfg):
-    env = build_environment(cfg)
-    logger = MetricLogger(None)
-    state, status = run_rounds(build_algorithm(cfg), env, logger)
-    return env, logger.records, state, status
-
-
-def flat(state):
-    out = []
-    for v in state.values():
-        if isinstance(v, torch.Tensor):
-            out.append(v)
-        elif isinstance(v, dict):
-            out += flat(v)
-        elif isinstance(v, torch.nn.Module):
-            out += list(v.state_dict().values())
-    return out
+#: config overrides under which the ``learns`` check expects an algorithm to learn the
+#: small task (the others learn under splitfed.testing.base_config() as it is)
+LEARN_OVERRIDES = {
+    # the server sees one batch per client per upload round: more rounds to learn
+    "csefsl": {"rounds": 12},
+    # zeroth-order: one ZO step per upload needs many more rounds than first-order methods
+    "gas": {"rounds": 40, "eval_every": 10,
+            "algorithm": {"server_lr": 0.02},
+            "train": {"batch_size": 16, "local_steps": 4, "local_epochs": None,
+                      "lr": 0.01}},
+    # zeroth-order: one ZO step per round needs many more rounds than first-order methods
+    "musplitfed": {"rounds": 60, "eval_every": 10,
+                   "algorithm": {"server_lr": 0.05, "global_lr": 1.0},
+                   "train": {"batch_size": 32, "local_steps": 1, "local_epochs": None,
+                             "lr": 0.02}},
+}
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_learns(name):
-    _, records, _, status = run(config(name, learn=True))
-    assert status == "completed"
-    assert records[-1]["test_acc"] > records[0]["test_acc"] + 0.3
-    losses = [r["train_loss"] for r in records if "train_loss" in r]
-    assert losses[-1] < losses[0]
+    testing.check_learns(name, LEARN_OVERRIDES.get(name))
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_deterministic_for_a_seed(name):
-    cfg = config(name, rounds=2)
-    _, rec1, s1, _ = run(cfg)
-    _, rec2, s2, _ = run(cfg)
-    for a, b in zip(flat(s1), flat(s2)):
-        assert torch.equal(a, b)
-    def drop(rs):
-        return [{k: v for k, v in r.items() if k != "round_time_s"} for r in rs]
-    assert drop(rec1) == drop(rec2)
+    testing.check_deterministic(name)
 
 
-@pytest.mark.parametrize("name", [n for n in NAMES if ALGORITHMS[n].federated])
+@pytest.mark.parametrize("name", FEDERATED)
 def test_non_sampled_clients_send_nothing(name):
-    cfg = config(name, rounds=2)
-    env = build_environment(cfg)
-    algo = build_algorithm(cfg)
-    state = algo.init_state(env)
-    for t in (1, 2):
-        env.ledger.round = t
-        cohort = env.sampler.sample(env.streams.numpy("participation"))
-        state, _ = algo.round(env, state, t, cohort)
-        sampled = np.zeros(env.num_clients, dtype=bool)
-        sampled[cohort.ids] = True
-        for (kind, direction) in [(k, d) for k in ("model", "activations", "labels",
-                                                   "activation_grads", "scalars")
-                                  for d in ("up", "down")]:
-            per_client = env.ledger.per_client(t, kind, direction)
-            assert (per_client[~sampled] == 0).all(), (kind, direction)
-        assert env.ledger.round_totals(t)["bytes_up"] > 0
+    testing.check_non_sampled_clients_send_nothing(name)
 
 
-class CountingTransport(InProcessTransport):
-    """Counts the bytes of every tensor it actually delivers, independently of the ledger."""
-
-    def __init__(self, ledger):
-        super().__init__(ledger)
-        self.delivered = 0
-
-    def send(self, kind, direction, client_ids, payload, *, per_client=True):
-        tensors = [payload] if isinstance(payload, torch.Tensor) else list(payload.values())
-        n = len(np.atleast_1d(client_ids))
-        size = sum(t.numel() * t.element_size() for t in tensors)
-        self.delivered += size if per_client else size * n
-        return super().send(kind, direction, client_ids, payload, per_client=per_client)
-
-
-@pytest.mark.parametrize("name", [n for n in NAMES if ALGORITHMS[n].federated])
+@pytest.mark.parametrize("name", FEDERATED)
 def test_ledger_matches_the_tensors_actually_moved(name):
-    cfg = config(name, rounds=2)
-    env = build_environment(cfg)
-    env.transport = CountingTransport(env.ledger)
-    logger = MetricLogger(None)
-    run_rounds(build_algorithm(cfg), env, logger)
-    ledgered = sum(r.get("bytes_up", 0) + r.get("bytes_down", 0) for r in logger.records)
-    assert ledgered == env.transport.delivered == env.ledger.total() > 0
+    testing.check_ledger_matches_transport(name)
 
 
-MODES = [{"mode": "full"}, {"mode": "with_replacement", "clients_per_round": 4},
-         {"mode": "bernoulli", "q": 0.5}]
+MODES = testing.PARTICIPATION_MODES
 
 
 @pytest.mark.parametrize("participation", MODES, ids=[m["mode"] for m in MODES])
-@pytest.mark.parametrize("name", [n for n in NAMES if ALGORITHMS[n].federated])
+@pytest.mark.parametrize("name", FEDERATED)
 def test_every_participation_mode_and_local_epochs(name, participation):
-    cfg = config(name, rounds=2, participation=participation,
-                 train={"batch_size": 16, "local_steps": None, "local_epochs": 0.5,
-                        "lr": 0.1})
-    env, records, _, status = run(cfg)
-    assert status == "completed"
-    for r in records[1:]:
-        assert r["participants"] >= 0
-        if r["participants"]:
-            assert np.isfinite(r["train_loss"]) and r["bytes_up"] > 0
+    testing.check_participation_modes(name, [participation])
+
+
+# ------------------------------------------------------------- splitfed.testing itself
+
+
+def test_learn_overrides_name_registered_algorithms():
+    assert set(LEARN_OVERRIDES) <= set(ALGORITHMS)
+    for name, overrides in LEARN_OVERRIDES.items():      # each builds a valid config
+        raw = testing._merge(testing.base_config(name), overrides)
+        assert raw["algorithm"]["name"] == name and raw["data"] == {"name": "digits"}
+
+
+def test_base_config_is_a_fresh_dict():
+    a = testing.base_config("fedavg")
+    a["train"]["lr"] = 9.0
+    assert testing.base_config("fedavg")["train"]["lr"] == 0.1
+    assert testing.base_config("sl")["algorithm"] == {"name": "sl"}
+
+
+def test_overrides_update_sections_and_replace_values():
+    raw = testing._merge(testing.base_config("fedavg"),
+                         {"rounds": 12, "train": {"lr": 0.05}, "model": {"hidden": [8]}})
+    assert raw["rounds"] == 12
+    assert raw["train"] == {"batch_size": 16, "local_steps": 8, "local_epochs": None,
+                            "lr": 0.05}
+    assert raw["model"] == {"name": "mlp", "hidden": [8]}
+
+
+def test_check_algorithm_selects_the_checks_that_apply():
+    assert not ALGORITHMS["centralized"].federated
+    assert testing.check_algorithm("centralized", checks=["deterministic"]) == [
+        "deterministic"]
+    with pytest.raises(ValueError, match="'participation_modes' applies to federated "
+                                         "algorithms only; algorithm 'centralized'"):
+        testing.check_algorithm("centralized", checks=["participation_modes"])
+    with pytest.raises(ValueError, match=r"unknown conformance check\(s\) \['learn'\]"):
+        testing.check_algorithm("fedavg", checks=["learn"])
+    with pytest.raises(ConfigError, match="unknown algorithm 'no_such_algorithm'"):
+        testing.check_algorithm("no_such_algorithm")
+
+
+def test_a_failed_check_names_the_algorithm_and_the_check():
+    # fedavg cannot gain 0.3 of test accuracy in one round at this learning rate
+    with pytest.raises(AssertionError) as info:
+        testing.check_algorithm("fedavg", checks=["learns"],
+                                overrides={"rounds": 1, "train": {"lr": 0.001}})
+    message = str(info.value)
+    assert message.startswith("algorithm 'fedavg' (splitfed.algorithms.fedavg.FedAvg) "
+                              "fails 1 of 1 conformance checks (learns):")
+    assert "test accuracy went from" in message and "overrides" in message
+
+
+def test_splitfed_testing_needs_no_test_framework():
+    code = "import sys, splitfed.testing; print('pytest' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.stdout.strip() == "False", out.stderr
+
+
+# every registered transform, on an FL and a split algorithm that take it (plugins' too)
+GRADIENT = sorted(n for n, t in TRANSFORMS.items() if issubclass(t, GradientTransform))
+STEPS = sorted(n for n, t in TRANSFORMS.items() if not issubclass(t, GradientTransform))
+
+
+def _hosts(name):
+    t = TRANSFORMS[name]
+    return ["fedavg", "sflv2"] if getattr(t, "splits", True) else ["fedavg"]
+
+
+#: FedCLG-S without server epochs moves x_t by about K eta g_s (eq. 11): with the small
+#: default server pool (a noisy g_s) and K eta = 0.8 it does not learn the small task, as
+#: fedclg_s with server_epochs=0 does not; a larger pool and a smaller rate do
+TRANSFORM_LEARN_OVERRIDES = {"fedclg_s": {"rounds": 10, "server_data": {"fraction": 0.2},
+                                          "train": {"lr": 0.05}}}
+
+
+@pytest.mark.parametrize("transform,host", [(n, h) for n in GRADIENT for h in _hosts(n)])
+def test_gradient_transforms_conform(transform, host):
+    testing.check_algorithm(host, base={"algorithm": {"client_transforms": [
+        {"name": transform}]}}, overrides=TRANSFORM_LEARN_OVERRIDES.get(transform),
+        checks=["learns", "deterministic", "non_sampled_clients_send_nothing"])
+
+
+@pytest.mark.parametrize("transform,host", [(n, h) for n in STEPS for h in ("sflv1", "sl")])
+def test_server_steps_conform(transform, host):
+    testing.check_algorithm(host, base={"algorithm": {"server_transforms": [
+        {"name": transform}]}}, checks=["learns", "deterministic",
+                                         "non_sampled_clients_send_nothing"])
