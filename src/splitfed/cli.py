@@ -7,8 +7,8 @@
                                             of the runs (see docs/sweeps.md)
     splitfed launch CONFIG --nproc N        the same run on N processes of this machine
                                             (torch.distributed, docs/distributed.md)
-    splitfed list                           algorithms, data sets, models, partitioners,
-                                            participation modes, clock profiles,
+    splitfed list                           algorithms, transforms, data sets, models,
+                                            partitioners, participation modes, clock profiles,
                                             shipped configs (plugins' entries marked)
     splitfed partition CONFIG [key=value]   print the partition summary of a config
     splitfed study STUDY.yaml               run a study (a set of runs), write a table and
@@ -91,12 +91,13 @@ def _cmd_config(args) -> int:
 
 
 def _cmd_list(args) -> int:
-    from splitfed.algorithms import ALGORITHMS
+    from splitfed.algorithms import ALGORITHMS, TRANSFORMS
     from splitfed.config import shipped_configs
     from splitfed.data import dataset_names
     from splitfed.data.partition import PARTITIONERS
     from splitfed.engine.participation import sampler_names
     from splitfed.engine.profiles import GENERATORS
+    from splitfed.engine.transforms import GradientTransform
     from splitfed.models import MODELS
     from splitfed.registry import origin
 
@@ -108,6 +109,15 @@ def _cmd_list(args) -> int:
     for name, cls in sorted(ALGORITHMS.items()):
         where = origin("algorithm", name)
         print(f"  {name:<14} {cls.reference}" + (f" [plugin {where}]" if where else ""))
+    print("transforms (gradient: algorithm.client_transforms; server step: "
+          "algorithm.server_transforms):")
+    for name, cls in sorted(TRANSFORMS.items(),
+                            key=lambda item: (not issubclass(item[1], GradientTransform),
+                                              item[0])):
+        where = origin("transform", name)
+        kind = "gradient" if issubclass(cls, GradientTransform) else "server step"
+        print(f"  {name:<14} {kind:<12} {cls.reference}"
+              + (f" [plugin {where}]" if where else ""))
     print("datasets:      " + names("dataset", dataset_names()))
     print("models (cuts):")
     for name in sorted(MODELS):

@@ -1,4 +1,5 @@
-"""A splitfed plugin: importing it registers a model, a data set, a partitioner, a clock
-profile and a FedAvg variant (docs/extending.md)."""
+"""A splitfed plugin: importing it registers a model with cut points, a data set read
+from CSV files, a partitioner, a clock profile, a gradient transform (per-client gradient
+norm clipping) and a split algorithm (parallel split learning); docs/extending.md."""
 
-from splitfed_lab import algorithms, clock, data, models, partition  # noqa: F401
+from splitfed_lab import clock, data, models, partition, psl, transforms  # noqa: F401
