@@ -249,7 +249,7 @@ def build_algorithm(cfg: RunConfig):
 
 
 def _transforms(cfg: RunConfig, section: str) -> list:
-    from splitfed.algorithms import get_transform
+    from splitfed.algorithms import TRANSFORMS
     from splitfed.engine.transforms import GradientTransform
 
     out = []
@@ -258,7 +258,10 @@ def _transforms(cfg: RunConfig, section: str) -> list:
         if not isinstance(spec, dict) or "name" not in spec:
             raise ConfigError(f"{where}: expected a mapping with a name, e.g. "
                               "{name: prox, mu: 0.01}")
-        cls = get_transform(spec["name"], where)
+        cls = TRANSFORMS.get(spec["name"]) if isinstance(spec["name"], str) else None
+        if cls is None:
+            raise ConfigError(f"{where}.name: unknown transform {spec['name']!r}; "
+                              f"available: {', '.join(sorted(TRANSFORMS))}")
         client = issubclass(cls, GradientTransform)
         if client != (section == "client_transforms"):
             other = "client_transforms" if client else "server_transforms"

@@ -1,9 +1,8 @@
-"""The algorithm and transform registries: one line each.
+"""The algorithm and transform registries (keyed by the classes' ``name``).
 
-Adding an algorithm: its file here, one line below, its page under ``docs/algorithms/``;
-the conformance tests pick it up from this registry. Adding a transform (a gradient
-correction or a server step, :mod:`splitfed.engine.transforms`): one line in
-``TRANSFORMS``; every algorithm that ``uses_transforms`` takes it from the config.
+Adding an algorithm: its file here, its class below, its page under ``docs/algorithms/``;
+the conformance tests pick it up from this registry. A transform (docs/transforms.md):
+its class in ``TRANSFORMS``; every algorithm that ``uses_transforms`` takes it.
 """
 
 from splitfed.algorithms.centralized import Centralized
@@ -25,32 +24,13 @@ from splitfed.algorithms.sl import SL
 from splitfed.engine.transforms import Momentum, Rate
 from splitfed.errors import ConfigError
 
-ALGORITHMS = {
-    "centralized": Centralized,
-    "clgsgd": CLGSGD,
-    "csefsl": CSEFSL,
-    "fedavg": FedAvg,
-    "fedclg_c": FedCLGC,
-    "fedclg_s": FedCLGS,
-    "fedlora": FedLoRA,
-    "fedopt": FedOpt,
-    "fedprox": FedProx,
-    "gas": GAS,
-    "musplitfed": MUSplitFed,
-    "scaffold": Scaffold,
-    "scaffold_plus": ScaffoldPlus,
-    "server_only": ServerOnly,
-    "sflv1": SFLV1,
-    "sflv2": SFLV2,
-    "sl": SL,
-}
-
+ALGORITHMS = {a.name: a for a in (
+    Centralized, CLGSGD, CSEFSL, FedAvg, FedCLGC, FedCLGS, FedLoRA, FedOpt, FedProx, GAS,
+    MUSplitFed, Scaffold, ScaffoldPlus, ServerOnly, SFLV1, SFLV2, SL)}
 
 TRANSFORMS = {t.name: t for t in (
-    # gradient transforms (client side)
-    Proximal, ScaffoldControls, ClientCorrection, AggregateCorrection,
-    # server steps: one aggregating step, then steps that train further
-    Rate, Momentum, AdaptiveStep, ServerTrain)}
+    Proximal, ScaffoldControls, ClientCorrection, AggregateCorrection,   # gradient
+    Rate, Momentum, AdaptiveStep, ServerTrain)}                           # server steps
 
 
 def get_algorithm(name: str):
@@ -59,15 +39,3 @@ def get_algorithm(name: str):
     except KeyError:
         raise ConfigError(f"algorithm.name: unknown algorithm {name!r}; "
                           f"available: {', '.join(sorted(ALGORITHMS))}") from None
-
-
-def algorithm_names() -> list[str]:
-    return sorted(ALGORITHMS)
-
-
-def get_transform(name, where: str):
-    try:
-        return TRANSFORMS[name]
-    except (KeyError, TypeError):
-        raise ConfigError(f"{where}.name: unknown transform {name!r}; "
-                          f"available: {', '.join(sorted(TRANSFORMS))}") from None
