@@ -3,7 +3,8 @@
 Runs a fixed, explicit list of small cases (``cases()``: digits, mlp [32], 6 clients,
 3 rounds; plus a BatchNorm resnet18 and a tiny split OPT on synthetic text) and
 fingerprints each: sha256 of the final model tensors (name, dtype, shape, raw bytes),
-sha256 of the per-round records without ``round_time_s`` (floats by ``repr``: every bit
+sha256 of the per-round records without ``round_time_s`` (and of each record field, so
+that a difference names its fields; floats by ``repr``: every bit
 counts), the status and the final test accuracy. It uses only APIs that survive refactors
 (build_config, build_environment, build_algorithm, run_rounds, MetricLogger, ALGORITHMS),
 so the same script runs against the old tree and the new one (about 10 s on CPU)::
@@ -173,9 +174,12 @@ def run_case(name: str, over: dict) -> dict:
         print(f"WARNING: {name}: the deadline dropped no client", file=sys.stderr)
     model = state["model"] if "model" in state else state["module"]   # centralized: module
     model = model.state_dict() if isinstance(model, torch.nn.Module) else model
+    keys = sorted({k for r in records for k in r})
+    per_key = {k: hashlib.sha256(json.dumps(canonical([r.get(k) for r in records]))
+                                 .encode()).hexdigest() for k in keys}
     return {"model": model_hash(model), "records": hashlib.sha256(blob).hexdigest(),
             "status": status, "final_test_acc": float(accs[-1]) if accs else None,
-            "dropped": dropped}
+            "dropped": dropped, "record_keys": per_key}
 
 
 def run_all(only: str | None) -> dict:
@@ -221,6 +225,10 @@ def main(argv=None) -> int:
     for name, got in results.items():
         want = saved.get(name, {"error": f"not in {a.compare}"})
         diff = [k for k in ("model", "records", "status") if got.get(k) != want.get(k)]
+        if "records" in diff and "record_keys" in got and "record_keys" in want:
+            g, w = got["record_keys"], want["record_keys"]
+            keys = sorted(k for k in set(g) | set(w) if g.get(k) != w.get(k))
+            diff[diff.index("records")] = "records: " + " ".join(keys)
         if "error" in got or "error" in want:      # never "same": a case that fails proves nothing
             diff = ["error: " + got.get("error", "none now; saved: " + want.get("error", ""))]
         same += not diff

@@ -670,3 +670,93 @@ def test_the_yaml_of_the_page_builds_and_is_what_is_tested():
         build(**algorithm)
     for tested in (SFLV2_PROX, SFLV1_FEDADAM, SFLV2_SCAFFOLD, SL_MOMENTUM, SFLV2_MOMENTUM):
         assert tested in blocks, tested
+
+
+# ------------------------------------------------------------------ state keys, MACs, inputs
+
+class _NamedNothing:
+    """A gradient transform that changes nothing, under a chosen name."""
+
+    @staticmethod
+    def make(name):
+        from splitfed.engine.transforms import GradientTransform
+
+        return type("Nothing", (GradientTransform,), {
+            "name": name, "start": lambda self, *a: None})
+
+
+@pytest.mark.parametrize("algorithm,key", [("fedavg", "model"), ("sflv2", "server_opt"),
+                                           ("sl", "server_opt"), ("csefsl", "aux")])
+def test_a_transform_named_like_the_algorithm_state_is_refused(algorithm, key):
+    cls = ALGORITHMS[algorithm]
+    with pytest.raises(ConfigError, match=f"state key.*{key}.*clash"):
+        cls(cls.Options(), client_transforms=[_NamedNothing.make(key)()])
+
+
+@pytest.mark.parametrize("name", sorted(n for n, c in ALGORITHMS.items() if c.uses_transforms))
+def test_declared_state_keys_cover_the_algorithm_state(name):
+    """``state_keys`` lists the algorithm's own state, so the clash check above is real."""
+    cfg = digits_config(algorithm={"name": name}, **SPLIT)
+    env, algo = build_environment(cfg), build_algorithm(cfg)
+    own = set(algo.init_state(env)) - set(algo.transform_keys())
+    assert own <= set(algo.state_keys), own - set(algo.state_keys)
+
+
+def test_whole_model_transforms_are_refused_where_clients_train_a_part():
+    for name in ("sflv2", "fedlora"):
+        cls = ALGORITHMS[name]
+        with pytest.raises(ConfigError, match="whole model"):
+            cls(cls.Options(), client_transforms=[TRANSFORMS["fedclg_c"]()])
+
+
+@pytest.mark.parametrize("name", ["sl", "sflv2", "csefsl"])
+def test_a_round_leaves_the_given_state_unchanged(name):
+    cfg = digits_config(algorithm={"name": name}, rounds=2, **{
+        **SPLIT, "train": {**SPLIT["train"], "momentum": 0.9}})
+    env, algo = build_environment(cfg), build_algorithm(cfg)
+    state = algo.init_state(env)
+    for t in (1, 2):
+        cohort = env.sampler.sample(env.streams.numpy("participation"))
+        before = copy.deepcopy(state)
+        new = algo.round(env, state, t, cohort).state
+        flat_before, flat_now = _tensors(before), _tensors(state)
+        assert len(flat_before) == len(flat_now)
+        assert all(torch.equal(a, b) for a, b in zip(flat_before, flat_now))
+        state = new
+
+
+def _tensors(obj):
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, dict):
+        return [t for k in sorted(obj, key=str) for t in _tensors(obj[k])]
+    if isinstance(obj, (list, tuple)):
+        return [t for v in obj for t in _tensors(v)]
+    return []
+
+
+def test_server_training_is_priced_at_the_whole_model():
+    """SFL-V2 + server_train: the server-side part's MACs for the clients' samples, plus
+    the whole model's MACs for the server's own steps; CLG-SGD's server steps count too."""
+    from splitfed.engine.flops import TRAIN_FACTOR, forward_macs
+    from splitfed.engine.loop import macs_per_sample
+
+    steps = 2
+    cfg = digits_config(algorithm={"name": "sflv2", "server_transforms": [
+        {"name": "server_train", "server_steps": steps}]}, rounds=1, **SPLIT)
+    res = run_experiment(cfg, write=False)
+    env, algo = build_environment(cfg), build_algorithm(cfg)
+    client, server = macs_per_sample(algo, env)
+    whole = TRAIN_FACTOR * forward_macs(env.model, tuple(env.data.input_shape))
+    rec = res.records[1]
+    samples = rec["client_macs"] // client
+    assert rec["server_macs"] == samples * server + steps * B * whole
+    hybrid = run_experiment(digits_config(algorithm={"name": "clgsgd", "server_steps": steps},
+                                          rounds=1), write=False)
+    assert hybrid.records[1]["server_macs"] > 0
+
+
+def test_a_transform_name_must_be_a_string():
+    with pytest.raises(ConfigError, match=r"client_transforms\[0\]\.name: expected a transform"):
+        build_algorithm(digits_config(algorithm={"name": "fedavg",
+                                                 "client_transforms": [{"name": 3}]}))

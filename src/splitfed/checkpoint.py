@@ -419,8 +419,8 @@ def _conform(saved: Any, template: Any, at: str, where, *, loose: bool = True) -
     array shapes and dtypes, kinds of scalars. A None in the template allows anything
     when ``loose`` (state that starts empty), else only None."""
     def bad(what: str) -> FormatError:
-        return FormatError(f"{where}: {at} {what}; it is not a checkpoint of this run: "
-                           f"{RERUN}")
+        return FormatError(f"{where}: {at} {what}; it is not a checkpoint of this run (or "
+                           f"it was written by another splitfed version): {RERUN}")
 
     if template is None:
         if not loose and saved is not None:

@@ -156,6 +156,7 @@ class CSEFSL(Algorithm):
     distributed = True
     split = True
     uses_transforms = True
+    state_keys = ("model", "aux", "server_opt")
 
     def uploads(self, t: int) -> bool:
         """Line 8 with the paper's round t - 1: (t - 1) mod l = 0 and t - 1 != 0."""

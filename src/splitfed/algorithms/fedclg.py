@@ -55,8 +55,7 @@ Decisions (docs/design.md and what the paper leaves open):
   batch, so its own g^i_t and c_i.
 - A round with an empty cohort computes no g^s_t, keeps x_t and trains the server.
 
-The corrections are the gradient transforms ``fedclg_c`` and ``fedclg_s``; the
-algorithms are FedAvg's round with one of them, then ``server_train`` (CLG-SGD's).
+The algorithms: FedAvg with the gradient transform ``fedclg_c``/``fedclg_s``, then eq. 5.
 """
 
 from __future__ import annotations

@@ -11,8 +11,7 @@ weights fixed, and upload them; the server averages them with eta_g. The frozen 
 sent to nobody after round 0 (the clients hold it from the start; it is not counted).
 
 Options: ``rank`` (8), ``alpha`` (16), ``lora_dropout`` (0), ``targets`` (module-name
-suffixes), ``train_head``, ``global_lr`` (FedAvg's eta_g). The adapter initialisation
-draws from a seed derived from the run seed.
+suffixes), ``train_head``, ``global_lr`` (eta_g). Adapters draw from a run-seed stream.
 """
 
 from __future__ import annotations
@@ -44,6 +43,7 @@ class FedLoRA(FedAvg):
     reference = "FedAvg (McMahan et al. 2017) over LoRA adapters (Hu et al. 2022); paper 001 Fig. 4"
     Options = FedLoRAOptions
     distributed = False                   # not on the multi-process runtime yet
+    trains_whole_model = False            # the clients train the adapters and the head
 
     def init_state(self, env) -> dict:
         o = self.options

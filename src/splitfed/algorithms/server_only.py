@@ -159,7 +159,7 @@ class ServerOnly(Algorithm):
     def round(self, env, state, t, cohort):
         rnd = Round(self, env, state, t, NOBODY)   # the server alone
         result = rnd.finish()
-        if not result.server_samples:
+        if not result.server_model_samples:
             return result
         return RoundResult(result.state, result.metrics["server_loss"],
-                           result.server_samples)
+                           result.server_model_samples)

@@ -62,6 +62,7 @@ class SFLV2(Algorithm):
     distributed = True
     split = True
     uses_transforms = True
+    state_keys = ("model", "server_opt")
 
     def init_state(self, env) -> dict:
         return {**super().init_state(env), "server_opt": None}

@@ -57,6 +57,7 @@ class SL(Algorithm):
     split = True
     uses_transforms = True
     aggregates_all = True                 # the last hand-over and the server model
+    state_keys = ("model", "server_opt")
 
     def init_state(self, env) -> dict:
         return {**super().init_state(env), "server_opt": None}

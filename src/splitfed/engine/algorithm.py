@@ -67,6 +67,10 @@ class Algorithm:
     #: True when the round's aggregate covers the whole model (SL, SFL-V1), not only the
     #: clients' part: the server steps then act on all of it
     aggregates_all: ClassVar[bool] = False
+    #: False when the clients train only a part of an unsplit model (FedLoRA)
+    trains_whole_model: ClassVar[bool] = True
+    #: the keys of the algorithm's own state (a transform may not take one as its name)
+    state_keys: ClassVar[tuple[str, ...]] = ("model",)
 
     def __init__(self, options: Any = None, *, client_transforms=(), server_transforms=()):
         self.options = options if options is not None else self.Options()
@@ -78,16 +82,23 @@ class Algorithm:
         self.gradient_transforms = [*grads, *client_transforms]
         self.server_steps = _server_chain(self.name, steps, list(server_transforms))
         whole = [t.name for t in self.gradient_transforms if not t.splits]
-        if whole and self.split:
+        if whole and (self.split or not self.trains_whole_model):
             raise ConfigError(f"algorithm.client_transforms: {', '.join(whole)} needs the whole "
-                              f"model on the clients; {self.name!r} splits it (use an FL "
-                              "algorithm such as fedavg)")
-        keys = [t.key for t in (*self.gradient_transforms, *self.server_steps)]
-        twice = sorted({k for k in keys if keys.count(k) > 1})
+                              f"model trained on the clients, which {self.name!r} does not do "
+                              "(use an FL algorithm such as fedavg)")
+        every = (*self.gradient_transforms, *self.server_steps)
+        names = [t.name for t in every]
+        twice = sorted({k for k in names if names.count(k) > 1})
         if twice:
             raise ConfigError(f"algorithm: {', '.join(map(repr, twice))} would be applied twice "
-                              f"({self.name!r} applies {', '.join(map(repr, keys))}); list "
+                              f"({self.name!r} applies {', '.join(map(repr, names))}); list "
                               "each transform once")
+        keys = [t.key for t in every]
+        taken = sorted({k for k in keys if keys.count(k) > 1 or k in self.state_keys})
+        if taken:
+            raise ConfigError(f"algorithm: the transform state key(s) {', '.join(taken)} clash "
+                              f"with the state of {self.name!r} ({', '.join(self.state_keys)}) "
+                              "or another transform's; rename the transform")
 
     def transforms(self) -> tuple[list, list]:
         """The algorithm's own (gradient transforms, server steps), from its options.

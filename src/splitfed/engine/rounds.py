@@ -17,8 +17,9 @@ does all of it once; an algorithm's ``round`` only trains::
     return rnd.finish()
 
 :class:`RoundResult` is what ``round`` returns to the loop: the new state, the mean
-training loss, the training samples of the clients (``samples``) and of the server
-(``server_samples``, None: the same as the clients'; they become the MAC counts) and any
+training loss, the training samples of the clients (``samples``), of the server-side
+model (``server_samples``, None: the same as the clients') and of the whole model on the
+server (``server_model_samples``: server data; they become the MAC counts) and any
 further metrics, logged as they are.
 """
 
@@ -42,6 +43,9 @@ class RoundResult:
     samples: int = 0
     server_samples: int | None = None
     metrics: dict[str, float] = field(default_factory=dict)
+    #: samples on which the server trained (or took the gradient of) the WHOLE model:
+    #: server epochs on its own data, FedCLG's g_s; priced at the whole model's MACs
+    server_model_samples: int = 0
 
     def record(self) -> dict[str, float]:
         """The metrics the loop logs for the round (samples become MACs there)."""
@@ -185,16 +189,13 @@ class Round:
                 self.states[tr.key] = s
         new.update(self.states)
         extra = {**(metrics or {}), **self.metrics, **ctx.metrics}
+        whole = ctx.server_samples + (self.grad.server_samples if self.grad is not None else 0)
         if self.empty:
-            server = ctx.server_samples or None
-            return RoundResult(new, train_loss, samples or 0, server, extra)
+            return RoundResult(new, train_loss, samples or 0, server_samples, extra, whole)
         client = self.samples + (self.grad.samples if self.grad is not None else 0)
-        server = (server_samples or 0) + ctx.server_samples + (
-            self.grad.server_samples if self.grad is not None else 0)
-        if server_samples is None and not server:
-            server = None
         return RoundResult(new, float(self.losses.mean()) if train_loss is None else train_loss,
-                           client if samples is None else samples, server, extra)
+                           client if samples is None else samples, server_samples, extra,
+                           whole)
 
     def _step(self, step, ctx, model):
         ctx.state = self.states.get(step.key)

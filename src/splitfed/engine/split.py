@@ -196,7 +196,7 @@ def sgd(module: nn.Module, env, saved: dict | None, lr: float | None = None
     opt = torch.optim.SGD(module.parameters(), lr=tr.lr, momentum=tr.momentum,
                           weight_decay=tr.weight_decay)
     if saved is not None:
-        opt.load_state_dict(saved)
+        opt.load_state_dict(copy.deepcopy(saved))     # the given state stays as it was
     if lr is not None:
         for group in opt.param_groups:
             group["lr"] = lr

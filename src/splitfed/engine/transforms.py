@@ -60,7 +60,8 @@ class GradientRound:
     end of the round, which returns the transform's new state (None: unchanged).
     ``adjust(model, aggregate)`` may correct the aggregated model before the later server
     steps (FedCLG-S). ``samples`` and ``server_samples`` count extra training samples the
-    transform made the clients or the server process (they enter the MAC counts).
+    transform made the clients or the server process (the server's on the whole model;
+    they enter the MAC counts).
     """
 
     samples: int = 0
@@ -162,6 +163,7 @@ class StepContext:
     state: dict | None
     round: Any = None
     metrics: dict = field(default_factory=dict)
+    #: samples on which a step trained the whole model (server data)
     server_samples: int = 0
 
 
