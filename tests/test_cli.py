@@ -11,7 +11,7 @@ def test_run_quick_digits_writes_run_dir(tmp_path, capsys):
     assert code == 0
     assert "test accuracy" in out and "wall time" in out
     (run_dir,) = list(tmp_path.iterdir())
-    for f in ("config.yaml", "partition.txt", "metrics.jsonl", "metrics.csv", "summary.json"):
+    for f in ("config.yaml", "partition.txt", "metrics.jsonl", "summary.json"):
         assert (run_dir / f).exists(), f
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["rounds"] == 2
@@ -247,3 +247,61 @@ def test_a_yaml_alias_is_answered_before_torch_loads(tmp_path, argv):
     assert proc.returncode == 2, proc.stderr
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith("splitfed: error: ") and "aliases" in line
+
+
+# ----------------------------------------------------------- list, results, config explain
+
+
+def test_list_does_not_fail_on_a_model_it_cannot_build(monkeypatch, capsys):
+    """``splitfed list`` on an install without an optional package (transformers): opt's
+    cuts are not built (``config explain opt`` builds it), and a model that cannot be built
+    says why instead of failing the command."""
+    from splitfed.errors import ConfigError
+    from splitfed.models import MODELS
+
+    def broken(input_shape, num_classes):
+        raise ConfigError("needs the package 'nothing'")
+
+    monkeypatch.setitem(sys.modules, "transformers", None)     # not installed
+    monkeypatch.setitem(MODELS, "lenet5", broken)
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert "  opt            cuts: " in out and "(splitfed config explain opt)" in out
+    assert "  lenet5         cannot be built here: needs the package 'nothing'" in out
+    assert main(["config", "explain", "opt"]) == 0
+    assert "cuts: cannot be built here: transformer models need the 'transformers' package" \
+        in capsys.readouterr().out
+
+
+def test_results_prints_the_runs_table(tmp_path, capsys):
+    assert main(["run", "quick_digits", f"out_dir={tmp_path}", "progress=false",
+                 "rounds=1", "checkpoint_every=0"]) == 0
+    capsys.readouterr()
+    assert main(["results", str(tmp_path), "--last"]) == 0
+    out = capsys.readouterr().out
+    (run_dir,) = tmp_path.iterdir()
+    assert run_dir.name in out and "fedavg" in out and "completed" in out
+    assert main(["results", f"{tmp_path}/*", "--format", "csv"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].startswith("run,") and len(lines) == 3      # rounds 0 and 1
+    line = one_line_error(capsys, main(["results", str(tmp_path / "none")]))
+    assert "none" in line
+    line = one_line_error(capsys, main(["results", str(tmp_path), "--format", "xml"]))
+    assert "invalid choice: 'xml'" in line
+
+
+def test_results_without_the_module_is_one_line(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "splitfed.results", None)
+    line = one_line_error(capsys, main(["results", "runs"]))
+    assert "no splitfed.results module" in line
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["config"], "the following arguments are required"),
+    (["config", "explain", "a", "b"], "unrecognized arguments: b"),
+    (["config", "show"], "config show: the following arguments are required: config"),
+    (["config", "frobnicate"], "invalid choice: 'frobnicate'"),
+])
+def test_config_usage_errors_are_one_line(capsys, argv, match):
+    line = one_line_error(capsys, main(argv))
+    assert re.search(match, line), line

@@ -137,3 +137,51 @@ def test_broken_math_in_a_label_is_a_one_line_error(runs, tmp_path, capsys):
     assert main(["plot", str(runs[0]), "--label", r"$\alpha$", "-o",
                  str(tmp_path / "a.png")]) == 0                     # math is drawn
     assert [p.name for p in tmp_path.iterdir()] == ["a.png"]
+
+
+# ------------------------------------------------------------------- diverged runs
+
+
+@pytest.fixture(scope="module")
+def diverged(tmp_path_factory):
+    cfg = digits_config(rounds=6, out_dir=str(tmp_path_factory.mktemp("div")), name="big",
+                        train={"batch_size": 8, "local_steps": 5, "local_epochs": None,
+                               "lr": 1e10},
+                        clock={"profile": "exponential", "mean": 1.0})
+    result = run_experiment(cfg)
+    assert result.status == "diverged"
+    return result
+
+
+def test_a_diverged_run_is_drawn_to_its_divergence_and_marked(runs, diverged, tmp_path,
+                                                               monkeypatch):
+    import splitfed.plot as plot
+
+    n = diverged.diverged_round
+    curves = load_curves([runs[1], diverged.run_dir])
+    c = curves[1]
+    assert curves[0]["diverged_round"] is None and curves[0]["diverged_at"] is None
+    assert c["diverged_round"] == n and c["label"] == f"fedavg (diverged at round {n})"
+    assert c["round"] == [r["round"] for r in diverged.records if "test_acc" in r]
+    assert all(r < n for r in c["round"])
+    at = c["diverged_at"]
+    assert at["round"] == n and at["test_acc"] == c["test_acc"][-1]
+    assert at["time_s"] == pytest.approx(diverged.records[-1]["sim_time_s"], abs=1e-6)
+    assert at["bytes"] == sum(r.get("bytes_up", 0) + r.get("bytes_down", 0)
+                              for r in diverged.records)
+    figures = []
+    monkeypatch.setattr(plot, "_save", lambda fig, out: figures.append(fig))
+    plot_runs([runs[1], diverged.run_dir], tmp_path / "a.png", axes=["round", "time", "bytes"])
+    (fig,) = figures
+    for ax, x in zip(fig.axes, (at["round"], at["time_s"], at["bytes"] / 1e6)):
+        marks = [line for line in ax.get_lines() if line.get_marker() == "x"]
+        assert len(marks) == 1
+        assert list(marks[0].get_xdata()) == [pytest.approx(x)]
+        assert list(marks[0].get_ydata()) == [at["test_acc"]]
+        line = next(li for li in ax.get_lines() if li.get_label() == c["label"])
+        assert marks[0].get_color() == line.get_color()
+        legend = [t.get_text() for t in ax.get_legend().get_texts()]
+        assert c["label"] in legend
+    monkeypatch.undo()
+    out = plot_runs([diverged.run_dir], tmp_path / "d.png")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

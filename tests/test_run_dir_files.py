@@ -11,6 +11,7 @@ a pipe or a device, or fail half-way.
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 from pathlib import Path
@@ -194,9 +195,12 @@ def test_the_metric_logger_appends(tmp_path):
     logger = MetricLogger(tmp_path)
     logger.log({"round": 1, "test_acc": float("nan")})
     logger.close()
-    assert read_records(tmp_path / "metrics.jsonl") == [{"round": 0},
-                                                         {"round": 1, "test_acc": "nan"}]
-    assert (tmp_path / "metrics.csv").read_text().splitlines()[0] == "round,test_acc"
+    assert (tmp_path / "metrics.jsonl").read_text().splitlines()[1] == (
+        '{"round": 1, "test_acc": NaN}')                # a float on disk, the JSON token
+    back = read_records(tmp_path / "metrics.jsonl")
+    assert back == [{"round": 0}, {"round": 1, "test_acc": math.nan}]   # the one NaN
+    assert math.isnan(back[1]["test_acc"]) and back[1:] == logger.records
+    assert not (tmp_path / "metrics.csv").exists()     # written on demand only
 
 
 # ------------------------------------------------------------------ checked before any change
@@ -253,10 +257,10 @@ def test_a_linked_config_is_refused(tmp_path, base, capsys):
 
 
 def test_a_metrics_csv_link_is_not_overwritten_by_an_extending_resume(tmp_path, base):
+    """metrics.csv of an earlier version: checked like the run's files, then removed."""
     run_dir = copy_run(base, tmp_path / "run")
     extend(run_dir)
     target = victim(tmp_path)
-    (run_dir / "metrics.csv").unlink()
     (run_dir / "metrics.csv").symlink_to(target)
     with pytest.raises(FormatError, match="metrics.csv is a symbolic link"):
         resume_experiment(run_dir)

@@ -1,7 +1,12 @@
-"""Command line: ``splitfed run | sweep | study | launch | list | partition | plot | config``.
+"""Command line: ``splitfed run | sweep | study | launch | list | partition | plot |
+results | config``.
 
     splitfed run CONFIG [key=value ...]     run an experiment (CONFIG: a YAML file or a
                                             shipped config name, see ``splitfed list``)
+    splitfed run CONFIG ... --dry-run       build and check everything a run checks, print
+                                            its plan (clients, samples, parameters, bytes
+                                            per round, where it would write); nothing is
+                                            trained or written
     splitfed run --resume RUN_DIR           continue an interrupted run from its checkpoint
     splitfed sweep CONFIG key=v1,v2 ...     run every combination of the values; a table
                                             of the runs (see docs/sweeps.md)
@@ -14,7 +19,14 @@
     splitfed study STUDY.yaml               run a study (a set of runs), write a table and
                                             plots (see docs/studies.md)
     splitfed plot RUN_DIR ... -o FILE       draw runs' test accuracy (--force overwrites)
+    splitfed results DIR_OR_GLOB ...        the runs' results: a table, or every record as
+                                            CSV (--format csv; --last: each run's last)
     splitfed config show CONFIG [key=value] print the resolved config (YAML)
+    splitfed config explain [NAME]          every key with its type, default, bounds and
+                                            help; NAME: a section, or an algorithm,
+                                            transform, model, data set, partitioner or
+                                            clock profile with its options (--markdown:
+                                            as docs/config.md)
     splitfed --version                      the installed version
 
 ``--plugin MODULE`` (run, sweep, study, launch, list, partition, config; repeatable)
@@ -56,6 +68,9 @@ def _cmd_run(args) -> int:
         if args.config is not None or args.overrides:
             raise ConfigError("run --resume RUN_DIR continues the run with RUN_DIR's own "
                               "config.yaml; give no CONFIG or key=value with it")
+        if args.dry_run:
+            raise ConfigError("run --dry-run checks a CONFIG; it does not take --resume "
+                              "(run --dry-run RUN_DIR/config.yaml checks a run's config)")
         from splitfed.experiment import resume_experiment
 
         result = resume_experiment(args.resume)
@@ -66,15 +81,17 @@ def _cmd_run(args) -> int:
     else:
         cfg = load_config(args.config, args.overrides,   # checked before torch loads
                           plugins=args.plugin)
+        if args.dry_run:
+            from splitfed.plan import dry_run
+
+            sys.stdout.write(dry_run(cfg, args.config, args.overrides))
+            return 0
         from splitfed.experiment import run_experiment
 
-        result = run_experiment(cfg)
-    acc = result.final_accuracy
-    acc_text = "n/a" if acc is None else f"{acc:.4f}"
-    print(f"{cfg.algorithm.name} on {cfg.data.name} ({cfg.model.name}, "
-          f"{cfg.partition.num_clients} clients, {cfg.partition.scheme}): "
-          f"status {result.status}, test accuracy {acc_text} after "
-          f"{result.records[-1]['round']} rounds, wall time {result.wall_time_s:.1f} s")
+        result = run_experiment(cfg, overrides=args.overrides)
+    from splitfed.experiment import summary_line
+
+    print(summary_line(cfg, result))
     print(f"run directory: {result.run_dir}")
     return 0 if result.status == "completed" else 3
 
@@ -87,6 +104,37 @@ def _cmd_config(args) -> int:
 
     cfg = load_config(args.config, args.overrides, plugins=args.plugin)
     sys.stdout.write(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    return 0
+
+
+def _cmd_explain(args) -> int:
+    from splitfed import explain
+
+    if args.markdown:
+        sys.stdout.write(explain.markdown(args.name, builtin_only=False))
+        return 0
+    text = explain.explain(args.name)
+    if args.name is not None:
+        _, found = explain.lookup(args.name)
+        for kind, name in found:
+            if kind == "model":
+                text += f"  cuts: {_model_cuts(name, detail=True)}\n"
+    sys.stdout.write(text)
+    return 0
+
+
+def _cmd_results(args) -> int:
+    from splitfed.errors import ConfigError
+
+    try:
+        from splitfed.results import print_table
+    except ModuleNotFoundError as e:
+        if e.name in ("splitfed.results", "splitfed"):
+            raise ConfigError("results: this installation of splitfed has no "
+                              "splitfed.results module; update splitfed") from None
+        raise ConfigError(f"results: needs the package {e.name!r}, which is not "
+                          f"installed: pip install {e.name}") from None
+    print_table(args.paths, fmt=args.format, last=args.last)
     return 0
 
 
@@ -130,21 +178,37 @@ def _cmd_list(args) -> int:
     return 0
 
 
-def _model_cuts(name: str) -> str:
-    """``default cut K; valid cuts ...`` of model ``name``, built for a usual input."""
+#: models whose cuts ``splitfed list`` does not build the model for: their cuts depend on
+#: their options, and building one imports an optional package (seconds);
+#: ``splitfed config explain NAME`` builds it
+_CUTS_ON_REQUEST = {"opt": "decoder blocks"}
+
+
+def _model_cuts(name: str, detail: bool = False) -> str:
+    """``default cut K; valid cuts ...`` of model ``name``, built for a usual input (with
+    ``detail``: what every cut means, for ``config explain``). A model that cannot be
+    built here (a missing optional package) says why instead of failing the command."""
     from splitfed.models import build_model
 
+    if not detail and name in _CUTS_ON_REQUEST:
+        return (f"cuts: after one of its {_CUTS_ON_REQUEST[name]}, depending on its options "
+                f"(splitfed config explain {name})")
     shapes = {"lenet5": [(1, 28, 28)], "alexnet": [(1, 28, 28)], "mlp": [(1, 28, 28)],
               "opt": [(2, 16)]}.get(name)     # opt: token ids + attention mask
     for shape in shapes or [(3, 32, 32), (1, 28, 28)]:
         try:
             m = build_model(name, shape, 10)
-        except SplitfedError:
+        except SplitfedError as e:
             if shapes is not None:
-                raise
+                return f"cannot be built here: {' '.join(str(e).split())}"
             continue
-        return (f"default cut {m.default_cut}; valid cuts "
+        text = (f"default cut {m.default_cut}; valid cuts "
                 + ", ".join(str(c) for c in m.valid_cuts))
+        if detail:
+            given = "x".join(str(s) for s in shape)
+            text += f" (built for inputs {given} with its default options)" + "".join(
+                f"\n    {k}: {m.cut_descriptions[k]}" for k in m.valid_cuts)
+        return text
     return "cuts: depend on the input shape (it takes neither 3x32x32 nor 1x28x28 inputs)"
 
 
@@ -172,8 +236,18 @@ def _cmd_study(args) -> int:
     from splitfed.study import run_study
 
     result = run_study(args.study, out_dir=args.out_dir, progress=args.progress,
-                       plugins=args.plugin)
+                       plugins=args.plugin, keep_stale=args.keep_stale,
+                       publish_to=args.publish)
     return 0 if result.completed else 3
+
+
+def _add_reuse_arguments(parser) -> None:
+    parser.add_argument("--keep-stale", action="store_true",
+                        help="reuse finished runs made by another splitfed version or "
+                             "commit, marked stale in the tables (default: rerun them)")
+    parser.add_argument("--publish", default=None, metavar="DIR",
+                        help="then copy the tables and plots (not the runs) to "
+                             "DIR/<name>/, e.g. docs/results")
 
 
 def _cmd_sweep(args) -> int:
@@ -192,7 +266,8 @@ def _cmd_sweep(args) -> int:
                               f"got {args.seeds!r}") from None
     result = run_sweep(args.config, args.axes, name=args.name, seeds=seeds,
                        out_dir=args.out_dir, group_by=args.group_by,
-                       progress=args.progress, plugins=args.plugin)
+                       progress=args.progress, plugins=args.plugin,
+                       keep_stale=args.keep_stale, publish_to=args.publish)
     return 0 if result.completed else 3
 
 
@@ -244,19 +319,36 @@ def build_parser() -> argparse.ArgumentParser:
 
     p.add_argument("--version", action="version", version=f"splitfed {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
-    c = sub.add_parser("config", help="print the resolved config of CONFIG [key=value ...]")
-    c.add_argument("action", choices=("show",), help="show: the config as a run would use "
-                   "it (YAML, every key with its value)")
-    c.add_argument("config", help="YAML file or shipped config name")
-    c.add_argument("overrides", nargs="*", help="key=value overrides (~key removes a key)")
-    add_plugin_argument(c)
-    c.set_defaults(func=_cmd_config)
+    c = sub.add_parser("config", help="print the resolved config of CONFIG [key=value ...] "
+                                      "(show) or what every key means (explain)")
+    actions = c.add_subparsers(dest="action", required=True, metavar="{show,explain}")
+    cs = actions.add_parser("show", help="the config as a run would use it (YAML, every "
+                                         "key with its value)")
+    cs.add_argument("config", help="YAML file or shipped config name")
+    cs.add_argument("overrides", nargs="*", help="key=value overrides (~key removes a key)")
+    add_plugin_argument(cs)
+    cs.set_defaults(func=_cmd_config)
+    ce = actions.add_parser("explain", help="every key with its type, default, bounds and "
+                                            "help; or one section or component")
+    ce.add_argument("name", nargs="?", default=None,
+                    help="a section (run, algorithm, data, partition, model, train, ...) or "
+                         "an algorithm, transform, model, data set, partitioner or clock "
+                         "profile (splitfed list); default: every section")
+    ce.add_argument("--markdown", action="store_true",
+                    help="print markdown, as docs/config.md (which is generated by "
+                         "python -m splitfed.explain)")
+    add_plugin_argument(ce)
+    ce.set_defaults(func=_cmd_explain)
     r = sub.add_parser("run", help="run an experiment")
     r.add_argument("config", nargs="?", help="YAML file or shipped config name")
     r.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.lr=0.05")
     r.add_argument("--resume", metavar="RUN_DIR", default=None,
                    help="continue the run in RUN_DIR from its last checkpoint "
                         "(checkpoint_every), with its config.yaml")
+    r.add_argument("--dry-run", action="store_true",
+                   help="build and check everything the run would (config, data, "
+                        "partition, model, algorithm, memory bounds, out_dir) and print "
+                        "its plan; train nothing, write nothing")
     add_plugin_argument(r)
     r.set_defaults(func=_cmd_run)
     li = sub.add_parser("list", help="list what is available")
@@ -271,8 +363,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("study", help="study YAML file (see docs/studies.md)")
     s.add_argument("--out-dir", default=None,
                    help="write to OUT_DIR/<study name>/ (default: the file's out_dir, "
-                        "docs/results)")
+                        "runs/studies)")
     s.add_argument("--progress", action="store_true", help="show each run's progress bar")
+    _add_reuse_arguments(s)
     add_plugin_argument(s)
     s.set_defaults(func=_cmd_study)
     g = sub.add_parser("plot", help="draw test accuracy of runs against rounds and "
@@ -288,6 +381,17 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--force", action="store_true",
                    help="overwrite the output file if it exists (default: refuse)")
     g.set_defaults(func=_cmd_plot)
+    t = sub.add_parser("results", help="the runs' results: a table, or every record as "
+                                       "CSV (docs/results_data.md)")
+    t.add_argument("paths", nargs="+", metavar="DIR_OR_GLOB",
+                   help="run directories, metrics.jsonl files, directories holding runs "
+                        "(a sweep, a study, runs/), or globs such as 'runs/fedavg_*'")
+    t.add_argument("--last", action="store_true",
+                   help="one row per run, its last round (default: one row per round)")
+    t.add_argument("--format", choices=("table", "csv"), default="table",
+                   help="table (default: accuracy, bytes, simulated time) or csv (every "
+                        "column: records, config keys, provenance)")
+    t.set_defaults(func=_cmd_results)
     w = sub.add_parser("sweep", help="run a grid of a config's values (docs/sweeps.md)")
     w.add_argument("config", help="YAML file or shipped config name")
     w.add_argument("axes", nargs="+", metavar="key=v1,v2,...",
@@ -301,6 +405,7 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--group-by", default=None, metavar="KEY",
                    help="a swept key: one plot panel per value")
     w.add_argument("--progress", action="store_true", help="show each run's progress bar")
+    _add_reuse_arguments(w)
     add_plugin_argument(w)
     w.set_defaults(func=_cmd_sweep)
     from splitfed.runtime.worker import add_network_arguments, add_run_arguments
@@ -330,9 +435,9 @@ def main(argv: list[str] | None = None) -> int:
         parser = build_parser()
         try:
             args, extra = parser.parse_known_args(argv)
-            if extra and args.func is _cmd_launch and not any(e.startswith("-")
-                                                               for e in extra):
-                args.overrides += extra             # launch CONFIG --nproc N key=value ...
+            if (extra and args.func in (_cmd_launch, _cmd_run)
+                    and not any(e.startswith("-") for e in extra)):
+                args.overrides += extra             # run CONFIG --dry-run key=value ...
             elif extra:
                 parser.error(f"unrecognized arguments: {' '.join(extra)}")
         except SystemExit as e:                     # --help, or a usage error (printed)

@@ -189,6 +189,32 @@ class ClockConfig:
 
 
 @dataclass
+class TrackingConfig:
+    """Experiment trackers that receive every record of the run (splitfed.tracking,
+    docs/results_data.md); ``metrics.jsonl`` is written either way. A tracker whose
+    package is not installed is refused here, before anything is written."""
+
+    tensorboard: bool = field(default=False, metadata={
+        "help": "write TensorBoard event files into <run_dir>/tensorboard "
+                "(pip install 'splitfed[tensorboard]')"})
+    mlflow: bool = field(default=False, metadata={
+        "help": "log the config, the records and the provenance to an MLflow run "
+                "(pip install 'splitfed[mlflow]')"})
+    mlflow_uri: str | None = field(default=None, metadata={
+        "help": "MLflow tracking URI (null: a file store in <run_dir>/mlruns)"})
+    experiment: str | None = field(default=None, metadata={
+        "help": "MLflow experiment name (null: the run's name)"})
+
+    def __post_init__(self):
+        for key, value in (("mlflow_uri", self.mlflow_uri), ("experiment", self.experiment)):
+            if value is not None and (not value.strip() or "\x00" in value):
+                raise ConfigError(f"{key}: {value!r} is empty; give a value or null")
+        from splitfed.tracking import check_installed
+
+        check_installed(self)
+
+
+@dataclass
 class RunConfig:
     name: str = field(default="run", metadata={"help": "run name (prefix of the run dir)"})
     seed: int = field(default=0, metadata={
@@ -215,6 +241,7 @@ class RunConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
     server_data: ServerDataConfig = field(default_factory=ServerDataConfig)
     clock: ClockConfig = field(default_factory=ClockConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
     def __post_init__(self):
         bad = [c for c in ("/", "\\", "\x00") if c in self.name]

@@ -7,10 +7,12 @@ run behind.
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import json
 import math
 import os
+import re
 import shutil
 import stat
 import sys
@@ -39,15 +41,20 @@ from splitfed.engine.participation import make_sampler
 from splitfed.engine.profiles import build_profiles
 from splitfed.errors import ConfigError, FormatError, RunInterrupted
 from splitfed.locking import LOCK_NAME, DirLock
-from splitfed.metrics import MetricLogger, best_value, last_value
+from splitfed.metrics import MetricLogger, decode_record, record_summary
 from splitfed.models import build_model, resolve_cut
 from splitfed.provenance import provenance
 from splitfed.rng import RandomStreams, derive_seed
+from splitfed.tracking import open_trackers
 from splitfed.transport import InProcessTransport, Ledger
 
 
 @dataclass
 class RunResult:
+    """A finished run. ``records`` are the records of ``metrics.jsonl`` (non-finite
+    numbers as floats). Accuracies follow :func:`splitfed.metrics.record_summary`: a
+    diverged run's final accuracy is NaN, its best the best before it diverged."""
+
     status: str
     records: list[dict]
     run_dir: Path | None
@@ -55,8 +62,43 @@ class RunResult:
     state: dict
 
     @property
+    def numbers(self) -> dict:
+        """``rounds``, ``diverged_round``, ``final_test_acc``, ``best_test_acc``."""
+        return record_summary(self.records, self.status)
+
+    @property
     def final_accuracy(self) -> float | None:
-        return last_value(self.records, "test_acc")
+        """The last evaluated test accuracy; NaN when the run diverged; None when no
+        round was evaluated."""
+        return self.numbers["final_test_acc"]
+
+    @property
+    def best_accuracy(self) -> float | None:
+        """The best test accuracy evaluated (before the divergence, when it diverged)."""
+        return self.numbers["best_test_acc"]
+
+    @property
+    def diverged_round(self) -> int | None:
+        """The round at which the run diverged (:func:`splitfed.metrics.divergence`)."""
+        return self.numbers["diverged_round"]
+
+
+def summary_line(cfg: RunConfig, result: RunResult) -> str:
+    """The line ``splitfed run`` prints for a finished run: what ran, its status and
+    test accuracy; a diverged run says at which round instead of an accuracy."""
+    n = result.numbers
+    what = (f"{cfg.algorithm.name} on {cfg.data.name} ({cfg.model.name}, "
+            f"{cfg.partition.num_clients} clients, {cfg.partition.scheme})")
+    wall = f"wall time {result.wall_time_s:.1f} s"
+    if n["diverged_round"] is not None:
+        best = n["best_test_acc"]
+        best = "" if best is None else f" (best test accuracy {best:.4f} before it)"
+        return (f"{what}: status {result.status} at round {n['diverged_round']}: the "
+                f"loss became non-finite, no final accuracy{best}, {wall}")
+    acc = n["final_test_acc"]
+    acc_text = "n/a" if acc is None else f"{acc:.4f}"
+    return (f"{what}: status {result.status}, test accuracy {acc_text} after "
+            f"{n['rounds']} rounds, {wall}")
 
 
 def _device(name: str) -> torch.device:
@@ -258,7 +300,10 @@ def _transforms(cfg: RunConfig, section: str) -> list:
         if not isinstance(spec, dict) or "name" not in spec:
             raise ConfigError(f"{where}: expected a mapping with a name, e.g. "
                               "{name: prox, mu: 0.01}")
-        cls = TRANSFORMS.get(spec["name"]) if isinstance(spec["name"], str) else None
+        if not isinstance(spec["name"], str):
+            raise ConfigError(f"{where}.name: expected a transform name (a string), got "
+                              f"{spec['name']!r}")
+        cls = TRANSFORMS.get(spec["name"])
         if cls is None:
             raise ConfigError(f"{where}.name: unknown transform {spec['name']!r}; "
                               f"available: {', '.join(sorted(TRANSFORMS))}")
@@ -273,9 +318,82 @@ def _transforms(cfg: RunConfig, section: str) -> list:
     return out
 
 
-def _new_run_dir(cfg: RunConfig) -> Path:
+#: override keys left out of run directory names (they do not change the numbers, or
+#: are shown otherwise: the algorithm's name)
+_UNNAMED_KEYS = ("name", "out_dir", "progress", "checkpoint_every", "plugins",
+                 "algorithm.name", "tracking")
+#: the most characters the overrides take in a run directory name
+MAX_OVERRIDE_CHARS = 60
+
+
+def run_dir_name(cfg: RunConfig, overrides: list[str] | None = None) -> str:
+    """The run directory name without its time: ``<name>-<algorithm>-<overrides>``.
+
+    The algorithm is left out when it is already a word of the name
+    (``fedavg_fmnist``); each ``key=value`` override is written as the key's last part
+    and the value (``train.lr=0.05`` -> ``lr0.05``, ``partition.scheme=shard`` ->
+    ``scheme_shard``, ``model.name=cnn`` -> ``cnn``, ``~partition.alpha`` ->
+    ``no_alpha``; a key given twice counts once, with its last value), except keys that do
+    not change the results (``out_dir``, ``progress``, ``checkpoint_every``, ``plugins``,
+    ``tracking.*``) and ``algorithm.name``. Only letters, digits and ``._+-`` remain;
+    past :data:`MAX_OVERRIDE_CHARS` characters the overrides are cut and a hash of them
+    added, so the name stays short and one set of overrides always gives the same name.
+    """
+    words = [w for w in re.split(r"[-_.\s]+", cfg.name.lower()) if w]
+    parts = [cfg.name]
+    if cfg.algorithm.name.lower() not in words:
+        parts.append(_safe(cfg.algorithm.name))
+    given = _override_parts(overrides or [])
+    if given:
+        text = "-".join(given)
+        if len(text) > MAX_OVERRIDE_CHARS:
+            digest = hashlib.sha1(text.encode("utf-8")).hexdigest()[:8]
+            text = text[:MAX_OVERRIDE_CHARS - 9].rstrip("-_.") + "-" + digest
+        parts.append(text)
+    return "-".join(p for p in parts if p)
+
+
+def _safe(text: str) -> str:
+    text = re.sub(r"[\[\]{}()'\"]", "", str(text))
+    text = re.sub(r"[^A-Za-z0-9._+-]+", "_", text)
+    return re.sub(r"_+", "_", text).strip("_")
+
+
+def _override_parts(overrides: list[str]) -> list[str]:
+    keys: dict[str, str | None] = {}
+    for item in overrides:
+        item = str(item).strip()
+        if item.startswith("~"):
+            key, value = item[1:].strip(), None
+        elif "=" in item:
+            key, value = (x.strip() for x in item.split("=", 1))
+        else:
+            continue
+        if not key or any(key == k or key.startswith(k + ".") for k in _UNNAMED_KEYS):
+            continue
+        keys.pop(key, None)
+        keys[key] = value
+    lasts = [k.rsplit(".", 1)[-1] for k in keys]
+    out = []
+    for (key, value), last in zip(keys.items(), lasts):
+        short = _safe(last if lasts.count(last) == 1 else key)
+        if value is None:
+            out.append(f"no_{short}")
+            continue
+        text = _safe(value) or "none"
+        if last == "name" and lasts.count(last) == 1:
+            out.append(text)
+        elif text[0].isdigit() or text[0] in ".+-":
+            out.append(f"{short}{text}")
+        else:
+            out.append(f"{short}_{text}")
+    return out
+
+
+def _new_run_dir(cfg: RunConfig, overrides: list[str] | None = None) -> Path:
+    """A new directory ``<out_dir>/<run_dir_name>-<YYYYmmdd-HHMMSS>[-k]``, created."""
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    base = Path(cfg.out_dir) / f"{cfg.name}-{stamp}"
+    base = Path(cfg.out_dir) / f"{run_dir_name(cfg, overrides)}-{stamp}"
     run_dir, i = base, 1
     while True:
         try:
@@ -319,9 +437,11 @@ def write_config(cfg: RunConfig, path: Path) -> None:
     _write_atomic(path, yaml.safe_dump(to_dict(cfg), sort_keys=False))
 
 
-#: every file a run writes in its directory (besides the lock and temp files)
-RUN_FILES = ("config.yaml", "partition.txt", "metrics.jsonl", "metrics.csv",
-             "summary.json", CHECKPOINT)
+#: every file a run writes in its directory (besides the lock and temp files; the
+#: trackers' tracking.json and folders, splitfed.tracking)
+RUN_FILES = ("config.yaml", "partition.txt", "metrics.jsonl", "summary.json", CHECKPOINT)
+#: files earlier versions wrote: checked like the run's files, removed when a run resumes
+LEGACY_FILES = ("metrics.csv",)
 
 
 def check_run_files(run_dir: Path) -> None:
@@ -329,7 +449,9 @@ def check_run_files(run_dir: Path) -> None:
     in ``run_dir`` that exists and is not a regular file (a directory, a pipe, a device,
     or a symbolic link, which splitfed never writes through), before anything is changed:
     otherwise the run would fail only after training, half-written."""
-    for name in RUN_FILES:
+    from splitfed.tracking import TRACKING_FILE
+
+    for name in (*RUN_FILES, TRACKING_FILE, *LEGACY_FILES):
         path = run_dir / name
         try:
             mode = os.lstat(path).st_mode
@@ -349,11 +471,14 @@ def check_run_files(run_dir: Path) -> None:
 
 
 def run_experiment(cfg: RunConfig, *, write: bool = True,
-                   run_dir: Path | None = None) -> RunResult:
+                   run_dir: Path | None = None,
+                   overrides: list[str] | None = None) -> RunResult:
     """Validate, build, run every round, write metrics and a summary; returns the result.
 
     ``run_dir``: write into this directory (created; it must be absent or empty) instead
-    of a new timestamped ``<out_dir>/<name>-<time>/``. Ignored when ``write`` is false.
+    of a new timestamped ``<out_dir>/<name>-<algorithm>-<overrides>-<time>/``
+    (:func:`run_dir_name`; ``overrides``: the command line's ``key=value`` items that
+    made ``cfg``, named in the directory). Ignored when ``write`` is false.
     The run directory is locked (:func:`lock_run_dir`) while the run writes it. Ctrl-C
     raises :class:`~splitfed.errors.RunInterrupted` with the directory to resume (None
     when the run had not started: nothing is left behind then).
@@ -371,7 +496,7 @@ def run_experiment(cfg: RunConfig, *, write: bool = True,
         return _execute(cfg, algorithm, env, None)
     created = run_dir is None or not run_dir.exists()
     if run_dir is None:
-        run_dir = _new_run_dir(cfg)
+        run_dir = _new_run_dir(cfg, overrides)
     else:
         try:
             run_dir.mkdir(parents=True, exist_ok=True)
@@ -412,6 +537,12 @@ def _execute(cfg: RunConfig, algorithm, env: Environment, run_dir: Path | None, 
     try:
         logger = MetricLogger(run_dir)
         logger.records = list(records or [])
+        if run_dir is not None and finished is None:
+            try:
+                logger.sinks = open_trackers(cfg, run_dir, start_round)
+            except BaseException:
+                logger.close("failed")
+                raise
         t0 = time.perf_counter()
         checkpoint = None
         if run_dir is not None:
@@ -422,22 +553,29 @@ def _execute(cfg: RunConfig, algorithm, env: Environment, run_dir: Path | None, 
                                       threads=started["threads"],
                                       cpu=started["cpu_capability"],
                                       resumed_threads=started["resumed_threads"])
+        status = "failed"
         try:
             if finished is None:
                 state, status = run_rounds(algorithm, env, logger, state, start_round,
-                                           checkpoint=checkpoint)
+                                           checkpoint=checkpoint,
+                                           progress_lines=run_dir is not None)
             else:
                 status = finished
+        except KeyboardInterrupt:
+            status = "interrupted"
+            raise
         finally:
-            logger.close()
+            logger.close(status)
         wall = wall_offset + time.perf_counter() - t0
         result = RunResult(status, logger.records, run_dir, wall, state)
         if run_dir is not None:
+            numbers = result.numbers
             summary = {"name": cfg.name, "algorithm": cfg.algorithm.name,
                        "dataset": cfg.data.name, "model": cfg.model.name, "status": status,
-                       "rounds": last_value(logger.records, "round"),
-                       "final_test_acc": result.final_accuracy,
-                       "best_test_acc": best_value(logger.records, "test_acc"),
+                       "rounds": numbers["rounds"],
+                       "diverged_round": numbers["diverged_round"],
+                       "final_test_acc": numbers["final_test_acc"],
+                       "best_test_acc": numbers["best_test_acc"],
                        "wall_time_s": round(wall, 3),
                        "resumed_from": list(resumed_from or []),
                        "threads": started["threads"],
@@ -536,11 +674,13 @@ def _resume(run_dir: Path, saved: Path) -> RunResult:
     if ckpt is not None:
         resume = _restore(run_dir, ckpt, records, algorithm, env)
     if resume is None:
-        for name in ("metrics.jsonl", "metrics.csv", "summary.json"):
+        for name in ("metrics.jsonl", "summary.json", *LEGACY_FILES):
             (run_dir / name).unlink(missing_ok=True)
         return _execute(cfg, algorithm, env, run_dir)
     ckpt, t = resume.checkpoint, resume.round
-    records = truncate_metrics(run_dir, ckpt["records"], t)
+    records = [decode_record(r) for r in truncate_metrics(run_dir, ckpt["records"], t)]
+    for name in LEGACY_FILES:                # an earlier version's csv of the records
+        (run_dir / name).unlink(missing_ok=True)
     common = {"state": resume.state, "records": records, "wall_offset": ckpt["wall_time_s"]}
     if resume.finished(cfg):
         return _execute(cfg, algorithm, env, run_dir, **common,

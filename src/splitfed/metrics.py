@@ -1,6 +1,20 @@
-"""Where a run's numbers go: one JSON line per record, a CSV at the end, a summary.
+"""Where a run's numbers go: one JSON line per record (``metrics.jsonl``), a summary.
 
 Algorithms return metrics; only the round loop logs them, through this interface.
+
+Non-finite numbers: a record keeps a NaN or an infinity as a float, in memory and on
+disk, where it is written as the token ``NaN``, ``Infinity`` or ``-Infinity`` (what
+Python's :mod:`json` writes and reads back; strict JSON parsers need an option for it).
+:func:`read_records` gives floats back, also for the text ``"nan"`` that earlier
+versions wrote.
+
+Divergence, one definition for every command (:func:`divergence`): a run diverges at the
+first round whose ``train_loss``, ``test_loss`` or ``test_acc`` is not finite; the round
+loop stops it there with status ``diverged``. Its final accuracy is NaN, its best
+accuracy the best evaluated before that round (:func:`record_summary`).
+
+``metrics.csv`` is no longer written by every run: ``splitfed results RUN_DIR --format
+csv`` or :func:`splitfed.results.load_runs` give it on demand (:func:`write_csv`).
 """
 
 from __future__ import annotations
@@ -10,7 +24,9 @@ import errno
 import io
 import json
 import math
+import numbers
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 from splitfed.errors import FormatError
@@ -18,35 +34,68 @@ from splitfed.errors import FormatError
 #: the largest ``metrics.jsonl`` read back (far above any real run's records)
 MAX_METRICS_BYTES = 1 << 30
 
+#: the record fields whose non-finite value makes a run diverge (:func:`divergence`)
+DIVERGENCE_KEYS = ("train_loss", "test_loss", "test_acc")
 
-def _clean(v):
-    if isinstance(v, float) and not math.isfinite(v):
-        return str(v)
+#: the texts earlier versions wrote for non-finite floats, read back as floats
+_NONFINITE_TEXT = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf,
+                   "infinity": math.inf, "-infinity": -math.inf}
+
+
+def _number(v):
+    """``v`` as a plain Python value: a numpy scalar becomes an int or a float, and a NaN
+    the one object :data:`math.nan`, so that records holding NaN compare equal (``==``
+    on lists and dicts takes an identical object as equal)."""
+    if isinstance(v, bool) or v is None or isinstance(v, (int, str)):
+        return v
+    if isinstance(v, float):
+        return math.nan if v != v else v
+    if isinstance(v, numbers.Integral):
+        return int(v)
+    if isinstance(v, numbers.Real):
+        v = float(v)
+        return math.nan if v != v else v
     return v
 
 
 class MetricLogger:
-    """Appends records to ``metrics.jsonl`` (flushed per record) and keeps them in memory."""
+    """Appends records to ``metrics.jsonl`` (flushed per record) and keeps them in memory.
 
-    def __init__(self, run_dir: str | Path | None):
+    ``sinks``: objects with ``log(record)`` and ``close(status)`` (:mod:`splitfed.tracking`:
+    TensorBoard, MLflow) that receive every record after it is written; they are closed
+    by :meth:`close`, with the run's status."""
+
+    def __init__(self, run_dir: str | Path | None, sinks: Iterable | None = None):
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.records: list[dict] = []
+        self.sinks = list(sinks or [])
         self._fh = None
         if self.run_dir is not None:
             self._fh = _open_append(self.run_dir / "metrics.jsonl")
 
     def log(self, record: dict) -> None:
-        record = {k: _clean(v) for k, v in record.items()}
+        record = {k: _number(v) for k, v in record.items()}
         self.records.append(record)
         if self._fh is not None:
-            self._fh.write(json.dumps(record) + "\n")
+            self._fh.write(json.dumps(record) + "\n")     # NaN stays NaN (allow_nan)
             self._fh.flush()
+        for sink in self.sinks:
+            sink.log(record)
 
-    def close(self) -> None:
+    def close(self, status: str = "completed") -> None:
+        """Close the file and the sinks (each sink is closed even if another fails)."""
         if self._fh is not None:
             self._fh.close()
             self._fh = None
-            write_csv(self.records, self.run_dir / "metrics.csv")
+        sinks, self.sinks = self.sinks, []
+        error = None
+        for sink in sinks:
+            try:
+                sink.close(status)
+            except Exception as e:  # noqa: BLE001 - close the others, then raise it
+                error = error or e
+        if error is not None:
+            raise error
 
 
 def _open_append(path: Path):
@@ -64,9 +113,22 @@ def _open_append(path: Path):
     return os.fdopen(fd, "a", encoding="utf-8")
 
 
+def decode_record(record: dict) -> dict:
+    """``record`` as read from JSON, as :class:`MetricLogger` keeps it in memory: the
+    non-finite numbers earlier versions wrote as text (``"nan"``, ``"inf"``, ``"-inf"``)
+    turned back into floats, every NaN the object :data:`math.nan`."""
+    out = {}
+    for k, v in record.items():
+        if isinstance(v, str) and v.strip().lower() in _NONFINITE_TEXT:
+            v = _NONFINITE_TEXT[v.strip().lower()]
+        out[k] = _number(v)
+    return out
+
+
 def read_records(path: str | Path) -> list[dict]:
     """The records of a ``metrics.jsonl`` file, checked: every non-blank line a JSON
-    object with an integer ``round`` >= 0.
+    object with an integer ``round`` >= 0. Non-finite numbers come back as floats
+    (:func:`decode_record`).
 
     Raises :class:`FormatError` naming the file and line when it is not such a file
     (torn, truncated, foreign), or naming the file when it is not a regular file (a
@@ -96,22 +158,88 @@ def read_records(path: str | Path) -> list[dict]:
         if isinstance(r, bool) or not isinstance(r, int) or r < 0:
             raise FormatError(f"{path}: line {n} has no round number (an integer >= 0); "
                               "not a metrics file")
-        records.append(record)
+        records.append(decode_record(record))
     return records
 
 
 def write_csv(records: list[dict], path: Path) -> None:
-    columns: list[str] = []
-    for r in records:
-        columns += [k for k in r if k not in columns]
-    buf = io.StringIO(newline="")
-    w = csv.DictWriter(buf, fieldnames=columns)
-    w.writeheader()
-    w.writerows(records)
-    data = buf.getvalue().encode("utf-8")
+    """The records as CSV (a column per field, in the order first seen), written
+    atomically; non-finite numbers as ``nan``, ``inf``, ``-inf``."""
+    data = csv_text(records).encode("utf-8")
     from splitfed.checkpoint import atomic_write   # (imports torch: load it late)
 
     atomic_write(path, lambda fh: fh.write(data))   # replaces a link, never its target
+
+
+def csv_text(rows: list[dict], columns: list[str] | None = None) -> str:
+    """``rows`` as CSV text with a header; ``columns`` default to every key, in the order
+    first seen. A missing value is an empty cell."""
+    if columns is None:
+        columns = []
+        seen = set()
+        for r in rows:
+            for k in r:
+                if k not in seen:
+                    seen.add(k)
+                    columns.append(k)
+    buf = io.StringIO(newline="")
+    w = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore")
+    w.writeheader()
+    w.writerows(rows)
+    return buf.getvalue()
+
+
+# ------------------------------------------------------------------------ numbers
+
+
+def is_finite_number(v) -> bool:
+    """True for an int or a finite float (not a bool, not None, not text)."""
+    return (isinstance(v, numbers.Real) and not isinstance(v, bool)
+            and math.isfinite(float(v)))
+
+
+def _non_finite(v) -> bool:
+    if isinstance(v, bool):
+        return False
+    if isinstance(v, numbers.Real):
+        return not math.isfinite(float(v))
+    return isinstance(v, str) and v.strip().lower() in _NONFINITE_TEXT
+
+
+def divergence(records: Iterable[dict]) -> int | None:
+    """The round at which the run diverged: the first record whose ``train_loss``,
+    ``test_loss`` or ``test_acc`` is not finite (NaN or infinite; also the text
+    ``"nan"`` of files written by earlier versions); None when every one is finite."""
+    for r in records:
+        if any(_non_finite(r.get(k)) for k in DIVERGENCE_KEYS):
+            return int(r["round"])
+    return None
+
+
+def record_summary(records: list[dict], status: str | None = None) -> dict:
+    """What a run's records say, by the one definition used everywhere (summary.json,
+    ``splitfed run``'s line, ``splitfed results``, sweeps and studies):
+
+    - ``rounds``: the last round recorded (None without records);
+    - ``diverged_round``: :func:`divergence` (or, when ``status`` is ``diverged`` and no
+      record shows a non-finite value, the last round), else None;
+    - ``final_test_acc``: NaN for a diverged run; else the last evaluated test accuracy
+      (None when none was evaluated);
+    - ``best_test_acc``: the best finite test accuracy of the rounds before the
+      divergence (all rounds when it did not diverge); None when there is none.
+    """
+    diverged = divergence(records)
+    if diverged is None and status == "diverged" and records:
+        diverged = int(records[-1]["round"])
+    before = [r for r in records if diverged is None or r["round"] < diverged]
+    accs = [float(r["test_acc"]) for r in before if is_finite_number(r.get("test_acc"))]
+    if diverged is not None:
+        final = math.nan
+    else:
+        final = last_value(records, "test_acc")
+        final = None if final is None else float(final)
+    return {"rounds": last_value(records, "round"), "diverged_round": diverged,
+            "final_test_acc": final, "best_test_acc": max(accs) if accs else None}
 
 
 def last_value(records: list[dict], key: str):
@@ -122,5 +250,7 @@ def last_value(records: list[dict], key: str):
 
 
 def best_value(records: list[dict], key: str):
-    vals = [r[key] for r in records if isinstance(r.get(key), (int, float))]
+    """The largest finite value of ``key`` (None when there is none); for test accuracy
+    use :func:`record_summary`, which stops at the divergence."""
+    vals = [r[key] for r in records if is_finite_number(r.get(key))]
     return max(vals) if vals else None

@@ -10,7 +10,13 @@ Each argument is a run directory (what ``splitfed run`` writes: ``metrics.jsonl`
 - ``bytes``: against cumulative MB sent (up + down; MB = 10^6 bytes).
 
 Lines are labelled ``--label`` (one per run), else ``<algorithm>`` from the run's
-config, else the directory name; duplicate labels get the directory name added.
+config, else the directory name; duplicate labels get what tells their directory names
+apart added (``fedavg (lr0.05)``, ``fedavg (lr0.1)``; else the whole name).
+
+A diverged run (:func:`splitfed.metrics.divergence`: its loss became non-finite) is drawn
+up to its last evaluation before it diverged; an ``x`` in the line's colour marks the
+round it diverged at (at the height of that last accuracy), and its legend entry says
+``(diverged at round N)``.
 
 The image format is the output's suffix (``.png``, ``.pdf``, ``.svg``, or another format
 matplotlib writes). An existing output is not overwritten unless ``--force`` is given;
@@ -22,13 +28,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 from splitfed.configtools import yaml_load
 from splitfed.errors import ConfigError
-from splitfed.metrics import read_records
+from splitfed.metrics import divergence, is_finite_number, read_records
 from splitfed.study import curve
 
 AXES = ("round", "time", "bytes")
@@ -71,18 +78,60 @@ def load_curves(runs: Sequence[str | Path], labels: Sequence[str] | None = None
             records = read_records(metrics)   # FormatError names the file and line
         except OSError as e:
             raise ConfigError(f"cannot read {metrics} ({e.strerror or e})") from None
-        c = curve(records)
-        if not c["round"]:
+        c = _curve(records)
+        if not c["round"] and c["diverged_round"] is None:
             raise ConfigError(f"{metrics}: no evaluated round (no test_acc) to plot")
         c["label"] = labels[i] if labels is not None else _default_label(metrics)
         c["source"] = metrics.parent.name
         out.append(c)
     if labels is None:
         seen = [c["label"] for c in out]
-        for c in out:
-            if seen.count(c["label"]) > 1:
-                c["label"] = f"{c['label']} ({c['source']})"
+        for label in set(seen):
+            same = [c for c in out if c["label"] == label]
+            if len(same) > 1:
+                for c, tell in zip(same, _distinct([c["source"] for c in same])):
+                    c["label"] = f"{label} ({tell})"
+    for c in out:
+        if c["diverged_round"] is not None:
+            c["label"] += f" (diverged at round {c['diverged_round']})"
     return out
+
+
+def _distinct(names: list[str]) -> list[str]:
+    """What tells run directory names apart: without their time (``-YYYYmmdd-HHMMSS``)
+    and the words all of them begin with (``quick_digits-fedavg-``); the whole names
+    when that leaves two alike or one empty."""
+    bare = [re.sub(r"-\d{8}-\d{6}(-\d+)?$", "", n) for n in names]
+    words = [b.split("-") for b in bare]
+    k = 0
+    while all(len(w) > k + 1 and w[k] == words[0][k] for w in words):
+        k += 1
+    short = ["-".join(w[k:]) for w in words]
+    return short if all(short) and len(set(short)) == len(short) else list(names)
+
+
+def _curve(records: list[dict]) -> dict:
+    """:func:`splitfed.study.curve` of the records, with ``diverged_round`` and, for a
+    diverged run, the points before that round only and ``diverged_at``: the marker's
+    position on each axis (``round``, ``time_s``, ``bytes``, ``test_acc``)."""
+    diverged = divergence(records)
+    c = curve(records)
+    c["diverged_round"], c["diverged_at"] = diverged, None
+    keep = [i for i, (r, a) in enumerate(zip(c["round"], c["test_acc"]))
+            if (diverged is None or r < diverged) and is_finite_number(a)]
+    for key in ("round", "test_acc", "bytes", "time_s"):
+        c[key] = [c[key][i] for i in keep]
+    if diverged is None:
+        return c
+    at = next(i for i, r in enumerate(records) if r["round"] == diverged)
+    acc = c["test_acc"][-1] if c["test_acc"] else records[at].get("test_acc")
+    acc = float(acc) if is_finite_number(acc) else 0.0
+    marked = [{k: v for k, v in r.items() if k != "test_acc"} for r in records[:at + 1]]
+    marked[-1]["test_acc"] = acc          # curve() gives the round's time and bytes
+    m = curve(marked)
+    c["diverged_at"] = {"round": m["round"][-1], "time_s": m["time_s"][-1],
+                        "bytes": m["bytes"][-1], "test_acc": acc}
+    return c
 
 
 def plot_runs(runs: Sequence[str | Path], out: str | Path, *,
@@ -107,8 +156,17 @@ def plot_runs(runs: Sequence[str | Path], out: str | Path, *,
         for c in curves:
             x = {"round": c["round"], "time": c["time_s"],
                  "bytes": [b / 1e6 for b in c["bytes"]]}[axis]
-            ax.plot(x, c["test_acc"], marker="o" if len(x) < 15 else None, markersize=3,
-                    label=c["label"])
+            (line,) = ax.plot(x, c["test_acc"], marker="o" if len(x) < 15 else None,
+                              markersize=3, label=c["label"])
+            at = c["diverged_at"]
+            if at is not None:
+                xd = {"round": at["round"], "time": at["time_s"],
+                      "bytes": at["bytes"] / 1e6}[axis]
+                if len(x):                     # dotted from the last evaluation to the x
+                    ax.plot([x[-1], xd], [c["test_acc"][-1], at["test_acc"]],
+                            linestyle=":", color=line.get_color())
+                ax.plot([xd], [at["test_acc"]], marker="x", markersize=9,
+                        markeredgewidth=2, linestyle="none", color=line.get_color())
         ax.set_xlabel(_axis_label(axis, curves))
         ax.set_ylabel("test accuracy")
         ax.grid(alpha=0.3)

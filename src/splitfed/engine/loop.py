@@ -4,10 +4,20 @@ Each round: sample the participants, let the algorithm run its round (it returns
 :class:`~splitfed.engine.rounds.RoundResult`), read the round's bytes from the ledger,
 turn the samples it trained on into client and server multiply-accumulates
 (``server_samples``, when an algorithm's server trains on fewer or more samples than its
-clients; None: the same as ``samples``), record the server-side model memory
+clients; None: the same as ``samples``; ``server_model_samples``: samples on which the
+server trains the whole model, on its own data), record the server-side model memory
 (``server_param_bytes``: ``algorithm.server_copies`` copies of the server part), evaluate
-every ``eval_every`` rounds (and at round 0 and the last round), log one record. A
-non-finite training loss stops the run with status ``diverged`` at that round.
+every ``eval_every`` rounds (and at round 0 and the last round), log one record. The run
+diverges (:func:`splitfed.metrics.divergence`) at the first round whose training loss, or
+whose evaluated test loss or accuracy, is not finite: the record of that round is logged
+(a non-finite training loss skips the evaluation) and the run stops with status
+``diverged``.
+
+Progress: with ``progress: true`` a progress bar (tqdm); with ``progress: false`` and
+``progress_lines`` (what :func:`splitfed.experiment.run_experiment` passes for a run that
+writes a run directory) one line per evaluated round (and one when it diverges) on
+stderr, ``<name>: round 5/20, train loss 0.4123, test acc 0.8123, elapsed
+12.3 s``, so that long runs show their progress in logs; stdout stays clean.
 
 ``clients_used`` counts the round's distinct participants whose work the round used (the
 cohort after availability and over-selection, less the clients the deadline dropped). A
@@ -26,6 +36,7 @@ algorithm's round: every record has ``sim_round_s`` (simulated seconds of the ro
 from __future__ import annotations
 
 import math
+import sys
 import time
 
 from tqdm import tqdm
@@ -33,6 +44,7 @@ from tqdm import tqdm
 from splitfed.engine.evaluate import evaluate
 from splitfed.engine.flops import TRAIN_FACTOR, forward_macs
 from splitfed.engine.rounds import RoundResult
+from splitfed.metrics import divergence
 from splitfed.models import output_shape, split
 from splitfed.transport import payload_bytes
 
@@ -86,20 +98,30 @@ def _over_select(env, cohort, work):
 
 
 def run_rounds(algorithm, env, logger, state: dict | None = None,
-               start_round: int = 1, checkpoint=None) -> tuple[dict, str]:
+               start_round: int = 1, checkpoint=None,
+               progress_lines: bool = False) -> tuple[dict, str]:
     """Run rounds ``start_round..config.rounds``; returns the final state and the status.
 
     ``checkpoint(t, state, status)``, when given, is called after each round's record is
-    logged (:class:`splitfed.checkpoint.Checkpointer` decides whether to write)."""
+    logged (:class:`splitfed.checkpoint.Checkpointer` decides whether to write).
+    ``progress_lines``: with ``progress: false``, a line on stderr per evaluated round."""
     cfg = env.config
     if state is None:
         state = algorithm.init_state(env)
+    started = time.perf_counter()
+    lines = progress_lines and not cfg.progress
     if start_round == 1:
-        logger.log({"round": 0, **_evaluate(algorithm, env, state)})
+        first = {"round": 0, **_evaluate(algorithm, env, state)}
+        logger.log(first)
+        if divergence([first]) is not None:          # the initial model: no round runs
+            if lines:
+                _progress_line(cfg, first, started, "diverged")
+            return state, "diverged"
     status = "completed"
     needs_clients = getattr(algorithm, "federated", True)
     used_any = any(r.get("clients_used", 0) for r in getattr(logger, "records", []) or [])
     client_macs, server_macs = macs_per_sample(algorithm, env)
+    model_macs = TRAIN_FACTOR * forward_macs(env.model, tuple(env.data.input_shape))
     copy_bytes = server_copy_bytes(algorithm, env)
     work = client_work(algorithm, env) if env.clock.keep is not None else None
     bar = tqdm(range(start_round, cfg.rounds + 1), desc=cfg.name, unit="round",
@@ -123,16 +145,19 @@ def run_rounds(algorithm, env, logger, state: dict | None = None,
                   "round_time_s": time.perf_counter() - t0}
         server = result.samples if result.server_samples is None else result.server_samples
         record["client_macs"] = result.samples * client_macs
-        record["server_macs"] = server * server_macs
+        record["server_macs"] = server * server_macs + result.server_model_samples * model_macs
         record["server_param_bytes"] = algorithm.server_copies(env, cohort) * copy_bytes
-        loss = record.get("train_loss")
-        if loss is not None and not math.isfinite(loss):
+        if divergence([record]) is not None:          # a non-finite training loss
             status = "diverged"
         elif t % cfg.eval_every == 0 or t == cfg.rounds:
             record.update(_evaluate(algorithm, env, state))
+            if divergence([record]) is not None:      # a non-finite test loss
+                status = "diverged"
         if t == cfg.rounds and status == "completed" and needs_clients and not used_any:
             status = "no_client_trained"
         logger.log(record)
+        if lines and ("test_acc" in record or status == "diverged"):
+            _progress_line(cfg, record, started, status)
         if checkpoint is not None:
             checkpoint(t, state, status)
         bar.set_postfix({k: f"{record[k]:.4f}" for k in ("train_loss", "test_acc")
@@ -141,3 +166,16 @@ def run_rounds(algorithm, env, logger, state: dict | None = None,
             break
     bar.close()
     return state, status
+
+
+def _progress_line(cfg, record: dict, started: float, status: str) -> None:
+    """One line on stderr: the round, its training loss and test accuracy, the time."""
+    parts = [f"{cfg.name}: round {record['round']}/{cfg.rounds}"]
+    for key, what in (("train_loss", "train loss"), ("test_acc", "test acc")):
+        value = record.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            parts.append(f"{what} {value:.4f}")
+    parts.append(f"elapsed {time.perf_counter() - started:.1f} s")
+    if status == "diverged":
+        parts.append("diverged (non-finite loss): the run stops")
+    print(", ".join(parts), file=sys.stderr, flush=True)

@@ -52,7 +52,7 @@ from splitfed.errors import ConfigError
 from splitfed.experiment import (RunResult, _check_empty, _new_run_dir, _write_atomic,
                                  build_algorithm, build_environment, check_run_files,
                                  lock_run_dir, write_config)
-from splitfed.metrics import MetricLogger, best_value, last_value
+from splitfed.metrics import MetricLogger, record_summary
 from splitfed.provenance import provenance
 from splitfed.runtime.placement import (RankPlacement, RoundControl, RuntimeClock, StopRun,
                                         host_ranks)
@@ -227,9 +227,7 @@ def _run(links, cfg, algorithm, env, control, run_dir: Path, options, ckpt, *, s
     wall = wall0 + time.perf_counter() - t0
     summary = {"name": cfg.name, "algorithm": cfg.algorithm.name, "dataset": cfg.data.name,
                "model": cfg.model.name, "status": status,
-               "rounds": last_value(logger.records, "round"),
-               "final_test_acc": last_value(logger.records, "test_acc"),
-               "best_test_acc": best_value(logger.records, "test_acc"),
+               **record_summary(logger.records, status),
                "wall_time_s": round(wall, 3), "resumed_from": resumed,
                "threads": started["threads"], "cpu_capability": started["cpu"],
                "resumed_threads": list(started["resumed_threads"]),

@@ -233,10 +233,12 @@ def _serve(args, links, serve, options) -> int:
     except BaseException:
         links.stop_all("error")
         raise
-    acc = result.final_accuracy
+    n = result.numbers
+    acc = n["final_test_acc"]
+    what = (f"diverged at round {n['diverged_round']}" if n["diverged_round"] is not None
+            else f"test accuracy {'n/a' if acc is None else f'{acc:.4f}'}")
     print(f"distributed run on {links.world_size} processes: status {result.status}, "
-          f"test accuracy {'n/a' if acc is None else f'{acc:.4f}'}, "
-          f"wall time {result.wall_time_s:.1f} s")
+          f"{what}, wall time {result.wall_time_s:.1f} s")
     print(f"run directory: {result.run_dir}")
     return 0 if result.status == "completed" else 3
 

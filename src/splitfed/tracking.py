@@ -1,0 +1,304 @@
+"""Experiment trackers: TensorBoard and MLflow receive every record of a run.
+
+Enabled in the config's ``tracking`` section (:class:`splitfed.config.TrackingConfig`)::
+
+    tracking:
+      tensorboard: true      # event files in <run_dir>/tensorboard  (splitfed[tensorboard])
+      mlflow: true           # an MLflow run                        (splitfed[mlflow])
+      mlflow_uri: null       # null: a file store in <run_dir>/mlruns
+      experiment: null       # MLflow experiment name; null: the run's name
+
+``metrics.jsonl`` stays the record of the run; a tracker is a copy for the tools that
+read these formats. Each is a *sink* of the run's :class:`~splitfed.metrics.MetricLogger`:
+
+- every record's numbers (ints and floats; NaN and infinities too) are logged with the
+  record's ``round`` as the step: TensorBoard scalars (``torch.utils.tensorboard``, stored
+  as float32 by TensorBoard; ``bytes_up/weights`` is the tag ``weights`` in the group
+  ``bytes_up``), MLflow metrics (float64; a ``/`` in a name becomes ``.``:
+  ``bytes_up.weights``, since MLflow's file store keeps each metric in a file named after
+  it, and ``bytes_up`` is a metric too; other characters MLflow refuses become ``_``);
+- MLflow also gets the flattened config as parameters (``train.lr``, ``partition.alpha``,
+  ... :func:`splitfed.results.flatten_config`) and the provenance as tags
+  (``splitfed.version``, ``splitfed.commit``, ..., and ``mlflow.source.git.commit``),
+  the run directory's name as the run name, and at the end the run's status as the tag
+  ``splitfed.status`` (and ``splitfed.diverged_round``); the MLflow run ends FINISHED
+  when the run completed, KILLED when it was interrupted, FAILED otherwise;
+- the sinks are closed when the run ends, however it ends (an error, Ctrl-C).
+
+A resumed run continues its trackers: TensorBoard discards the events of the rounds after
+the checkpoint (``purge_step``), and MLflow logs into the same run (its id is kept in
+``<run_dir>/tracking.json``; MLflow cannot delete values, so the rounds between the
+checkpoint and the interruption appear twice in its metric histories, with the same
+values when the run is resumed with its thread count).
+
+A package that is not installed is refused when the config is validated
+(:func:`check_installed`: ``pip install 'splitfed[tensorboard]'``, ``'splitfed[mlflow]'``),
+before anything is written. A tracker that fails while the run goes on (a full disk, an
+MLflow server that went away) prints one warning and is switched off; the run continues.
+
+The default MLflow store is a local file store (``file:<run_dir>/mlruns``), which MLflow
+3 keeps in maintenance mode behind the environment variable ``MLFLOW_ALLOW_FILE_STORE``:
+splitfed sets it to ``true`` for such a store unless it is set. Read the store with
+``MLFLOW_ALLOW_FILE_STORE=true mlflow ui --backend-store-uri RUN_DIR/mlruns`` (the
+``mlflow`` package), or give ``mlflow_uri`` (``sqlite:///...``, ``http://...``) to log
+many runs into one store.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import numbers
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+from splitfed.errors import ConfigError, FormatError
+
+#: where a run keeps its MLflow run id (for a resume)
+TRACKING_FILE = "tracking.json"
+#: TensorBoard's folder in a run directory
+TENSORBOARD_DIR = "tensorboard"
+#: the default MLflow file store in a run directory
+MLRUNS_DIR = "mlruns"
+
+#: tracker -> (the package it imports, the extra that installs it)
+PACKAGES = {"tensorboard": ("tensorboard", "tensorboard"), "mlflow": ("mlflow", "mlflow")}
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def check_installed(tracking) -> None:
+    """ConfigError naming the extra to install when an enabled tracker's package is
+    missing (called when the config is validated: nothing is written yet)."""
+    for key, (module, extra) in PACKAGES.items():
+        if getattr(tracking, key) and not _installed(module):
+            raise ConfigError(f"{key}=true needs the {module} package, which is not "
+                              f"installed: pip install 'splitfed[{extra}]'")
+
+
+def enabled(cfg) -> bool:
+    t = cfg.tracking
+    return bool(t.tensorboard or t.mlflow)
+
+
+def open_trackers(cfg, run_dir: str | Path, start_round: int = 1) -> list:
+    """The sinks of ``cfg.tracking`` for a run writing ``run_dir`` whose next record is
+    of round ``start_round`` (1: a new run, which logs round 0 first). Empty when no
+    tracker is enabled."""
+    if not enabled(cfg):
+        return []
+    run_dir = Path(run_dir)
+    sinks: list = []
+    try:
+        if cfg.tracking.tensorboard:
+            sinks.append(TensorBoardSink(run_dir, start_round))
+        if cfg.tracking.mlflow:
+            sinks.append(MLflowSink(cfg, run_dir, start_round))
+    except BaseException:
+        for sink in sinks:
+            sink.close("failed")
+        raise
+    return sinks
+
+
+def numeric(record: dict) -> dict[str, float]:
+    """The record's numbers (ints and floats, not bools), ``round`` left out."""
+    return {k: float(v) for k, v in record.items()
+            if k != "round" and isinstance(v, numbers.Real) and not isinstance(v, bool)}
+
+
+def _check_folder(path: Path) -> None:
+    """Refuse a tracker folder that is a link or not a folder (never written through)."""
+    if path.is_symlink() or (path.exists() and not path.is_dir()):
+        raise FormatError(f"{path} is {'a symbolic link' if path.is_symlink() else 'a file'}"
+                          ", not a folder; the run directory is damaged or not splitfed's: "
+                          "delete it to rerun the run")
+
+
+def _warn(name: str, e: BaseException) -> None:
+    first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+    print(f"splitfed: warning: {name}: {first}; {name} tracking is off for the rest of "
+          "this run (metrics.jsonl has every record)", file=sys.stderr, flush=True)
+
+
+class _Sink:
+    """A tracker that switches itself off, with one warning, when it fails mid-run."""
+
+    name = "tracker"
+
+    def __init__(self):
+        self.failed = False
+        self.diverged_round: int | None = None
+
+    def log(self, record: dict) -> None:
+        if self.failed:
+            return
+        if self.diverged_round is None and _diverged(record):
+            self.diverged_round = int(record["round"])
+        try:
+            self._log(int(record["round"]), numeric(record))
+        except Exception as e:  # noqa: BLE001 - the run goes on without this tracker
+            self.failed = True
+            _warn(self.name, e)
+
+    def close(self, status: str) -> None:
+        try:
+            self._close(status)
+        except Exception as e:  # noqa: BLE001 - the run's own files are written already
+            if not self.failed:
+                _warn(self.name, e)
+            self.failed = True
+
+    def _log(self, step: int, values: dict[str, float]) -> None:
+        raise NotImplementedError
+
+    def _close(self, status: str) -> None:
+        raise NotImplementedError
+
+
+def _diverged(record: dict) -> bool:
+    from splitfed.metrics import divergence
+
+    return divergence([record]) is not None
+
+
+class TensorBoardSink(_Sink):
+    """Scalars into ``<run_dir>/tensorboard`` (``torch.utils.tensorboard.SummaryWriter``);
+    a resumed run purges the events from ``start_round`` on."""
+
+    name = "tensorboard"
+
+    def __init__(self, run_dir: Path, start_round: int = 1):
+        super().__init__()
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.log_dir = run_dir / TENSORBOARD_DIR
+        _check_folder(self.log_dir)
+        again = self.log_dir.is_dir() and any(self.log_dir.iterdir())
+        purge = (start_round if start_round > 1 else 0) if again else None
+        self.writer = SummaryWriter(log_dir=str(self.log_dir), purge_step=purge)
+
+    def _log(self, step: int, values: dict[str, float]) -> None:
+        for key, value in values.items():
+            self.writer.add_scalar(key, value, global_step=step)
+        self.writer.flush()
+
+    def _close(self, status: str) -> None:
+        self.writer.close()
+
+
+class MLflowSink(_Sink):
+    """An MLflow run (``mlflow.tracking.MlflowClient``): the flattened config as params,
+    the provenance as tags, every record's numbers as metrics at step ``round``."""
+
+    name = "mlflow"
+    BATCH = 100                               # MLflow's limit of params per call
+
+    def __init__(self, cfg, run_dir: Path, start_round: int = 1):
+        super().__init__()
+        self.run_dir = run_dir
+        self.uri = cfg.tracking.mlflow_uri or (run_dir.resolve() / MLRUNS_DIR).as_uri()
+        if self.uri.startswith("file:") or "://" not in self.uri:
+            if cfg.tracking.mlflow_uri is None:
+                _check_folder(run_dir / MLRUNS_DIR)
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        from mlflow.tracking import MlflowClient
+
+        self.client = MlflowClient(tracking_uri=self.uri)
+        self.run_id = self._resumed_run() if start_round > 1 else None
+        if self.run_id is None:
+            self.run_id = self._new_run(cfg)
+
+    def _resumed_run(self) -> str | None:
+        """The MLflow run of an earlier session of this run, set running again."""
+        try:
+            saved = json.loads((self.run_dir / TRACKING_FILE).read_text(encoding="utf-8"))
+            run_id = saved["mlflow"]["run_id"] if saved["mlflow"]["uri"] == self.uri else None
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        if run_id is None:
+            return None
+        try:
+            self.client.get_run(run_id)
+        except Exception:  # noqa: BLE001 - gone (another store, deleted): a new run
+            return None
+        self.client.update_run(run_id, status="RUNNING")
+        return run_id
+
+    def _new_run(self, cfg) -> str:
+        from mlflow.entities import Param
+
+        from splitfed.configtools import to_dict
+        from splitfed.provenance import provenance
+        from splitfed.results import flatten_config
+
+        name = cfg.tracking.experiment or cfg.name
+        experiment = self.client.get_experiment_by_name(name)
+        if experiment is not None:
+            experiment_id = experiment.experiment_id
+        else:
+            try:
+                experiment_id = self.client.create_experiment(name)
+            except Exception:  # noqa: BLE001 - made meanwhile by another process
+                experiment = self.client.get_experiment_by_name(name)
+                if experiment is None:
+                    raise
+                experiment_id = experiment.experiment_id
+        prov = provenance()
+        tags = {"mlflow.runName": self.run_dir.name,
+                "splitfed.run_dir": str(self.run_dir.resolve()),
+                **{f"splitfed.{'version' if k == 'splitfed' else k}": str(v)
+                   for k, v in prov.items() if v is not None}}
+        if prov.get("commit"):
+            tags["mlflow.source.git.commit"] = prov["commit"]
+        run = self.client.create_run(experiment_id, tags=tags, run_name=self.run_dir.name)
+        run_id = run.info.run_id
+        params = [Param(mlflow_key(k), _param_text(v))
+                  for k, v in flatten_config(to_dict(cfg)).items()]
+        for i in range(0, len(params), self.BATCH):
+            self.client.log_batch(run_id, params=params[i:i + self.BATCH])
+        text = json.dumps({"mlflow": {"uri": self.uri, "run_id": run_id,
+                                      "experiment_id": experiment_id}}, indent=2) + "\n"
+        from splitfed.checkpoint import atomic_write
+
+        atomic_write(self.run_dir / TRACKING_FILE, lambda fh: fh.write(text.encode("utf-8")))
+        return run_id
+
+    def _log(self, step: int, values: dict[str, float]) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        metrics = [Metric(mlflow_key(k), v, now, step) for k, v in values.items()]
+        for i in range(0, len(metrics), 1000):          # MLflow's limit per call
+            self.client.log_batch(self.run_id, metrics=metrics[i:i + 1000])
+
+    def _close(self, status: str) -> None:
+        self.client.set_tag(self.run_id, "splitfed.status", status)
+        if self.diverged_round is not None:
+            self.client.set_tag(self.run_id, "splitfed.diverged_round",
+                                str(self.diverged_round))
+        end = {"completed": "FINISHED", "interrupted": "KILLED"}.get(status, "FAILED")
+        self.client.set_terminated(self.run_id, status=end)
+
+
+def mlflow_key(key: str) -> str:
+    """A record field's name as an MLflow metric name: ``/`` -> ``.``, characters other
+    than letters, digits, ``_-. `` -> ``_``."""
+    return re.sub(r"[^A-Za-z0-9_\-. ]", "_", key.replace("/", "."))
+
+
+def _param_text(value) -> str:
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, (list, dict)):
+        return json.dumps(value)
+    return str(value)

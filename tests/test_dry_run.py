@@ -1,0 +1,89 @@
+"""``splitfed run CONFIG --dry-run``: every check a run makes, the plan printed, nothing
+trained and nothing written."""
+
+import re
+
+import pytest
+
+from splitfed.cli import main
+from splitfed.config import build_config
+from splitfed.plan import build_plan
+
+TINY = ("name: t\nseed: 0\nrounds: 3\nprogress: false\nalgorithm: {name: fedavg}\n"
+        "data: {name: digits}\npartition: {scheme: iid, num_clients: 4}\n"
+        "model: {name: mlp, hidden: [8]}\n"
+        "train: {batch_size: 8, local_steps: 2, local_epochs: null, lr: 0.1}\n"
+        "participation: {mode: uniform, clients_per_round: 2}\nout_dir: runs\n")
+
+
+@pytest.fixture
+def here(tmp_path, monkeypatch):
+    (tmp_path / "tiny.yaml").write_text(TINY)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def written(root):
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+def test_dry_run_prints_the_plan_and_writes_nothing(here, capsys):
+    assert main(["run", "tiny.yaml", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("dry run of tiny.yaml: ")
+    labels = [line.split()[0] for line in out.splitlines()[1:]]
+    assert labels == ["algorithm", "transforms", "data", "clients", "participation", "local",
+                      "samples/round", "model", "compute", "communication", "rounds",
+                      "clock", "device", "would"]
+    assert "clients        4, iid: samples min 359, median 359.5, max 360 (total 1438)" in out
+    assert "participation  uniform: 2 clients a round" in out
+    assert "samples/round  32 (" in out                        # 2 clients x 2 steps x 8
+    assert "model          mlp: " in out
+    assert re.search(r"would write +runs/t-fedavg-YYYYmmdd-HHMMSS/ \(out_dir would be "
+                     r"created\): config\.yaml, ", out)
+    assert written(here) == ["tiny.yaml"]                    # no runs/, no file
+
+
+def test_split_plan_counts_each_side_and_the_activations(here, capsys):
+    argv = ["run", "tiny.yaml", "--dry-run", "algorithm.name=sflv2", "model.hidden=[8,8]"]
+    assert main(argv) == 0                                   # overrides after the flag
+    out = capsys.readouterr().out
+    assert "algorithm      sflv2 (split)" in out
+    assert "per training sample at the cut: " in out
+    cfg = build_config({"name": "t", "algorithm": {"name": "sflv2"},
+                        "data": {"name": "digits"}, "model": {"name": "mlp",
+                                                              "hidden": [8, 8]},
+                        "partition": {"scheme": "iid", "num_clients": 4},
+                        "train": {"batch_size": 8, "local_steps": 2, "local_epochs": None},
+                        "out_dir": str(here / "runs")})
+    plan = build_plan(cfg)
+    m = plan["model"]
+    assert m["client_parameters"] + m["server_parameters"] == m["parameters"]
+    assert m["client_parameters"] == 64 * 8 + 8                # fc1: 8x8 pixels -> 8
+    assert m["bytes"]["up_per_sample"] == 8 * 4 + 8            # 8 float32 and an int64 label
+    assert m["bytes"]["down_per_sample"] == 8 * 4
+    assert plan["clients"]["samples_per_round"]["mean"] == 4 * 2 * 8   # full participation
+    assert written(here) == ["tiny.yaml"]
+
+
+@pytest.mark.parametrize("override, match", [
+    ("model.cut=99", "model.cut=99 is not valid for mlp"),
+    ("train.batch_size=5000", "train.batch_size: 5000 exceeds the 1438 training samples"),
+    ("participation.clients_per_round=9", "clients_per_round"),
+    ("out_dir=afile/sub", "out_dir: cannot create the run directory afile/sub/t-fedavg-"
+                          "YYYYmmdd-HHMMSS .*afile is not a directory"),
+    ("name=" + "x" * 300, "name: cannot create the run directory .* choose a shorter name"),
+    ("train.lr=-1", "train.lr: must be > 0"),
+])
+def test_a_bad_config_fails_as_the_run_would(here, capsys, override, match):
+    (here / "afile").write_text("a file")
+    assert main(["run", "tiny.yaml", override, "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    (line,) = err.strip().splitlines()
+    assert line.startswith("splitfed: error: ") and re.search(match, line), line
+    assert written(here) == ["afile", "tiny.yaml"]
+
+
+def test_dry_run_takes_no_resume(here, capsys):
+    assert main(["run", "--resume", "runs/x", "--dry-run"]) == 2
+    assert "does not take --resume" in capsys.readouterr().err

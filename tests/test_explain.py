@@ -1,0 +1,133 @@
+"""``splitfed config explain`` and docs/config.md: every key, generated from the code."""
+
+import dataclasses
+import subprocess
+import sys
+import typing
+from pathlib import Path
+
+import pytest
+
+from splitfed import explain
+from splitfed.cli import main
+from splitfed.config import RunConfig
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "config.md"
+
+
+def test_docs_config_md_is_up_to_date(tmp_path):
+    """docs/config.md is what ``python -m splitfed.explain`` prints, in a fresh process
+    (built-in components only: no plugin of this process or of the environment)."""
+    proc = subprocess.run([sys.executable, "-m", "splitfed.explain"], capture_output=True,
+                          text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert DOC.is_file(), f"docs/config.md is missing; generate it: {explain.REGENERATE}"
+    assert proc.stdout == DOC.read_text(encoding="utf-8"), (
+        "docs/config.md is stale (a config key, an option or its help changed); "
+        f"regenerate it from the repository root: {explain.REGENERATE}")
+
+
+def test_every_section_key_and_component_option_is_explained():
+    text, doc = explain.explain(), explain.markdown()
+    hints = typing.get_type_hints(RunConfig)
+    for f in dataclasses.fields(RunConfig):
+        section = hints[f.name]
+        if dataclasses.is_dataclass(section):
+            for g in dataclasses.fields(section):
+                assert f"  {f.name}.{g.name}: " in text
+                assert f"| `{f.name}.{g.name}` |" in doc
+        else:
+            assert f"  {f.name}: " in text
+    for kind in explain.KINDS:
+        for name in explain.component_names(kind, builtin_only=True):
+            assert f"### {name}\n" in doc, (kind, name)
+    from splitfed.algorithms import ALGORITHMS, TRANSFORMS
+
+    for name, cls in ALGORITHMS.items():
+        shown = explain.explain(name)
+        for g in dataclasses.fields(cls.Options):
+            assert f"algorithm.{g.name}: " in shown
+    for name, cls in TRANSFORMS.items():
+        shown = explain.explain(name)
+        for g in dataclasses.fields(cls.Options):
+            assert f"    {g.name}: " in shown
+
+
+def test_keys_show_type_default_bounds_and_help(capsys):
+    assert main(["config", "explain"]) == 0
+    out = capsys.readouterr().out
+    assert "  train.batch_size: int = 32  [>= 1, <= 1000000]\n      B samples per step" in out
+    assert "  participation.mode: 'full' | 'uniform' | 'with_replacement' | 'bernoulli' = full" \
+        in out
+    assert "algorithms (algorithm.name): " in out and "models (model.name): " in out
+    assert main(["config", "explain", "train"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("train: ") and "participation." not in out
+
+
+def test_components_show_their_options(capsys):
+    assert main(["config", "explain", "fedopt"]) == 0       # an algorithm and a transform
+    out = capsys.readouterr().out
+    assert "algorithm fedopt: " in out and "transform fedopt: " in out
+    assert "algorithm.server_optimizer: 'adam' | 'yogi' | 'adagrad' = adam" in out
+    assert "server step (the round's aggregate): algorithm.server_transforms" in out
+    assert main(["config", "explain", "dirichlet"]) == 0    # a partitioner's parameters
+    out = capsys.readouterr().out
+    assert "partition.alpha: any = required" in out
+    assert "partition.min_partition_size: int = 10" in out
+    assert main(["config", "explain", "Fashion-MNIST"]) == 0  # data set names as data.name
+    assert "data set fashion_mnist" in capsys.readouterr().out
+    assert main(["config", "explain", "fixed"]) == 0
+    assert "clock.client_compute: float = 1000000000.0" in capsys.readouterr().out
+    assert main(["config", "explain", "lenet5"]) == 0       # a model, with its cuts
+    out = capsys.readouterr().out
+    assert "options: none" in out and "cuts: default cut 2; valid cuts 1, 2, 3, 4" in out
+
+
+def test_unknown_name_is_one_line_listing_what_exists(capsys):
+    assert main(["config", "explain", "fedavgg"]) == 2
+    err = capsys.readouterr().err
+    (line,) = err.strip().splitlines()
+    assert line.startswith("splitfed: error: config explain: unknown name 'fedavgg' "
+                           "(did you mean 'fedavg'?); sections: run, algorithm, ")
+    for part in ("algorithms: ", "transforms: ", "models: ", "data sets: ",
+                 "partitioners: ", "clock profiles: "):
+        assert part in line
+
+
+def test_markdown_of_one_name(capsys):
+    assert main(["config", "explain", "--markdown", "sflv2"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("## algorithm sflv2\n")
+    assert "| `algorithm.order` | `'iteration' \\| 'per_client'` | `iteration` |" in out
+
+
+def _tiny(input_shape, num_classes, *, width: int = 4):
+    """A plugin's model."""
+
+
+@pytest.fixture
+def plugin_model(monkeypatch):
+    """A model registered as a plugin would register it (its origin recorded)."""
+    from splitfed import registry
+    from splitfed.models import MODELS
+
+    monkeypatch.setitem(MODELS, "zz_tiny", _tiny)
+    monkeypatch.setitem(registry._ORIGINS["model"], "zz_tiny", "my_lab")
+
+
+def test_plugins_are_explained_but_stay_out_of_the_doc(plugin_model):
+    assert "zz_tiny" in explain.explain("model")
+    shown = explain.explain("zz_tiny")
+    assert shown.startswith("model zz_tiny [plugin my_lab]: A plugin's model.")
+    assert "model.width: int = 4" in shown
+    assert "zz_tiny" not in explain.markdown()                 # docs/config.md
+    assert "### zz_tiny (plugin my_lab)" in explain.markdown(builtin_only=False)
+
+
+def test_components_defined_outside_the_package_stay_out_of_the_doc(monkeypatch):
+    from splitfed.models import MODELS
+
+    monkeypatch.setitem(MODELS, "zz_tiny", _tiny)             # no origin, not splitfed's
+    assert "zz_tiny" not in explain.markdown()
+    assert "zz_tiny" in explain.markdown(builtin_only=False)
