@@ -1,6 +1,7 @@
 """Studies: validation before any run, outputs, resuming, and the numbers in the table."""
 
 import json
+import math
 import shutil
 
 import pytest
@@ -312,8 +313,8 @@ def test_read_records_names_the_file_and_line(tmp_path):
     with pytest.raises(FormatError, match="not UTF-8"):
         read_records(path)
     path.write_text('{"round": 0, "test_acc": 0.1}\n\n{"round": 1, "test_acc": "nan"}\n')
-    assert read_records(path) == [{"round": 0, "test_acc": 0.1},
-                                  {"round": 1, "test_acc": "nan"}]
+    assert read_records(path) == [{"round": 0, "test_acc": 0.1},     # earlier versions'
+                                  {"round": 1, "test_acc": math.nan}]  # "nan": a float
 
 
 # -------------------------------------------------------------------- DirLock
@@ -389,3 +390,205 @@ def test_a_run_file_that_is_a_directory_is_refused_before_any_run(done, tmp_path
     with pytest.raises(ConfigError, match=f"central-partition.alpha-inf-s0 is damaged: "
                                           f"{name} is not a file; delete the directory"):
         run_study(path, out_dir=out, quiet=True)
+
+
+# ------------------------------------------------- code versions, provenance, publish
+
+from pathlib import Path  # noqa: E402
+
+import splitfed  # noqa: E402
+from splitfed.provenance import git_commit  # noqa: E402
+from splitfed.study import compare_code, publish  # noqa: E402
+from splitfed.study.__main__ import main as study_main  # noqa: E402
+
+
+def _set_provenance(run_dir, **changes):
+    path = run_dir / "summary.json"
+    summary = json.loads(path.read_text())
+    if changes.pop("drop", False):
+        del summary["provenance"]
+    else:
+        summary["provenance"].update(changes)
+    path.write_text(json.dumps(summary))
+
+
+def _counting(monkeypatch):
+    calls = []
+
+    def counting(cfg, **kwargs):
+        calls.append(kwargs["run_dir"].name)
+        return run_experiment(cfg, **kwargs)
+
+    monkeypatch.setattr(study_mod, "run_experiment", counting)
+    return calls
+
+
+def test_compare_code_needs_the_version_and_the_commit_when_both_are_known():
+    now = {"splitfed": "1.2.0", "commit": "a" * 40, "dirty": False}
+    assert compare_code(dict(now), now) == (True, None)
+    assert compare_code(dict(now, dirty=True), now) == (True, None)   # not compared
+    same, note = compare_code(dict(now, splitfed="1.1.0"), now)
+    assert not same and note == (f"recorded with splitfed 1.1.0 (commit {'a' * 10}), "
+                                 f"now splitfed 1.2.0 (commit {'a' * 10})")
+    same, note = compare_code(dict(now, commit="b" * 40, dirty=True), now)
+    assert not same and note.startswith(f"recorded with splitfed 1.2.0 (commit {'b' * 10}, "
+                                        "uncommitted changes), now")
+    same, note = compare_code(dict(now, commit=None), now)           # e.g. a wheel
+    assert same and note == ("compared the splitfed version only: the git commit is "
+                             "unknown where the run was recorded")
+    assert compare_code(dict(now), dict(now, commit=None)) == (
+        True, "compared the splitfed version only: the git commit is unknown here")
+    assert not compare_code(dict(now, commit=None, splitfed="1.1.0"), now)[0]
+    same, note = compare_code(None, now)
+    assert not same and note.startswith("recorded with an unknown code version")
+
+
+def test_a_run_recorded_by_another_version_is_rerun_not_reused(done, tmp_path, monkeypatch,
+                                                                 capsys):
+    path, out = _copy(done, tmp_path)
+    runs = out / "tiny_study" / "runs"
+    _set_provenance(runs / "fl-partition.alpha-inf-s0", splitfed="0.0.1")
+    _set_provenance(runs / "central-partition.alpha-0.5-s0", commit="0" * 40)
+    _set_provenance(runs / "central-partition.alpha-inf-s0", drop=True)
+    calls = _counting(monkeypatch)
+    result = run_study(path, out_dir=out)
+    printed = capsys.readouterr().out
+    git = git_commit()[0] is not None       # else only the versions can be compared
+    assert calls == ["central-partition.alpha-0.5-s0"] * git + [
+        "fl-partition.alpha-inf-s0", "central-partition.alpha-inf-s0"]
+    assert [o.skipped for o in result.outcomes] == [True, not git, False, False]
+    assert ("[3/4] FL (partition.alpha=inf) (seed 0): stale: recorded with splitfed 0.0.1 "
+            "(commit ") in printed and f"now splitfed {splitfed.__version__}" in printed
+    assert printed.count("; rerunning") == 2 + git
+    assert "recorded with an unknown code version" in printed
+    assert "stale" not in (out / "tiny_study" / "results.md").read_text().split("```")[0]
+    prov = json.loads((runs / "fl-partition.alpha-inf-s0" / "summary.json").read_text())
+    assert prov["provenance"]["splitfed"] == splitfed.__version__     # made again, now
+    assert result.summary["provenance"]["runs"]["splitfed"] == [splitfed.__version__]
+
+
+def test_keep_stale_keeps_and_marks_the_run_and_publishing_refuses_it(done, tmp_path,
+                                                                       monkeypatch, capsys):
+    path, out = _copy(done, tmp_path)
+    runs = out / "tiny_study" / "runs"
+    _set_provenance(runs / "fl-partition.alpha-0.5-s0", splitfed="0.0.1")
+    _forbid_runs(monkeypatch)
+    result = run_study(path, out_dir=out, keep_stale=True)
+    printed = capsys.readouterr().out
+    assert "[1/4] FL (partition.alpha=0.5) (seed 0) ... 0." in printed
+    assert "(done earlier, skipped) [stale: recorded with splitfed 0.0.1" in printed
+    assert "; kept]" in printed and "rerunning" not in printed
+    assert result.outcomes[0].stale.startswith("recorded with splitfed 0.0.1")
+    md = (out / "tiny_study" / "results.md").read_text()
+    assert "| status |" in md and "| completed (stale) |" in md
+    assert "- FL (partition.alpha=0.5) (seed 0): stale, recorded with splitfed 0.0.1" in md
+    assert f"Provenance: splitfed 0.0.1 / {splitfed.__version__}, commit " in md
+    assert "splitfed study" in md and "--keep-stale" in md
+    seed = result.summary["runs"][0]["per_seed"][0]
+    assert seed["stale"].startswith("recorded with") and seed["skipped"]
+    assert result.summary["provenance"]["runs"]["splitfed"] == ["0.0.1", splitfed.__version__]
+    with pytest.raises(ConfigError, match="1 run.* are stale"):
+        publish(out / "tiny_study", tmp_path / "pub")
+    with pytest.raises(ConfigError, match="not with keep_stale"):
+        run_study(path, out_dir=out, keep_stale=True, publish_to=tmp_path / "pub")
+    assert not (tmp_path / "pub").exists()
+
+
+def test_a_recorded_run_without_commit_is_reused_by_version_and_says_so(done, tmp_path,
+                                                                         monkeypatch, capsys):
+    path, out = _copy(done, tmp_path)
+    _set_provenance(out / "tiny_study" / "runs" / "fl-partition.alpha-0.5-s0", commit=None)
+    _forbid_runs(monkeypatch)
+    result = run_study(path, out_dir=out)
+    assert result.outcomes[0].note == ("compared the splitfed version only: the git commit "
+                                       "is unknown where the run was recorded")
+    assert result.outcomes[0].stale is None
+    assert "[compared the splitfed version only" in capsys.readouterr().out
+
+
+def test_results_record_provenance(done):
+    _, out, result = done
+    prov = result.summary["provenance"]
+    for key in ("splitfed", "commit", "dirty", "torch", "threads", "cpu_capability",
+                "command"):
+        assert key in prov, key
+    assert prov["splitfed"] == splitfed.__version__ and prov["command"].startswith(
+        "splitfed study ")
+    assert prov["runs"]["threads"] and prov["unrecorded"] == 0
+    for run in result.summary["runs"]:
+        for seed in run["per_seed"]:
+            assert seed["provenance"]["splitfed"] == splitfed.__version__
+    md = (out / "tiny_study" / "results.md").read_text()
+    line = next(x for x in md.splitlines() if x.startswith("Provenance: "))
+    assert f"splitfed {splitfed.__version__}, commit " in line and " threads, CPU " in line
+
+
+def test_studies_write_under_runs_by_default_never_into_docs(tmp_path):
+    study = load_study(_write_study(tmp_path / "spec"))
+    assert study.dir == Path("runs/studies/tiny_study")
+    root = Path(__file__).resolve().parents[1]
+    files = sorted((root / "studies").glob("*/*.yaml"))
+    studies = [f for f in files if {"runs", "grid"} & set(yaml.safe_load(f.read_text()))]
+    assert len(studies) >= 10
+    for f in studies:
+        spec = yaml.safe_load(f.read_text())
+        assert "out_dir" not in spec, f          # a clone's run never rewrites docs/results
+
+
+def test_publish_copies_results_and_plots_not_runs(done, tmp_path, capsys):
+    _, out, _ = done
+    target = publish(out / "tiny_study", tmp_path / "docs" / "results")
+    assert target == tmp_path / "docs" / "results" / "tiny_study"
+    assert sorted(p.name for p in target.iterdir()) == [
+        "accuracy_vs_bytes.png", "accuracy_vs_round.png", "results.json", "results.md"]
+    assert (target / "results.md").read_bytes() == (out / "tiny_study" / "results.md"
+                                                    ).read_bytes()
+    assert study_main(["publish", str(out / "tiny_study"), str(tmp_path / "again")]) == 0
+    assert capsys.readouterr().out == f"published: {tmp_path / 'again' / 'tiny_study'}\n"
+    assert study_main(["publish", str(tmp_path), str(tmp_path / "x")]) == 2
+    assert "holds no results.json" in capsys.readouterr().err
+
+
+def test_publish_after_a_study(tmp_path, monkeypatch):
+    study = dict(STUDY, runs=STUDY["runs"][:1], grid={"partition.alpha": [0.5]},
+                 group_by=None)
+    path = _write_study(tmp_path / "spec", study)
+    monkeypatch.chdir(tmp_path)
+    result = run_study(path, quiet=True, publish_to="docs/results")
+    assert result.dir == Path("runs/studies/tiny_study")
+    published = tmp_path / "docs" / "results" / "tiny_study"
+    assert (published / "results.json").is_file() and not (published / "runs").exists()
+    assert "--publish docs/results" in (published / "results.md").read_text()
+
+
+def test_a_diverged_run_reads_diverged_at_round_n(tmp_path):
+    study = {"name": "div", "base": "base.yaml", "seeds": [0, 1],
+             "runs": [{"label": "ok", "set": []},
+                      {"label": "boom", "set": ["train.lr=1.0e+10"]}]}
+    path = _write_study(tmp_path / "spec", study)
+    result = run_study(path, out_dir=tmp_path / "out", quiet=True)
+    boom = result.summary["runs"][1]
+    assert boom["status"] == ["diverged", "diverged"]
+    rounds = boom["diverged_round"]
+    assert all(isinstance(r, int) and r >= 0 for r in rounds)
+    assert boom["final_test_acc"]["values"] == [None, None]      # no final accuracy
+    assert all(s["final_test_acc"] is None and s["diverged_round"] is not None
+               for s in boom["per_seed"])
+    row = next(x for x in result.table.splitlines() if x.startswith("| boom |"))
+    cell = row.split(" | ")[1]
+    assert cell.startswith("diverged at round ") and "n/a" not in row and "nan" not in row
+    assert result.summary["runs"][0]["diverged_round"] == [None, None]
+    text = (tmp_path / "out" / "div" / "results.json").read_text()
+    json.loads(text, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
+
+
+def test_study_and_sweep_never_read_metrics_csv():
+    import inspect
+
+    import splitfed.study.analysis
+    import splitfed.study.reuse
+    import splitfed.study.runner
+    import splitfed.sweep
+    for module in (splitfed.study.analysis, splitfed.study.reuse, splitfed.study.runner,
+                   splitfed.sweep):
+        assert "metrics.csv" not in inspect.getsource(module), module.__name__

@@ -86,8 +86,28 @@ def test_sweep_runs_the_grid_writes_the_table_and_skips_finished_runs(tmp_path, 
     assert all(r["rounds"] == 3 for r in data["runs"][:2])
     assert all(r["rounds"] < 3 and r["final_test_acc"] is None for r in data["runs"][2:])
     assert rows[2]["final_test_acc"] == ""                # no final accuracy: diverged
+    for row, csv_row in zip(data["runs"], rows):
+        records = [json.loads(x) for x in (sweep / row["run_dir"] / "metrics.jsonl")
+                   .read_text().splitlines()]
+        summary = json.loads((sweep / row["run_dir"] / "summary.json").read_text())
+        assert row["bytes_up"] == sum(r.get("bytes_up", 0) for r in records) > 0
+        assert row["bytes_down"] == sum(r.get("bytes_down", 0) for r in records) > 0
+        assert row["sim_time_s"] == records[-1]["sim_time_s"] > 0
+        assert row["diverged_round"] == summary["diverged_round"]
+        assert row["splitfed"] == summary["provenance"]["splitfed"] and not row["stale"]
+        assert csv_row["bytes_up"] == str(row["bytes_up"])
+        assert float(csv_row["sim_time_s"]) == row["sim_time_s"]
+    assert [r["diverged_round"] is None for r in data["runs"]] == [True, True, False, False]
+    assert list(rows[0])[:2] == ["train.lr", "train.batch_size"]
+    for column in ("bytes_up", "bytes_down", "sim_time_s", "diverged_round", "splitfed",
+                   "commit"):
+        assert column in rows[0], column
+    assert data["provenance"]["splitfed"] == data["runs"][0]["splitfed"]
     md = (sweep / "sweep.md").read_text()
     assert "| train.lr | train.batch_size | seed | status | final acc | best acc | rounds |" in md
+    assert "| MB up | MB down | sim. time (s) |" in md
+    assert md.count("| diverged | diverged at round ") == 2 and "n/a" not in md
+    assert "Provenance: splitfed " in md
     assert "splitfed sweep" in md and "--group-by train.batch_size" in md
     assert json.loads((sweep / "results.json").read_text())["group_by"] == "train.batch_size"
     capsys.readouterr()
@@ -254,9 +274,11 @@ def test_ctrl_c_during_a_sweep_then_the_same_command_finishes_it(tmp_path, monke
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
-    assert err == ("splitfed: interrupted; finished runs are kept, continue the sweep by "
-                   "running the same command again: splitfed sweep slow.yaml "
-                   "train.lr=0.05,0.1 --out-dir out\n")
+    *progress, last = err.splitlines()          # runs print a line per evaluated round
+    assert all(line.startswith("train.lr-") and ": round " in line for line in progress), err
+    assert last == ("splitfed: interrupted; finished runs are kept, continue the sweep by "
+                    "running the same command again: splitfed sweep slow.yaml "
+                    "train.lr=0.05,0.1 --out-dir out")
     assert not (tmp_path / "out" / "slow-sweep" / LOCK_NAME).exists()
     monkeypatch.chdir(tmp_path)
     assert main(argv) == 0                                  # the same command finishes it
@@ -285,3 +307,56 @@ def test_two_sweeps_on_one_directory_one_is_refused(tmp_path):
     for run_dir in (sweep / "runs").iterdir():
         assert _rounds(run_dir) == list(range(21))                # no duplicate record
     assert len(json.loads((sweep / "sweep.json").read_text())["runs"]) == 2
+
+
+def test_a_sweep_reruns_a_point_recorded_by_other_code_or_keeps_it_marked(tmp_path,
+                                                                          monkeypatch, capsys):
+    cfg = _config(tmp_path)
+    items = ["train.lr=0.05,0.1", "checkpoint_every=0"]
+    run_sweep(cfg, items, out_dir=tmp_path, quiet=True)
+    summary_path = tmp_path / "small-sweep" / "runs" / "train.lr-0.1-s3" / "summary.json"
+    summary = json.loads(summary_path.read_text())
+    summary["provenance"]["splitfed"] = "0.0.1"
+    summary_path.write_text(json.dumps(summary))
+    capsys.readouterr()
+    result = run_sweep(cfg, items, out_dir=tmp_path, keep_stale=True)
+    out = capsys.readouterr().out
+    assert "train.lr=0.1 (seed 3): completed (done earlier, skipped) [stale: recorded with " \
+           "splitfed 0.0.1" in out and "rerunning" not in out
+    assert [o.skipped for o in result.study.outcomes] == [True, True]
+    sweep = tmp_path / "small-sweep"
+    with open(sweep / "sweep.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert rows[0]["stale"] == "" and rows[1]["stale"].startswith("recorded with splitfed 0.0.1")
+    assert rows[1]["splitfed"] == "0.0.1"
+    md = (sweep / "sweep.md").read_text()
+    assert "| completed (stale) |" in md and "- runs/train.lr-0.1-s3: stale, recorded" in md
+    assert "--keep-stale" in md
+    calls = []
+    real = study_mod.run_experiment
+
+    def counting(config, **kwargs):
+        calls.append(config.train.lr)
+        return real(config, **kwargs)
+
+    monkeypatch.setattr(study_mod, "run_experiment", counting)
+    result = run_sweep(cfg, items, out_dir=tmp_path)        # the default: rerun it
+    out = capsys.readouterr().out
+    assert calls == [0.1]
+    assert out.startswith("[2/2] train.lr=0.1 (seed 3): stale: recorded with splitfed 0.0.1")
+    assert "; rerunning\n" in out
+    assert [o.skipped for o in result.study.outcomes] == [True, False]
+    assert json.loads(summary_path.read_text())["provenance"]["splitfed"] != "0.0.1"
+    assert all(r["stale"] is None for r in result.rows)
+
+
+def test_a_sweep_publishes_its_tables_not_its_runs(tmp_path, monkeypatch):
+    cfg = _config(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    run_sweep(cfg, ["train.lr=0.05,0.1", "rounds=1", "checkpoint_every=0"],
+              publish_to="published", quiet=True)
+    assert (tmp_path / "runs" / "sweeps" / "small-sweep" / "runs").is_dir()
+    published = tmp_path / "published" / "small-sweep"
+    assert sorted(p.name for p in published.iterdir()) == [
+        "accuracy_vs_bytes.png", "accuracy_vs_round.png", "results.json", "results.md",
+        "sweep.csv", "sweep.json", "sweep.md"]

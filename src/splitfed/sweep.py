@@ -15,7 +15,10 @@ skipped, interrupted ones are resumed from their checkpoint (``checkpoint_every`
 ``results.md``/``results.json`` (and plots when matplotlib is installed) are written.
 On top of that a sweep writes one row per run with the swept values in their own
 columns: ``sweep.md``, ``sweep.csv`` and ``sweep.json`` (status ``completed`` or
-``diverged``, final and best test accuracy, rounds run).
+``diverged``, final and best test accuracy, rounds run, the round a diverged run
+diverged at, total bytes up and down, simulated time, the code version that made the
+run). A finished run is reused only when its config and code version match (see
+:mod:`splitfed.study.reuse`); the tables carry a provenance line.
 """
 
 from __future__ import annotations
@@ -29,14 +32,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-
 from splitfed.errors import ConfigError
 from splitfed.grid import parse_axes  # noqa: F401 - part of this module's interface
-from splitfed.study import (StudyResult, execute_study, open_study, read_records,
-                            run_numbers, study_from_mapping, value_text, write_results)
+from splitfed.study import (StudyResult, execute_study, open_study, publish,
+                            read_records, run_numbers, study_from_mapping, value_text,
+                            write_results)
+from splitfed.study.report import check_publish, provenance_line
 
 DEFAULT_OUT_DIR = "runs/sweeps"
-COLUMNS = ("status", "final_test_acc", "best_test_acc", "rounds")
+#: the columns of sweep.csv after the swept keys and the seed (``run_dir`` last)
+COLUMNS = ("status", "final_test_acc", "best_test_acc", "rounds", "diverged_round",
+           "bytes_up", "bytes_down", "sim_time_s", "splitfed", "commit", "stale")
 OUTPUTS = ("sweep.md", "sweep.csv", "sweep.json")
 
 
@@ -85,31 +91,49 @@ def sweep_study(config: str, items: list[str], *, name: str | None = None,
 def run_sweep(config: str, items: list[str], *, name: str | None = None,
               seeds: list[int] | None = None, out_dir: str | Path | None = None,
               group_by: str | None = None, progress: bool = False,
-              quiet: bool = False, plugins: list[str] | None = None) -> SweepResult:
+              quiet: bool = False, plugins: list[str] | None = None,
+              keep_stale: bool = False, publish_to: str | Path | None = None) -> SweepResult:
     """Run (or finish) a sweep; write the study files and ``sweep.md/csv/json``.
-    ``group_by``: a swept key; the plots get one panel per value of it."""
+    ``group_by``: a swept key; the plots get one panel per value of it. ``keep_stale``:
+    a finished run made by other code is kept (marked stale) instead of rerun.
+    ``publish_to``: copy the results and sweep tables (not the runs) to
+    ``publish_to/<name>/`` (:func:`splitfed.study.publish`)."""
+    if keep_stale and publish_to is not None:
+        raise ConfigError("publish: not with keep_stale; published results come from one "
+                          "code version")
     mapping = sweep_study(config, items, name=name, seeds=seeds, out_dir=out_dir,
                           group_by=group_by, plugins=plugins)
     study = study_from_mapping(mapping)
-    command = _command(config, items, name, seeds, out_dir, group_by, plugins)
+    command = _command(config, items, name, seeds, out_dir, group_by, plugins,
+                       keep_stale, publish_to)
+    if publish_to is not None:
+        check_publish(publish_to, study.name)
     keys = list(mapping["grid"])
-    with open_study(study, "sweep directory", OUTPUTS) as prepared:
-        outcomes = execute_study(prepared, progress, say=lambda *a, **k: None)
-        result = write_results(study, outcomes, command,
-                               say=lambda *a, **k: None)
+    quiet_say = lambda *a, **k: None  # noqa: E731
+    warn = quiet_say if quiet else (lambda *a, **k: print(*a, **k, flush=True))
+    with open_study(study, "sweep directory", OUTPUTS, keep_stale=keep_stale) as prepared:
+        outcomes = execute_study(prepared, progress, say=quiet_say, warn=warn)
+        result = write_results(study, outcomes, command, say=quiet_say)
         rows = sweep_rows(result, mapping["grid"])
         table = markdown_table(rows, keys)
-        write_sweep(result.dir, rows, keys, table, command)
+        write_sweep(result.dir, rows, keys, table, command, result.summary["provenance"])
     if not quiet:
         for o in result.outcomes:
             how = "done earlier, skipped" if o.skipped else f"{o.wall_time_s:.1f} s"
-            print(f"{o.label} (seed {o.seed}): {o.status} ({how})", flush=True)
+            extra = (f" [stale: {o.stale}; kept]" if o.stale
+                     else f" [{o.note}]" if o.note else "")
+            print(f"{o.label} (seed {o.seed}): {o.status} ({how}){extra}", flush=True)
         print(table)
         print(f"sweep: {result.dir / 'sweep.md'}", flush=True)
+    if publish_to is not None:
+        where = publish(result.dir, publish_to)
+        if not quiet:
+            print(f"published: {where}", flush=True)
     return SweepResult(result, mapping["grid"], rows, table)
 
 
-def _command(config, items, name, seeds, out_dir, group_by, plugins=None) -> str:
+def _command(config, items, name, seeds, out_dir, group_by, plugins=None,
+             keep_stale=False, publish_to=None) -> str:
     parts = ["splitfed", "sweep", config, *items]
     if name is not None:
         parts += ["--name", name]
@@ -121,13 +145,19 @@ def _command(config, items, name, seeds, out_dir, group_by, plugins=None) -> str
         parts += ["--group-by", group_by]
     for plugin in plugins or ():
         parts += ["--plugin", plugin]
+    if keep_stale:
+        parts += ["--keep-stale"]
+    if publish_to is not None:
+        parts += ["--publish", str(publish_to)]
     return " ".join(shlex.quote(str(p)) for p in parts)
 
 
 def sweep_rows(result: StudyResult, axes: dict[str, list[Any]]) -> list[dict]:
-    """One row per run, in grid order: the swept values, seed, status, accuracies and
-    rounds (read back from each run's ``metrics.jsonl``). A diverged run has no final
-    accuracy (None); its best is the best evaluated before it diverged."""
+    """One row per run, in grid order: the swept values, seed, status, accuracies,
+    rounds, the round a diverged run diverged at, total bytes up and down, simulated
+    time, and the splitfed version and git commit its ``summary.json`` recorded (read
+    back from each run's ``metrics.jsonl`` and ``summary.json``). A diverged run has no
+    final accuracy (None); its best is the best evaluated before it diverged."""
     keys = list(axes)
     points = [dict(zip(keys, combo)) for combo in _product(axes)]
     rows = []
@@ -136,12 +166,17 @@ def sweep_rows(result: StudyResult, axes: dict[str, list[Any]]) -> list[dict]:
             outcome = next(o for o in result.outcomes
                            if o.label == run.label and o.seed == run.seed)
             records = outcome.records or read_records(run.run_dir / "metrics.jsonl")
-            numbers = run_numbers(records, None)
-            final = None if outcome.status == "diverged" else numbers["final_test_acc"]
+            numbers = run_numbers(records, None, outcome.status)   # diverged: final None
+            prov = outcome.provenance or {}
             rows.append({**point, "seed": run.seed, "status": outcome.status,
-                         "final_test_acc": final,  # a diverged model is not finite
+                         "final_test_acc": numbers["final_test_acc"],
                          "best_test_acc": numbers["best_test_acc"],
                          "rounds": numbers["rounds"],
+                         "diverged_round": numbers["diverged_round"],
+                         "bytes_up": numbers["bytes_up"], "bytes_down": numbers["bytes_down"],
+                         "sim_time_s": numbers["sim_time_s"],
+                         "splitfed": prov.get("splitfed"), "commit": prov.get("commit"),
+                         "stale": outcome.stale,
                          "run_dir": str(run.run_dir.relative_to(result.dir))})
     return rows
 
@@ -154,31 +189,60 @@ def _acc(value) -> str:
     return "n/a" if value is None else f"{value:.4f}"
 
 
+def _final(row: dict) -> str:
+    if row.get("diverged_round") is not None:
+        return f"diverged at round {row['diverged_round']}"
+    return _acc(row["final_test_acc"])
+
+
+def _mb(value) -> str:
+    return "n/a" if value is None else f"{value / 1e6:.2f}"
+
+
+def _status(row: dict) -> str:
+    return row["status"] + (" (stale)" if row.get("stale") else "")
+
+
 def markdown_table(rows: list[dict], keys: list[str]) -> str:
-    head = [*keys, "seed", "status", "final acc", "best acc", "rounds"]
+    """One row per run: the swept values, seed, status, final accuracy (``diverged at
+    round N`` for a diverged run), best accuracy, rounds, MB up and down, and the
+    simulated time when the runs record one."""
+    sim = any(r.get("sim_time_s") is not None for r in rows)
+    head = [*keys, "seed", "status", "final acc", "best acc", "rounds", "MB up", "MB down"]
+    head += ["sim. time (s)"] if sim else []
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for r in rows:
         cells = [value_text(r[k]) for k in keys]
-        cells += [str(r["seed"]), r["status"], _acc(r["final_test_acc"]),
-                  _acc(r["best_test_acc"]), str(r["rounds"])]
+        cells += [str(r["seed"]), _status(r), _final(r), _acc(r["best_test_acc"]),
+                  str(r["rounds"]), _mb(r.get("bytes_up")), _mb(r.get("bytes_down"))]
+        if sim:
+            cells += ["n/a" if r.get("sim_time_s") is None else f"{r['sim_time_s']:.4g}"]
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(lines)
 
 
 def write_sweep(sweep_dir: Path, rows: list[dict], keys: list[str], table: str,
-                command: str) -> None:
-    """``sweep.md`` (table and command), ``sweep.csv`` and ``sweep.json``."""
+                command: str, provenance: dict | None = None) -> None:
+    """``sweep.md`` (table, provenance line and command), ``sweep.csv`` and
+    ``sweep.json`` (the command, the axes, the provenance, the rows)."""
     sweep_dir = Path(sweep_dir)
     text = ["# Sweep: " + sweep_dir.name, "", f"Swept: {', '.join(keys)}; one row per run. "
-            "Accuracies are test accuracies; final = at the last evaluated round.", "",
-            table, "", "Produced by:", "", "```bash", command, "```", ""]
+            "Accuracies are test accuracies; final = at the last evaluated round. "
+            "MB = 10^6 bytes (exact bytes in sweep.csv and sweep.json).", "", table, ""]
+    stale = [f"- {r['run_dir']}: stale, {r['stale']}" for r in rows if r.get("stale")]
+    if stale:
+        text += ["Stale runs, kept as recorded (made by other code than the rest):", "",
+                 *stale, ""]
+    if provenance is not None:
+        text += [provenance_line(provenance), ""]
+    text += ["Produced by:", "", "```bash", command, "```", ""]
     (sweep_dir / "sweep.md").write_text("\n".join(text), encoding="utf-8")
     columns = [*keys, "seed", *COLUMNS, "run_dir"]
     with open(sweep_dir / "sweep.csv", "w", newline="", encoding="utf-8") as fh:
-        w = csv.DictWriter(fh, fieldnames=columns)
+        w = csv.DictWriter(fh, fieldnames=columns, extrasaction="ignore")
         w.writeheader()
         w.writerows({k: (value_text(v) if k in keys else v) for k, v in r.items()}
                     for r in rows)
     (sweep_dir / "sweep.json").write_text(
-        json.dumps({"command": command, "axes": keys, "runs": rows}, indent=2,
-                   default=str) + "\n", encoding="utf-8")
+        json.dumps({"command": command, "axes": keys, "provenance": provenance,
+                    "runs": rows}, indent=2, default=str) + "\n", encoding="utf-8")

@@ -2,9 +2,12 @@
 adaptive_tau.yaml)
 from the runs' metrics: what docs/results/paper001.md quotes.
 
-    .venv/bin/python studies/paper001/image_report.py > /tmp/paper001_tables.md
+    .venv/bin/python studies/paper001/image_report.py [STUDIES_DIR] > /tmp/paper001_tables.md
 
-Per run directory ``docs/results/<study>/runs/<label>-s<seed>/metrics.jsonl``: the final
+``STUDIES_DIR`` is where ``splitfed study`` put the study directories (default
+``runs/studies``; the run directories are not committed, so the studies must have been
+run on this machine). Per run directory ``<STUDIES_DIR>/<study>/runs/<label>-s<seed>/``
+(``metrics.jsonl`` and ``summary.json``): the final
 test accuracy, the mean of the last ``LAST`` evaluations (the curves are noisy: a
 zeroth-order step has a large variance), the best, the first round (and simulated time)
 at which the test accuracy reached ``TARGET``, and the test loss at the end.
@@ -17,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-RESULTS = Path("docs/results")
+RESULTS = Path(sys.argv[1] if len(sys.argv) > 1 else "runs/studies")
 TARGET = 0.5
 LAST = 5
 
@@ -34,7 +37,7 @@ def load(study: str) -> dict[str, dict[int, list[dict]]]:
         records = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines() if x]
         info = json.loads(summary.read_text())
         if info["status"] == "diverged":
-            records.append({"diverged": info["rounds"]})
+            records.append({"diverged": info.get("diverged_round") or info["rounds"]})
         runs[label][int(seed)] = records
     return runs
 

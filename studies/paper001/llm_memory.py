@@ -2,11 +2,15 @@
 
 Measured: the OPT-125m architecture (12 blocks, hidden 768) with random weights in
 float32, SST-2-like batches of 8 sequences of 64 tokens, one client step each, every
-method in a fresh process (splitfed.engine.memory: peak RSS delta). ``--preset opt-1.3b
+method in a fresh process (benchmarks/client_memory.py: peak RSS delta). ``--preset opt-1.3b
 --dtype bfloat16 --batch-size 4`` measures OPT-1.3B (about 6 GB for FedAvg; one step takes
 many CPU minutes). docs/results/paper001_llm.md adds the analytic accounting for OPT-1.3B.
 
-    OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python studies/paper001/llm_memory.py
+    OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python studies/paper001/llm_memory.py [--out-dir DIR]
+
+writes ``DIR/paper001_llm_memory_<preset>_<dtype>_b<batch>.json`` (default
+``runs/studies/paper001_llm``; the committed files in ``docs/results`` were made with
+``--out-dir docs/results``).
 """
 
 import json
@@ -14,7 +18,8 @@ import sys
 import time
 from pathlib import Path
 
-from splitfed.engine.memory import client_peak_memory
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))    # the repository root
+from benchmarks.client_memory import client_peak_memory  # noqa: E402
 
 import argparse
 
@@ -23,8 +28,9 @@ ARGS.add_argument("--preset", default="opt-125m")
 ARGS.add_argument("--dtype", default="float32")
 ARGS.add_argument("--batch-size", type=int, default=8)
 ARGS.add_argument("--only", default=None, help="measure only this method")
+ARGS.add_argument("--out-dir", default="runs/studies/paper001_llm")
 A = ARGS.parse_args()
-OUT = Path(f"docs/results/paper001_llm_memory_{A.preset}_{A.dtype}_b{A.batch_size}.json")
+OUT = Path(A.out_dir) / f"paper001_llm_memory_{A.preset}_{A.dtype}_b{A.batch_size}.json"
 OPTIONS = {"preset": A.preset, "dtype": A.dtype}
 RUNS = [("fedavg", None, "engine"), ("fedlora", None, "engine"),
         ("musplitfed", 2, "engine"), ("musplitfed", 2, "inplace"),
@@ -32,6 +38,7 @@ RUNS = [("fedavg", None, "engine"), ("fedlora", None, "engine"),
 
 
 def main():
+    OUT.parent.mkdir(parents=True, exist_ok=True)
     results = json.loads(OUT.read_text()) if OUT.exists() else []
     done = {(r["method"], r["cut"], r["zo_mode"]) for r in results}
     for method, cut, zo_mode in RUNS:

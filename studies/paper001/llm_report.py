@@ -1,14 +1,19 @@
 """Tables and plots of the paper 001 LLM studies (llm_memory.py, llm_tau_cut.py).
 
-    .venv/bin/python studies/paper001/llm_report.py   # writes docs/results/paper001_llm_*.{md,png}
+    .venv/bin/python studies/paper001/llm_report.py [DIR]   # writes DIR/paper001_llm_*.{md,png}
+
+reads the JSON files of llm_memory.py and llm_tau_cut.py in ``DIR`` and writes the tables
+and plots there (default ``runs/studies/paper001_llm``; the committed
+``docs/results/paper001_llm_*`` were made with ``DIR`` = ``docs/results``).
 """
 
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
 
-RESULTS = Path("docs/results")
+RESULTS = Path(sys.argv[1] if len(sys.argv) > 1 else "runs/studies/paper001_llm")
 PAPER_GB = {"fedavg": 8.02, "fedlora": 5.64, "musplitfed": 1.05}
 
 

@@ -11,7 +11,11 @@ paper 001's Table 6 rates (eta_c 0.005, eta_s 0.01, eta_g 0.3, lambda 0.005), ba
 150 rounds, test accuracy every 5 rounds, seeds 0, 1, 2 (results are
 resumed from the JSON file).
 
-    OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python studies/paper001/llm_tau_cut.py
+    OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python studies/paper001/llm_tau_cut.py [OUT_DIR]
+
+writes ``OUT_DIR/paper001_llm_tau_cut.json`` (default ``runs/studies/paper001_llm``; the
+committed ``docs/results/paper001_llm_tau_cut.json`` was made with ``OUT_DIR`` =
+``docs/results``).
 """
 
 import json
@@ -28,7 +32,8 @@ from splitfed.experiment import run_experiment
 from splitfed.models import build_model
 from splitfed.models.transformer import save_pretrained
 
-OUT = Path("docs/results/paper001_llm_tau_cut.json")
+OUT = Path(sys.argv[1] if len(sys.argv) > 1 else "runs/studies/paper001_llm") / \
+    "paper001_llm_tau_cut.json"
 CHECKPOINT = Path("runs/paper001_tiny_opt_pretrained")
 CUTS, TAUS, SEEDS, ROUNDS, TARGET = [1, 2, 3], [1, 2, 3, 4, 5, 6], [0, 1, 2], 150, 0.85
 SIZES = {"vocab_size": 64, "num_layers": 4}
@@ -67,6 +72,7 @@ def config(cut: int, tau: int, seed: int):
 def main():
     if not (CHECKPOINT / "config.json").exists():
         pretrain()
+    OUT.parent.mkdir(parents=True, exist_ok=True)
     results = json.loads(OUT.read_text()) if OUT.exists() else {}
     for seed in SEEDS:
         for cut in CUTS:

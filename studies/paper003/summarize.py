@@ -1,8 +1,9 @@
 """Paper 003 Table 8 quantities from a learning-rate sweep of FL and SL.
 
-    python studies/paper003/summarize.py docs/results/paper003_lr
+    python studies/paper003/summarize.py [SWEEP_DIR]      # default runs/sweeps/paper003_lr
 
-reads ``sweep.json`` and each run's ``metrics.jsonl`` and prints a markdown table with one
+reads ``sweep.json`` and each run's ``metrics.jsonl`` (the run directories: the sweep must
+have been run on this machine; they are not committed) and prints a markdown table with one
 row per learning rate: for each method the test accuracy averaged over the last 10% of
 the rounds (as paper 003 Table 8 reports it; at least the last round), the final and the
 best accuracy, and whether the training died. Then the "best" learning rate (the one with
@@ -44,7 +45,8 @@ def summarize(sweep_dir: Path) -> str:
         died = row["status"] == "diverged" or (acc is not None and acc <= DEAD)
         table.setdefault(float(row["train.lr"]), {})[row["algorithm.name"]] = {
             "acc": acc, "final": row["final_test_acc"], "best": row["best_test_acc"],
-            "status": row["status"], "rounds": row["rounds"], "died": died}
+            "status": row["status"], "rounds": row["rounds"], "died": died,
+            "diverged": row.get("diverged_round") or row["rounds"]}
     methods = ["fedavg", "sl"]
     out = ["| lr | " + " | ".join(f"{m}: last-10% acc | {m}: best acc | {m}: died"
                                    for m in methods) + " |",
@@ -56,7 +58,7 @@ def summarize(sweep_dir: Path) -> str:
             if e is None:
                 cells += ["not run", "", ""]
                 continue
-            acc = ("diverged at round " + str(e["rounds"]) if e["status"] == "diverged"
+            acc = ("diverged at round " + str(e["diverged"]) if e["status"] == "diverged"
                    else f"{e['acc']:.4f}")
             cells += [acc, f"{e['best']:.4f}" if e["best"] is not None else "n/a",
                       "yes" if e["died"] else "no"]
@@ -82,4 +84,4 @@ def _config_rounds(run: Path) -> int:
 
 
 if __name__ == "__main__":
-    print(summarize(Path(sys.argv[1] if len(sys.argv) > 1 else "docs/results/paper003_lr")))
+    print(summarize(Path(sys.argv[1] if len(sys.argv) > 1 else "runs/sweeps/paper003_lr")))

@@ -1,0 +1,77 @@
+"""The plots of a study: ``accuracy_vs_<axis>.png`` per x axis (round, bytes, time), one
+panel per ``group_by`` value, the mean over seeds with a +- std band. Drawn from the
+curves of ``results.json`` (:func:`splitfed.study.results_summary`)."""
+
+from __future__ import annotations
+
+import math
+
+from splitfed.study.spec import Study
+
+_AXIS_LABELS = {"round": "round", "bytes": "cumulative communication, up + down (MB)",
+                "time": "cumulative time (s; simulated where recorded, else wall)"}
+
+
+def _print(*args, **kwargs) -> None:
+    print(*args, **kwargs, flush=True)
+
+
+def _mean_curve(per_seed: list[dict], axis: str):
+    """Mean (and std) accuracy over seeds at the rounds every seed evaluated."""
+    import numpy as np
+
+    curves = [s["curve"] for s in per_seed]
+    common = sorted(set.intersection(*(set(c["round"]) for c in curves)))
+    xs, ys = [], []
+    for c in curves:
+        at = {r: i for i, r in enumerate(c["round"])}
+        idx = [at[r] for r in common]
+        x = {"round": c["round"], "bytes": [b / 1e6 for b in c["bytes"]],
+             "time": c["time_s"]}[axis]
+        xs.append([x[i] for i in idx])
+        ys.append([c["test_acc"][i] for i in idx])
+    return np.mean(xs, axis=0), np.mean(ys, axis=0), np.std(ys, axis=0, ddof=1) if len(
+        ys) > 1 else None
+
+
+def write_plots(study: Study, summary: dict, say=_print) -> list[str]:
+    """``accuracy_vs_<axis>.png`` per x axis; one panel per group_by value. Returns the
+    file names written (none when matplotlib is not installed)."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        say("matplotlib is not installed; no plots (pip install 'splitfed[plot]')")
+        return []
+    groups = list(dict.fromkeys(r["group"] for r in summary["runs"]))
+    names = []
+    for axis in study.spec.x_axes:
+        ncols = min(len(groups), 3)
+        nrows = math.ceil(len(groups) / ncols)
+        fig = Figure(figsize=(5.2 * ncols, 3.9 * nrows), layout="constrained")
+        axes = fig.subplots(nrows, ncols, squeeze=False, sharey=True)
+        for ax, group in zip(axes.flat, groups):
+            _panel(ax, [r for r in summary["runs"] if r["group"] == group], axis, summary)
+            if group is not None:
+                ax.set_title(f"{summary['group_by']} = {group}", fontsize=10)
+        for ax in list(axes.flat)[len(groups):]:
+            ax.set_visible(False)
+        fig.suptitle(f"{study.name}: test accuracy vs {axis}")
+        name = f"accuracy_vs_{axis}.png"
+        fig.savefig(study.dir / name, dpi=120)
+        names.append(name)
+    return names
+
+
+def _panel(ax, runs: list[dict], axis: str, summary: dict) -> None:
+    for r in runs:
+        x, y, std = _mean_curve(r["per_seed"], axis)
+        (line,) = ax.plot(x, y, marker="o" if len(x) < 15 else None, markersize=3,
+                          label=r["line_label"])
+        if std is not None:
+            ax.fill_between(x, y - std, y + std, color=line.get_color(), alpha=0.2)
+    if summary["target_accuracy"] is not None:
+        ax.axhline(summary["target_accuracy"], color="gray", linestyle="--", linewidth=0.8)
+    ax.set_xlabel(_AXIS_LABELS[axis])
+    ax.set_ylabel("test accuracy")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)

@@ -1,0 +1,179 @@
+"""Reusing finished runs: a run directory is reused only when it holds a finished run of
+the identical config (:func:`config_identity`) made by the same code
+(:func:`compare_code`: the splitfed version, and the git commit when both sides know it).
+
+:func:`run_dir_state` says what a run directory holds: ``new`` (absent or empty),
+``done`` (reusable), ``unfinished`` (the identical config, not finished: resumed from
+its checkpoint or rerun), ``stale`` (finished, identical config, other code: rerun, or
+kept and marked when the study is told to keep stale runs). Anything else (another
+config, files that are not a run, damaged files) raises, naming the directory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from splitfed.config import RunConfig, build_config
+from splitfed.configtools import load_yaml, to_dict
+from splitfed.errors import ConfigError
+from splitfed.experiment import RUN_FILES
+from splitfed.locking import LOCK_NAME
+from splitfed.study.spec import StudyRun
+
+FINISHED = ("completed", "diverged", "no_client_trained")  # rerunning gives the same run
+#: config keys that have no effect on the numbers
+_NOT_COMPARED = ("out_dir", "progress", "checkpoint_every", "tracking")
+
+
+# ------------------------------------------------------------------------ config
+
+
+def config_identity(cfg: RunConfig | Mapping) -> dict:
+    """A run's config as compared for reuse: YAML-normalised, without the keys that do
+    not change its numbers (out_dir, progress, checkpoint_every, tracking).
+
+    A saved config is rebuilt first, so that fields added to the config schema since it
+    was written take their defaults instead of counting as a difference.
+    """
+    if not isinstance(cfg, RunConfig):
+        try:
+            cfg = build_config(dict(cfg))
+        except ConfigError:
+            pass
+    data = to_dict(cfg) if isinstance(cfg, RunConfig) else dict(cfg)
+    data = yaml.safe_load(yaml.safe_dump(data, sort_keys=False))
+    return {k: v for k, v in data.items() if k not in _NOT_COMPARED}
+
+
+def config_hash(cfg: RunConfig | Mapping) -> str:
+    text = json.dumps(config_identity(cfg), sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _diff(a: Any, b: Any, path: str = "") -> list[str]:
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        out = []
+        for key in list(a) + [k for k in b if k not in a]:
+            out += _diff(a.get(key), b.get(key), f"{path}.{key}" if path else str(key))
+        return out
+    return [] if a == b else [path]
+
+
+# -------------------------------------------------------------------------- code
+
+
+def current_code() -> dict:
+    """The provenance of this process (:func:`splitfed.provenance.provenance`)."""
+    from splitfed.provenance import provenance
+
+    return provenance()
+
+
+def _commit(prov: Mapping) -> str | None:
+    commit = prov.get("commit")
+    return commit if isinstance(commit, str) and commit else None
+
+
+def code_version(prov: Mapping | None) -> str:
+    """``splitfed 0.1.0 (commit 47ed5fb0c1)``, ``splitfed 0.1.0 (commit unknown)``, or
+    ``an unknown code version`` when nothing is recorded."""
+    if not isinstance(prov, Mapping) or not isinstance(prov.get("splitfed"), str):
+        return "an unknown code version (no provenance in summary.json)"
+    commit = _commit(prov)
+    where = f"commit {commit[:10]}" if commit else "commit unknown"
+    if commit and prov.get("dirty"):
+        where += ", uncommitted changes"
+    return f"splitfed {prov['splitfed']} ({where})"
+
+
+def compare_code(recorded: Mapping | None, current: Mapping) -> tuple[bool, str | None]:
+    """(same code, note). Not the same: the note reads ``recorded with <code_version>,
+    now <code_version>``. The same code: the same splitfed version, and the same git
+    commit when both provenances name one; when either commit is unknown (an installed
+    wheel, no git) only the versions are compared and the note says so. Uncommitted
+    changes (``dirty``) are not compared. No recorded provenance is never the same."""
+    now = code_version(current)
+    if not isinstance(recorded, Mapping) or not isinstance(recorded.get("splitfed"), str):
+        return False, f"recorded with {code_version(recorded)}, now {now}"
+    then = code_version(recorded)
+    if recorded["splitfed"] != current.get("splitfed"):
+        return False, f"recorded with {then}, now {now}"
+    old, new = _commit(recorded), _commit(current)
+    if old and new:
+        return (True, None) if old == new else (
+            False, f"recorded with {then}, now {now}")
+    if old or new:
+        return True, ("compared the splitfed version only: the git commit is unknown "
+                      + ("where the run was recorded" if new else "here"))
+    return True, "compared the splitfed version only: the git commit is unknown"
+
+
+# ------------------------------------------------------------------ run directories
+
+
+@dataclass
+class RunDirState:
+    """What a run directory holds (:func:`run_dir_state`)."""
+
+    state: str                       # new, done, unfinished or stale
+    provenance: dict | None = None   # the finished run's recorded provenance
+    note: str | None = None          # stale: "recorded with ..., now ..."; done: how the
+    #                                  code was compared, when only the version was
+
+    def reused(self, keep_stale: bool) -> bool:
+        """Its recorded run is taken as it is (not run, not resumed)."""
+        return self.state == "done" or (self.state == "stale" and keep_stale)
+
+
+def run_dir_state(run: StudyRun, current: Mapping | None = None) -> RunDirState:
+    """``new`` (absent or empty), ``done`` (a finished run of the identical config made by
+    the same code as ``current``, default this process), ``stale`` (the same but made by
+    other code, :func:`compare_code`) or ``unfinished`` (the identical config, not
+    finished); anything else raises :class:`~splitfed.errors.ConfigError`."""
+    d = run.run_dir
+    if d.exists() and not d.is_dir():
+        raise ConfigError(f"{d} is a file, not a run directory of this study; move it away")
+    if not d.exists() or not any(p.name != LOCK_NAME for p in d.iterdir()):
+        return RunDirState("new")
+    for name in RUN_FILES:
+        if (d / name).exists() and not (d / name).is_file():
+            raise ConfigError(f"{d} is damaged: {name} is not a file; delete the directory "
+                              "to rerun that run")
+    saved = d / "config.yaml"
+    if not saved.is_file():
+        raise ConfigError(f"{d} is not empty and holds no config.yaml; it is not a run of "
+                          "this study; move it away")
+    try:
+        old = load_yaml(saved)
+    except ConfigError as e:
+        raise ConfigError(f"{d} is damaged: {e}; delete the directory to rerun "
+                          "that run") from None
+    diff = _diff(config_identity(old), config_identity(run.config))
+    if diff:
+        raise ConfigError(f"{d} holds a run of a different config (differs at "
+                          f"{', '.join(diff[:5])}); delete it to rerun, or use another "
+                          "study name or out_dir")
+    summary = read_json(d / "summary.json")
+    if not (summary.get("status") in FINISHED and (d / "metrics.jsonl").is_file()):
+        return RunDirState("unfinished")
+    recorded = summary.get("provenance")
+    recorded = dict(recorded) if isinstance(recorded, Mapping) else None
+    same, note = compare_code(recorded, current if current is not None else current_code())
+    return RunDirState("done" if same else "stale", recorded, note)
+
+
+def read_json(path: Path) -> dict:
+    """A JSON object read from ``path``; ``{}`` when it is absent, unreadable or not an
+    object."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}

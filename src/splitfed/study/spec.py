@@ -1,0 +1,361 @@
+"""The study file: its format (:class:`StudySpec`), validation, and the runs it defines.
+
+:func:`load_study` and :func:`study_from_mapping` read a study, build and validate every
+run's config (the schema and :func:`preflight`) and name each run's directory; nothing is
+written. The format is described in ``docs/studies.md``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from splitfed.config import RunConfig, build_config, resolve_config_path
+from splitfed.configtools import from_dict, load_yaml, merge, parse_overrides, to_dict
+from splitfed.errors import ConfigError
+
+#: where a study directory goes when neither ``--out-dir`` nor the file's ``out_dir`` says
+#: (``runs/`` is not committed; ``docs/results`` is written only when asked, see
+#: :func:`splitfed.study.publish`)
+DEFAULT_OUT_DIR = "runs/studies"
+_STUDY_KEYS = ("name", "out_dir", "progress")  # set by the study, not by the user
+
+
+# ------------------------------------------------------------------ the file format
+
+
+@dataclass
+class RunSpec:
+    """One explicit variant: a label and ``key=value`` overrides."""
+
+    label: str
+    set: list[str] = field(default_factory=list)
+
+
+@dataclass
+class StudySpec:
+    """A study file as written (see ``docs/studies.md``)."""
+
+    name: str | None = field(default=None, metadata={
+        "help": "output goes to <out_dir>/<name>/ (default: the file's stem)"})
+    base: str | None = field(default=None, metadata={
+        "help": "config file (relative to the study file first) or shipped config name"})
+    base_config: dict[str, Any] | None = field(default=None, metadata={
+        "help": "inline base config (instead of base)"})
+    overrides: list[str] = field(default_factory=list, metadata={
+        "help": "key=value applied to every run"})
+    seeds: list[int] | None = field(default=None, metadata={
+        "help": "repeat every run per seed (default: the config's seed)"})
+    runs: list[RunSpec] = field(default_factory=list)
+    grid: dict[str, list[Any]] = field(default_factory=dict, metadata={
+        "help": "key -> values; every combination is a run"})
+    group_by: str | None = field(default=None, metadata={
+        "help": "one plot panel per value of this dotted key"})
+    x_axes: list[Literal["round", "bytes", "time"]] = field(
+        default_factory=lambda: ["round", "bytes"])
+    target_accuracy: float | None = field(default=None, metadata={"ge": 0, "le": 1})
+    out_dir: str = field(default=DEFAULT_OUT_DIR, metadata={
+        "help": "parent of the study directory (default runs/studies; --out-dir wins)"})
+    plugins: list[str] = field(default_factory=list, metadata={
+        "help": "plugin modules (or .py files) imported before the runs are built, and "
+                "added to every run's plugins (docs/extending.md)"})
+
+
+@dataclass
+class StudyRun:
+    """One run of a study: a variant at one seed, with its validated config."""
+
+    label: str
+    seed: int
+    config: RunConfig
+    run_dir: Path
+
+
+@dataclass
+class Variant:
+    """A labelled configuration, run once per seed."""
+
+    label: str
+    line_label: str  # the label inside its plot panel (without the group_by part)
+    group: str | None
+    runs: list[StudyRun]
+
+
+@dataclass
+class Study:
+    """A validated study: every run's config is built, nothing is written yet."""
+
+    spec: StudySpec
+    name: str
+    dir: Path
+    variants: list[Variant]
+    source: Path | None  # the study file, None for a mapping
+    text: str  # the study as written, for results.md
+
+    @property
+    def runs(self) -> list[StudyRun]:
+        return [r for v in self.variants for r in v.runs]
+
+
+def load_study(path: str | Path, *, out_dir: str | Path | None = None,
+               plugins: list[str] | None = None) -> Study:
+    """Read and validate a study file; ``out_dir`` overrides the file's ``out_dir``;
+    ``plugins`` are added to the file's ``plugins`` (imported, and recorded in every
+    run's config)."""
+    path = Path(path)
+    raw = load_yaml(path)
+    try:
+        return _build_study(raw, base_dir=path.parent, default_name=path.stem,
+                            out_dir=out_dir, source=path,
+                            text=path.read_text(encoding="utf-8"), plugins=plugins)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
+
+
+def study_from_mapping(data: Mapping, *, out_dir: str | Path | None = None,
+                       base_dir: str | Path = ".", plugins: list[str] | None = None) -> Study:
+    """Validate a study given as a mapping; a ``base`` path is resolved from ``base_dir``."""
+    text = yaml.safe_dump(_plain(data), sort_keys=False)
+    return _build_study(data, base_dir=Path(base_dir), default_name=None, out_dir=out_dir,
+                        source=None, text=text, plugins=plugins)
+
+
+def _plain(data: Any) -> Any:
+    if isinstance(data, Mapping):
+        return {str(k): _plain(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [_plain(v) for v in data]
+    return data
+
+
+def _build_study(raw: Mapping, *, base_dir: Path, default_name: str | None,
+                 out_dir: str | Path | None, source: Path | None, text: str,
+                 plugins: list[str] | None = None) -> Study:
+    spec = from_dict(StudySpec, raw, path="study")
+    spec.plugins = list(dict.fromkeys([*spec.plugins, *(plugins or [])]))
+    name = _check_name(spec.name if spec.name is not None else default_name)
+    _check_spec(spec)
+    study_dir = Path(out_dir if out_dir is not None else spec.out_dir) / name
+    base = _base_raw(spec, base_dir)
+    variants = [_variant(spec, base, study_dir, run, point)
+                for point in _grid_points(spec.grid) for run in (spec.runs or [None])]
+    _check_unique(variants)
+    return Study(spec, name, study_dir, variants, source, text)
+
+
+def _check_name(name: str | None) -> str:
+    if name is None:
+        raise ConfigError("missing required key 'study.name'")
+    if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9._-]*", name):
+        raise ConfigError(f"study.name: {name!r} must be a plain directory name "
+                          "(letters, digits, '.', '_', '-')")
+    return name
+
+
+def _check_spec(spec: StudySpec) -> None:
+    if not spec.runs and not spec.grid:
+        raise ConfigError("study: give 'runs' and/or 'grid' (no run is defined)")
+    if spec.base is not None and spec.base_config is not None:
+        raise ConfigError("study: set only one of 'base' and 'base_config'")
+    if spec.seeds is not None and (not spec.seeds or len(set(spec.seeds)) != len(spec.seeds)):
+        raise ConfigError(f"study.seeds: expected a non-empty list of distinct seeds, "
+                          f"got {spec.seeds}")
+    if not spec.x_axes:
+        raise ConfigError("study.x_axes: expected at least one of round, bytes, time")
+    for key, values in spec.grid.items():
+        _check_key(key, f"study.grid.{key}")
+        if not values:
+            raise ConfigError(f"study.grid.{key}: expected a non-empty list of values")
+    if spec.group_by is not None:
+        _check_key(spec.group_by, "study.group_by")
+    _check_managed(parse_overrides(spec.overrides), "study.overrides")
+    _check_managed({key.split(".")[0]: None for key in spec.grid}, "study.grid")
+
+
+def _check_key(key: str, where: str) -> None:
+    if not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"{where}: {key!r} is not a dotted config key like partition.alpha")
+
+
+def _check_managed(over: Mapping, where: str) -> None:
+    for key in _STUDY_KEYS:
+        if key in over:
+            raise ConfigError(f"{where}: '{key}' is set by the study for every run "
+                              "(runs go to <out_dir>/<study name>/runs/); remove it")
+
+
+def _base_raw(spec: StudySpec, base_dir: Path) -> dict:
+    if spec.base_config is not None:
+        return dict(spec.base_config)
+    if spec.base is None:
+        return {}
+    local = base_dir / spec.base
+    try:
+        return load_yaml(local if local.is_file() else resolve_config_path(spec.base))
+    except ConfigError as e:
+        raise ConfigError(f"study.base: {e}") from None
+
+
+def _grid_points(grid: Mapping[str, list]) -> list[list[tuple[str, Any]]]:
+    keys = list(grid)
+    return [list(zip(keys, combo)) for combo in itertools.product(*(grid[k] for k in keys))]
+
+
+def value_text(value: Any) -> str:
+    """How a config value reads in a label: ``0.1``, ``inf``, ``fedavg``, ``[16, 8]``."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, float):
+        return repr(value)
+    return yaml.safe_dump(value, default_flow_style=True, width=1000).strip().removesuffix(
+        "\n...").strip()
+
+
+def _variant(spec: StudySpec, base: dict, study_dir: Path, run: RunSpec | None,
+             point: list[tuple[str, Any]]) -> Variant:
+    if run is not None and not run.label.strip():
+        raise ConfigError("study.runs: every run needs a non-empty label")
+    pairs = [f"{k}={value_text(v)}" for k, v in point]
+    label = _join_label(run.label if run else None, pairs)
+    try:
+        cfg = _variant_config(spec, base, study_dir, run, point, slugify(label))
+        group = _group_value(spec.group_by, point, cfg)
+    except ConfigError as e:
+        raise ConfigError(f"run {label!r}: {e}") from None
+    rest = [f"{k}={value_text(v)}" for k, v in point if k != spec.group_by]
+    line_label = _join_label(run.label if run else None, rest) or label
+    seeds = spec.seeds if spec.seeds is not None else [cfg.seed]
+    runs = [StudyRun(label, s, dataclasses.replace(cfg, seed=s),
+                     study_dir / "runs" / f"{slugify(label)}-s{s}") for s in seeds]
+    return Variant(label, line_label, group, runs)
+
+
+def _join_label(run_label: str | None, pairs: list[str]) -> str:
+    grid = ", ".join(pairs)
+    if run_label and grid:
+        return f"{run_label} ({grid})"
+    return run_label or grid
+
+
+def _variant_config(spec: StudySpec, base: dict, study_dir: Path, run: RunSpec | None,
+                    point: list[tuple[str, Any]], slug: str) -> RunConfig:
+    run_set = parse_overrides(run.set) if run else {}
+    _check_managed(run_set, "set")
+    grid_over: dict = {}
+    for key, value in point:
+        grid_over = merge(grid_over, _nested(key, value))
+    if run:
+        _check_overlap([i.partition("=")[0].strip() for i in run.set], [k for k, _ in point])
+    raw = merge(merge(merge(base, parse_overrides(spec.overrides)), grid_over), run_set)
+    raw = merge(raw, {"name": slug, "out_dir": str(study_dir / "runs"), "progress": False})
+    cfg = build_config(raw, plugins=spec.plugins)
+    preflight(cfg)
+    return cfg
+
+
+def _nested(key: str, value: Any) -> dict:
+    out: Any = value
+    for part in reversed(key.split(".")):
+        out = {part: out}
+    return out
+
+
+def _check_overlap(set_keys: list[str], grid_keys: list[str]) -> None:
+    for a in set_keys:
+        for b in grid_keys:
+            if a == b or a.startswith(b + ".") or b.startswith(a + "."):
+                raise ConfigError(f"'{a}' is set both by the run and by the grid ('{b}')")
+
+
+def preflight(cfg: RunConfig) -> None:
+    """Cheap checks that need no data: algorithm and its options, option names of the
+    data set, model and partition scheme, the device. ``build_config`` checks the rest
+    of the schema; values that need the data (e.g. a cut) are checked when a run starts.
+    """
+    import inspect
+
+    from splitfed.data import dataset_options
+    from splitfed.data.partition import PARTITIONERS
+    from splitfed.experiment import _device, build_algorithm
+    from splitfed.models import MODELS, model_names, model_options
+
+    build_algorithm(cfg)
+    _device(cfg.engine.device)
+    allowed = dataset_options(cfg.data.name)
+    _unknown_options("data", cfg.data.options, allowed)
+    if cfg.model.name not in MODELS:
+        raise ConfigError(f"model.name: unknown model {cfg.model.name!r}; "
+                          f"known models: {', '.join(model_names())}")
+    _unknown_options("model", cfg.model.options, model_options(cfg.model.name))
+    scheme = cfg.partition.scheme
+    if scheme not in PARTITIONERS:
+        raise ConfigError(f"partition.scheme: unknown scheme {scheme!r}; "
+                          f"known: {', '.join(sorted(PARTITIONERS))}")
+    if scheme != "natural":
+        params = list(inspect.signature(PARTITIONERS[scheme]).parameters)[3:]
+        _unknown_options("partition", cfg.partition.options, params)
+
+
+def _unknown_options(section: str, options: Mapping, allowed) -> None:
+    for key in options:
+        if key not in allowed:
+            raise ConfigError(f"{section}.{key}: unknown option; "
+                              f"allowed: {', '.join(allowed) or 'none'}")
+
+
+def lookup(config: Mapping, key: str) -> Any:
+    """The value at dotted ``key`` of a config dict; options of open sections included."""
+    node: Any = config
+    for part in key.split("."):
+        if isinstance(node, Mapping) and part in node:
+            node = node[part]
+        elif isinstance(node, Mapping) and part in (node.get("options") or {}):
+            node = node["options"][part]
+        else:
+            raise KeyError(key)
+    return node
+
+
+def _group_value(group_by: str | None, point: list[tuple[str, Any]],
+                 cfg: RunConfig) -> str | None:
+    if group_by is None:
+        return None
+    for key, value in point:
+        if key == group_by:
+            return value_text(value)
+    try:
+        return value_text(lookup(to_dict(cfg), group_by))
+    except KeyError:
+        raise ConfigError(f"group_by: {group_by!r} is not set in this run's config") from None
+
+
+def slugify(label: str) -> str:
+    """A directory name for ``label``: lower case, runs of other characters become '-'."""
+    slug = re.sub(r"[^a-z0-9._+]+", "-", label.lower()).strip("-.") or "run"
+    if len(slug) > 80:
+        slug = slug[:70].rstrip("-.") + "-" + hashlib.sha1(label.encode()).hexdigest()[:8]
+    return slug
+
+
+def _check_unique(variants: list[Variant]) -> None:
+    labels: set[str] = set()
+    slugs: dict[str, str] = {}
+    for v in variants:
+        if v.label in labels:
+            raise ConfigError(f"study: run label {v.label!r} is used twice; labels must be "
+                              "unique")
+        slug = slugify(v.label)
+        if slug in slugs:
+            raise ConfigError(f"study: labels {slugs[slug]!r} and {v.label!r} give the same "
+                              f"run directory name {slug!r}; rename one")
+        labels.add(v.label)
+        slugs[slug] = v.label
+
