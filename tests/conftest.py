@@ -10,7 +10,12 @@ settings.register_profile("ci", derandomize=True, database=None)
 if os.environ.get("CI"):
     settings.load_profile("ci")
 
-torch.set_num_threads(min(2, os.cpu_count() or 1))
+# Two threads, as CI's 2-core machine runs; fewer when OMP_NUM_THREADS asks for fewer (on a
+# shared machine two spinning OpenMP threads per process slow down many times over as soon
+# as another process wants a core: docs/performance.md).
+_threads = os.environ.get("OMP_NUM_THREADS", "")
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1,
+                                 int(_threads) if _threads.isdigit() else 2)))
 
 FMNIST_DIR = "/usr/share/datasets/fashion-mnist"
 

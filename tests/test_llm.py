@@ -10,11 +10,12 @@ pytest.importorskip("transformers")
 from splitfed.config import build_config  # noqa: E402
 from splitfed.data import load_dataset  # noqa: E402
 from splitfed.data.text import BOS, PAD, UNK  # noqa: E402
-from splitfed.engine.memory import run_fresh  # noqa: E402
 from splitfed.experiment import build_algorithm, build_environment, run_experiment  # noqa: E402
 from splitfed.models import build_model, split  # noqa: E402
 from splitfed.models.cohort import cohort_forward, stack_states  # noqa: E402
 from splitfed.models.transformer import from_hf, opt_config  # noqa: E402
+# the client-memory probe lives in benchmarks/ (importable under python -m pytest)
+from benchmarks.client_memory import run_fresh  # noqa: E402
 
 TINY = {"name": "opt", "hidden_size": 16, "num_layers": 3, "num_heads": 2, "ffn_dim": 32,
         "vocab_size": 40}

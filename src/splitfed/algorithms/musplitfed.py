@@ -37,7 +37,7 @@ Directions are regenerated from per-round seeds, never stored beyond a step. Wit
 ``in_place`` both sides perturb their parameters in place and regenerate each direction
 in chunks (``engine/zo.py``, MeZO's trick): the client then holds its parameters, one
 noise chunk and its activations, nothing of the size of a second model (what
-``engine/memory.py --zo-mode inplace`` measures); the numbers drawn differ from the
+``benchmarks/client_memory.py --zo-mode inplace`` measures); the numbers drawn differ from the
 default's, the distribution does not. BatchNorm
 buffers are not perturbed; running statistics are updated only by the unperturbed client
 forward pass. The whole cohort perturbs and evaluates in batched passes (no autograd).

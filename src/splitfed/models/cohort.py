@@ -18,7 +18,7 @@ non-contiguous view). Inside, activations live in one of two layouts, chosen by 
   the feature order of flattening one client's ``[B, Ch, H, W]``.
 
 On a 2-core CPU this is about 1.7-2x faster than a per-client loop (docs/performance.md; run
-``python -m splitfed.models.cohort``); callers should feed chunks of about 5-10 clients.
+``python -m benchmarks.cohort_forward``); callers should feed chunks of about 5-10 clients.
 Results agree with the per-client computation to float32 rounding (exactly, up to
 1e-15, in float64). Over several SGD steps the different kernels' rounding can put an
 activation on the other side of a ReLU kink, so float32 trajectories of BatchNorm nets
@@ -414,52 +414,3 @@ def _handler_for(m: nn.Module):
     if isinstance(m, nn.Sequential) and type(m).forward is nn.Sequential.forward:
         return _sequential
     return _fallback
-
-
-def _bench(clients: int = 10, batch: int = 32, steps: int = 5, repeats: int = 7) -> None:
-    """Samples/s of K SGD steps on LeNet-5 (1x28x28): cohort path vs per-client loop.
-
-    Run with ``python -m splitfed.models.cohort``; the two variants alternate, medians.
-    """
-    import copy
-    import time
-
-    from splitfed.models import build_model
-
-    model = build_model("lenet5", (1, 28, 28), 10)
-    x = torch.randn(clients, steps, batch, 1, 28, 28)
-    y = torch.randint(0, 10, (clients, steps, batch))
-    names = [n for n, _ in model.named_parameters()]
-
-    def cohort():
-        state = stack_states([model.state_dict()] * clients)
-        params = [state[n].requires_grad_() for n in names]
-        for k in range(steps):
-            out = cohort_forward(model, state, x[:, k], training=True)
-            loss = F.cross_entropy(out.reshape(-1, 10), y[:, k].reshape(-1)) * clients
-            with torch.no_grad():
-                torch._foreach_add_(params, torch.autograd.grad(loss, params), alpha=-0.01)
-
-    def loop():
-        for c in range(clients):
-            m = copy.deepcopy(model)
-            params = list(m.parameters())
-            for k in range(steps):
-                loss = F.cross_entropy(m(x[c, k]), y[c, k])
-                with torch.no_grad():
-                    torch._foreach_add_(params, torch.autograd.grad(loss, params), alpha=-0.01)
-
-    print(f"LeNet-5 1x28x28, C={clients} x B={batch}, K={steps}, {torch.get_num_threads()} threads")
-    times = {"cohort": [], "loop": []}
-    for _ in range(repeats):
-        for label, fn in (("cohort", cohort), ("loop", loop)):
-            t = time.perf_counter()
-            fn()
-            times[label].append(time.perf_counter() - t)
-    for label, ts in times.items():
-        med = sorted(ts)[len(ts) // 2]
-        print(f"{label:>7}: {clients * steps * batch / med:9.0f} samples/s (median of {repeats})")
-
-
-if __name__ == "__main__":
-    _bench()

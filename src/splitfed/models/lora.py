@@ -1,6 +1,6 @@
 """LoRA adapters (Hu et al. 2022) injected into a model with ``peft``: the model side of
 FedLoRA (:mod:`splitfed.algorithms.fedlora`), also used by the client-memory probe
-(:mod:`splitfed.engine.memory`)."""
+(``benchmarks/client_memory.py``)."""
 
 from __future__ import annotations
 

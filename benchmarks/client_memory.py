@@ -1,9 +1,13 @@
 """Client peak memory of one local training step, measured in a fresh process.
 
+A measurement, not part of the library (nothing in ``splitfed`` imports it): run it from
+the repository root with the project's environment,
+``.venv/bin/python -m benchmarks.client_memory ...``.
+
 Paper 001 Fig. 4 compares the client's peak memory when fine-tuning OPT-1.3B with FedAvg
 (full fine-tuning), FedLoRA and MU-SplitFed. :func:`client_peak_memory` reproduces that
 measurement for any model of the registry: it starts a fresh Python process
-(``python -m splitfed.engine.memory``), which
+(``python -m benchmarks.client_memory`` in the repository root), which
 
 1. imports torch and builds nothing yet, and reads its resident set size (RSS);
 2. builds what the client holds: the whole model (``fedavg``), the whole model with LoRA
@@ -33,8 +37,9 @@ stores), ``grads_mb`` (one gradient per trainable parameter; 0 for zeroth order)
 and temporaries; for MU-SplitFed the direction u and one perturbed copy of the
 parameters, which this implementation materialises).
 
-``python -m splitfed.engine.memory --method fedavg --model opt --option preset=opt-1.3b
---option dtype=bfloat16 --seq-len 64 --batch-size 8`` prints one JSON line.
+``python -m benchmarks.client_memory --method fedavg --model opt --option preset=opt-1.3b
+--option dtype=bfloat16 --seq-len 64 --batch-size 8`` prints one JSON line;
+``--tensor-mb 128`` measures a known allocation instead (a check of the measurement).
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parent.parent      # the fresh process runs here
 METHODS = ("fedavg", "fedlora", "musplitfed")
 MB = 2 ** 20
 
@@ -270,10 +276,11 @@ def _env() -> dict:
 
 
 def run_fresh(argv: list[str], timeout: float | None = None) -> dict:
-    """Run ``python -m splitfed.engine.memory argv`` in a fresh process; its JSON."""
-    cmd = [sys.executable, "-m", "splitfed.engine.memory", *argv]
+    """Run ``python -m benchmarks.client_memory argv`` in a fresh process (in the
+    repository root, so that ``benchmarks`` is importable from anywhere); its JSON."""
+    cmd = [sys.executable, "-m", "benchmarks.client_memory", *argv]
     done = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=timeout,
-                          check=False)
+                          check=False, cwd=ROOT)
     if done.returncode != 0:
         raise RuntimeError(f"memory probe failed ({done.returncode}): {done.stderr[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -306,7 +313,7 @@ def _option(text: str):
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m splitfed.engine.memory",
+    p = argparse.ArgumentParser(prog="python -m benchmarks.client_memory",
                                 description="client peak memory of one method, this process")
     p.add_argument("--method", choices=METHODS)
     p.add_argument("--model", default="opt")
