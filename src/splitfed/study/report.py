@@ -10,16 +10,13 @@ import os
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from splitfed.errors import ConfigError
 from splitfed.study.analysis import curve, run_numbers, summarize
+from splitfed.study.outcome import RunOutcome, StudyResult
 from splitfed.study.plots import _print, write_plots
 from splitfed.study.reuse import config_hash, read_json
 from splitfed.study.spec import Study
-
-if TYPE_CHECKING:
-    from splitfed.study.runner import RunOutcome, StudyResult
 
 #: the provenance fields whose values over the runs results.json lists (``runs``)
 PROVENANCE_FIELDS = ("splitfed", "commit", "dirty", "torch", "threads", "cpu_capability")
@@ -30,7 +27,6 @@ PUBLISHED = ("results.md", "results.json", "sweep.md", "sweep.csv", "sweep.json"
 def write_results(study: Study, outcomes: list[RunOutcome], command: str,
                   say=_print) -> StudyResult:
     """Write results.json, results.md and the plots into the study directory."""
-    from splitfed.study.runner import StudyResult
 
     study.dir.mkdir(parents=True, exist_ok=True)
     summary = results_summary(study, outcomes, command)

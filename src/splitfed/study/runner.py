@@ -17,41 +17,12 @@ from splitfed.errors import ConfigError, FormatError, RunInterrupted, SplitfedEr
 from splitfed.locking import DirLock, check_free
 from splitfed.metrics import read_records
 from splitfed.study.analysis import _num, run_numbers
+from splitfed.study.outcome import RunOutcome, StudyResult
 from splitfed.study.plots import _print
 from splitfed.study.report import check_publish, publish, write_results
 from splitfed.study.reuse import (RunDirState, config_identity, current_code, read_json,
                                   run_dir_state)
 from splitfed.study.spec import Study, StudyRun, load_study, study_from_mapping
-
-
-@dataclass
-class RunOutcome:
-    """What one study run gave: its records (fresh or reloaded) and where they are."""
-
-    label: str
-    seed: int
-    run_dir: Path
-    status: str
-    records: list[dict]
-    wall_time_s: float
-    skipped: bool
-    provenance: dict | None = None   # summary.json's: the code and machine that made it
-    stale: str | None = None         # a reused run made by other code (keep_stale):
-    #                                  "recorded with ..., now ..."
-    note: str | None = None          # how its code was compared, when only partly
-
-
-@dataclass
-class StudyResult:
-    study: Study
-    dir: Path
-    outcomes: list[RunOutcome]
-    table: str
-    summary: dict  # the content of results.json
-
-    @property
-    def completed(self) -> bool:
-        return all(o.status == "completed" for o in self.outcomes)
 
 
 def run_study(study: str | Path | Mapping | Study, *, out_dir: str | Path | None = None,
