@@ -69,10 +69,8 @@ def build_plan(cfg, overrides: list[str] | None = None) -> dict:
 
 def run_dir_name(cfg, overrides: list[str] | None = None) -> str:
     """The name of the run directory a run would create, the time as :data:`STAMP`."""
-    try:
-        from splitfed.experiment import run_dir_name as name
-    except ImportError:                        # an experiment module naming runs by name
-        return f"{cfg.name}-{STAMP}"
+    from splitfed.experiment import run_dir_name as name
+
     return f"{name(cfg, overrides)}-{STAMP}"
 
 

@@ -31,18 +31,12 @@ from __future__ import annotations
 import dataclasses
 import sys
 import typing
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from torch import nn
 
-from splitfed.engine.transforms import Rate, RateOptions
+from splitfed.engine.transforms import NoOptions, Rate, RateOptions
 from splitfed.errors import ConfigError
-
-
-@dataclass
-class NoOptions:
-    """This algorithm has no options of its own."""
 
 
 class Algorithm:

@@ -19,7 +19,7 @@ two places, and the same objects plug into SL, SFL-V1, SFL-V2 and CSE-FSL:
   training on the server's own data (CLG-SGD's eq. 5).
 
 Transforms chain: several gradient transforms add their corrections in order
-(:func:`chain`), and the server steps run in order, each from the model the previous
+(:func:`start_gradients`), and the server steps run in order, each from the model the previous
 one returned (the first one from the aggregate's reference, x_t).
 
 A config names them next to the algorithm (``algorithm.client_transforms`` and
@@ -210,9 +210,6 @@ def start_gradients(transforms: Sequence[GradientTransform], env, state: dict, t
     return (live[0] if len(live) == 1 else _ChainRound(live)), rounds
 
 
-def chain(*transforms: GradientTransform) -> list[GradientTransform]:
-    """Transforms applied in order (each adds its correction to the previous result)."""
-    return list(transforms)
 
 
 # ---------------------------------------------------------------------- server steps
