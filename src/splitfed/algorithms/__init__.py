@@ -3,6 +3,7 @@
 Adding an algorithm: its file here, its class below, its page under ``docs/algorithms/``;
 the conformance tests pick it up from this registry. A transform (docs/transforms.md):
 its class in ``TRANSFORMS``; every algorithm that ``uses_transforms`` takes it.
+Then regenerate the catalog ``splitfed list`` prints: ``python -m splitfed.catalog``.
 """
 
 from splitfed.algorithms.centralized import Centralized
