@@ -173,7 +173,7 @@ def test_sweep_auto_resume_refuses_the_payload(tmp_path, monkeypatch, capsys):
     axes = ["train.lr=0.05,0.1"]
     interrupt_round(monkeypatch, "fedavg", 3)
     with pytest.raises(RunInterrupted):                # Ctrl-C in the first run
-        run_sweep(cfg, axes, out_dir=tmp_path, quiet=True)
+        run_sweep(cfg, axes, out_dir=tmp_path, quiet=True, jobs=1)   # in this process
     monkeypatch.undo()
     run_dir = tmp_path / "small-sweep" / "runs" / "train.lr-0.05-s3"
     assert load_checkpoint(run_dir)["round"] == 2
@@ -183,12 +183,14 @@ def test_sweep_auto_resume_refuses_the_payload(tmp_path, monkeypatch, capsys):
     with pytest.raises(SplitfedError, match="checkpoint.pt: not a splitfed data file"):
         run_sweep(cfg, axes, out_dir=tmp_path, quiet=True)
     assert not marker.exists() and snapshot(run_dir) == before
+    other = tmp_path / "small-sweep" / "runs" / "train.lr-0.1-s3" / "summary.json"
+    assert json.loads(other.read_text())["status"] == "completed"   # not stopped by it
     capsys.readouterr()
     assert main(["sweep", cfg, *axes, "--out-dir", str(tmp_path)]) == 2
-    err = one_line(capsys.readouterr().err)
-    assert str(run_dir / CHECKPOINT) in err
+    head, line = capsys.readouterr().err.strip().splitlines()   # the failed run's line
+    assert head.startswith("splitfed: error: 1 of 2 runs failed")
+    assert line.startswith("  run 'train.lr=0.05' (seed 3): ") and str(run_dir / CHECKPOINT) in line
     assert not marker.exists() and snapshot(run_dir) == before
-    assert not (tmp_path / "small-sweep" / "runs" / "train.lr-0.1-s3" / "summary.json").exists()
 
 
 def test_sweep_refuses_a_planted_run_of_another_config(tmp_path, stopped):
@@ -225,7 +227,7 @@ def test_study_auto_resume_refuses_the_payload(tmp_path, monkeypatch):
     run_dir = study_from_mapping(spec).runs[0].run_dir
     interrupt_round(monkeypatch, "fedavg", 3)
     with pytest.raises(RunInterrupted):
-        run_study(spec, quiet=True)
+        run_study(spec, quiet=True, jobs=1)                # in this process
     monkeypatch.undo()
     assert load_checkpoint(run_dir)["round"] == 2
     marker = tmp_path / "MARKER"
@@ -233,7 +235,8 @@ def test_study_auto_resume_refuses_the_payload(tmp_path, monkeypatch):
     before = snapshot(run_dir)
     with pytest.raises(SplitfedError) as info:
         run_study(spec, quiet=True)
-    msg = one_line(str(info.value))
+    head, msg = str(info.value).splitlines()              # a line for the failed run
+    assert head.startswith("1 of 2 runs failed") and msg.startswith("  run 'FL' (seed 0): ")
     assert str(run_dir / CHECKPOINT) in msg and "refused unread" in msg
     assert not marker.exists() and snapshot(run_dir) == before
 

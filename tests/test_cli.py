@@ -141,13 +141,13 @@ def test_keyboard_interrupt_exits_130_with_how_to_continue(files, monkeypatch, c
 
     monkeypatch.setattr(study, "run_experiment", run_interrupted)
     argv = ["sweep", str(files / "tiny.yaml"), "train.lr=0.1,0.2", "--out-dir",
-            str(files / "sw")]
+            str(files / "sw"), "--jobs", "1"]               # in this process
     assert main(argv) == 130
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
     assert err.startswith("splitfed: interrupted; finished runs are kept, continue the sweep "
                           "by running the same command again: splitfed sweep ")
-    assert err.strip().endswith(f"--out-dir {files}/sw")
+    assert err.strip().endswith(f"--out-dir {files}/sw --jobs 1")
     assert not (files / "sw" / "tiny-sweep" / ".splitfed.lock").exists()   # released
 
 

@@ -13,7 +13,8 @@ import splitfed.experiment as experiment
 from splitfed.checkpoint import Checkpointer
 from splitfed.cli import main
 from splitfed.configtools import dump_yaml
-from splitfed.errors import ConfigError
+from splitfed.errors import ConfigError, RunInterrupted
+from splitfed.study import RunsFailed
 from splitfed.sweep import default_name, parse_axes, run_sweep
 from tests.helpers import digits_config
 
@@ -120,19 +121,16 @@ def test_an_interrupted_sweep_resumes_from_the_checkpoints(tmp_path, monkeypatch
     cfg = _config(tmp_path)
     calls = []
 
-    class Interrupted(Exception):
-        pass
-
     class Stopping(Checkpointer):
         def __call__(self, t, state, status):
             super().__call__(t, state, status)
             calls.append(t)
             if len(calls) == 5:                     # the second run, after round 2
-                raise Interrupted
+                raise KeyboardInterrupt
 
     monkeypatch.setattr(experiment, "Checkpointer", Stopping)
-    with pytest.raises(Interrupted):
-        run_sweep(cfg, ["train.lr=0.05,0.1,0.2"], out_dir=tmp_path, quiet=True)
+    with pytest.raises(RunInterrupted):             # in this process: jobs=1
+        run_sweep(cfg, ["train.lr=0.05,0.1,0.2"], out_dir=tmp_path, quiet=True, jobs=1)
     monkeypatch.undo()
     result = run_sweep(cfg, ["train.lr=0.05,0.1,0.2"], out_dir=tmp_path, quiet=True)
     assert [o.skipped for o in result.study.outcomes] == [True, False, False]
@@ -232,8 +230,10 @@ def test_a_failing_point_names_the_run_and_finished_points_are_kept(tmp_path, mo
 
     monkeypatch.setattr(study_mod, "run_experiment", second_fails)
     items = ["train.lr=0.05,0.1", "checkpoint_every=0"]
-    with pytest.raises(ConfigError, match=r"^run 'train.lr=0.1' \(seed 3\): algorithm: "):
-        run_sweep(cfg, items, out_dir=tmp_path, quiet=True)
+    with pytest.raises(RunsFailed, match=r"^1 of 2 runs failed; .*\n  run 'train.lr=0.1' "
+                                         r"\(seed 3\): algorithm: something impossible"):
+        run_sweep(cfg, items, out_dir=tmp_path, quiet=True, jobs=1)   # in this process
+    assert not (tmp_path / "small-sweep" / "sweep.md").exists()
     monkeypatch.undo()
     result = run_sweep(cfg, items, out_dir=tmp_path, quiet=True)
     assert [o.skipped for o in result.study.outcomes] == [True, False]

@@ -139,77 +139,28 @@ def _cmd_results(args) -> int:
 
 
 def _cmd_list(args) -> int:
-    from splitfed.algorithms import ALGORITHMS, TRANSFORMS
+    from splitfed import catalog
     from splitfed.config import shipped_configs
-    from splitfed.data import dataset_names
-    from splitfed.data.partition import PARTITIONERS
-    from splitfed.engine.participation import sampler_names
-    from splitfed.engine.profiles import GENERATORS
-    from splitfed.engine.transforms import GradientTransform
-    from splitfed.models import MODELS
-    from splitfed.registry import origin
+    from splitfed.registry import plugin_entries
 
-    def names(kind: str, keys) -> str:
-        return ", ".join(k + (f" [plugin {origin(kind, k)}]" if origin(kind, k) else "")
-                         for k in sorted(keys))
-
-    print("algorithms:")
-    for name, cls in sorted(ALGORITHMS.items()):
-        where = origin("algorithm", name)
-        print(f"  {name:<14} {cls.reference}" + (f" [plugin {where}]" if where else ""))
-    print("transforms (gradient: algorithm.client_transforms; server step: "
-          "algorithm.server_transforms):")
-    for name, cls in sorted(TRANSFORMS.items(),
-                            key=lambda item: (not issubclass(item[1], GradientTransform),
-                                              item[0])):
-        where = origin("transform", name)
-        kind = "gradient" if issubclass(cls, GradientTransform) else "server step"
-        print(f"  {name:<14} {kind:<12} {cls.reference}"
-              + (f" [plugin {where}]" if where else ""))
-    print("datasets:      " + names("dataset", dataset_names()))
-    print("models (cuts):")
-    for name in sorted(MODELS):
-        where = origin("model", name)
-        print(f"  {name:<14} {_model_cuts(name)}" + (f" [plugin {where}]" if where else ""))
-    print("partitioners:  " + names("partitioner", PARTITIONERS))
-    print("participation: " + ", ".join(sampler_names()))
-    print("clock profiles: " + names("clock profile", GENERATORS))
-    print("configs:       " + ", ".join(shipped_configs()))
+    origins = {kind: plugin_entries(kind) for kind in catalog.KINDS}
+    listed = None
+    if not (getattr(args, "plugin", None) or any(origins.values())
+            or any(m in sys.modules for m in catalog.REGISTRY_MODULES)):
+        listed = catalog.stored()       # no plugin in play: the built-ins, without torch
+    if listed is None:
+        listed = catalog.live()         # imports the registries (and torch), builds models
+    sys.stdout.write(catalog.render(listed, origins)
+                     + "configs:       " + ", ".join(shipped_configs()) + "\n")
     return 0
 
 
-#: models whose cuts ``splitfed list`` does not build the model for: their cuts depend on
-#: their options, and building one imports an optional package (seconds);
-#: ``splitfed config explain NAME`` builds it
-_CUTS_ON_REQUEST = {"opt": "decoder blocks"}
-
-
 def _model_cuts(name: str, detail: bool = False) -> str:
-    """``default cut K; valid cuts ...`` of model ``name``, built for a usual input (with
-    ``detail``: what every cut means, for ``config explain``). A model that cannot be
-    built here (a missing optional package) says why instead of failing the command."""
-    from splitfed.models import build_model
+    """The cuts of model ``name`` as ``list`` (or, with ``detail``, ``config explain``)
+    prints them (:func:`splitfed.catalog.model_cuts`)."""
+    from splitfed.catalog import model_cuts
 
-    if not detail and name in _CUTS_ON_REQUEST:
-        return (f"cuts: after one of its {_CUTS_ON_REQUEST[name]}, depending on its options "
-                f"(splitfed config explain {name})")
-    shapes = {"lenet5": [(1, 28, 28)], "alexnet": [(1, 28, 28)], "mlp": [(1, 28, 28)],
-              "opt": [(2, 16)]}.get(name)     # opt: token ids + attention mask
-    for shape in shapes or [(3, 32, 32), (1, 28, 28)]:
-        try:
-            m = build_model(name, shape, 10)
-        except SplitfedError as e:
-            if shapes is not None:
-                return f"cannot be built here: {' '.join(str(e).split())}"
-            continue
-        text = (f"default cut {m.default_cut}; valid cuts "
-                + ", ".join(str(c) for c in m.valid_cuts))
-        if detail:
-            given = "x".join(str(s) for s in shape)
-            text += f" (built for inputs {given} with its default options)" + "".join(
-                f"\n    {k}: {m.cut_descriptions[k]}" for k in m.valid_cuts)
-        return text
-    return "cuts: depend on the input shape (it takes neither 3x32x32 nor 1x28x28 inputs)"
+    return model_cuts(name, detail)
 
 
 def _cmd_partition(args) -> int:
@@ -237,7 +188,7 @@ def _cmd_study(args) -> int:
 
     result = run_study(args.study, out_dir=args.out_dir, progress=args.progress,
                        plugins=args.plugin, keep_stale=args.keep_stale,
-                       publish_to=args.publish)
+                       publish_to=args.publish, **_parallel_settings(args))
     return 0 if result.completed else 3
 
 
@@ -248,6 +199,42 @@ def _add_reuse_arguments(parser) -> None:
     parser.add_argument("--publish", default=None, metavar="DIR",
                         help="then copy the tables and plots (not the runs) to "
                              "DIR/<name>/, e.g. docs/results")
+
+
+def _positive(text: str) -> int:
+    """An argparse type: a whole number >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return value
+
+
+def _add_parallel_arguments(parser) -> None:
+    """--jobs, --threads, --executor, --address (checked again, with the upper bounds, by
+    splitfed.study.parallel.check_options; not imported here: it imports torch)."""
+    parser.add_argument("--jobs", type=_positive, default=None, metavar="N",
+                        help="runs at the same time, each in a worker process (default: "
+                             "the usable cores, at most the runs left; 1: one after the "
+                             "other in this process)")
+    parser.add_argument("--threads", type=_positive, default=1, metavar="T",
+                        help="PyTorch threads of each run (default 1, whatever --jobs, so "
+                             "that results do not depend on it)")
+    parser.add_argument("--executor", choices=("local", "dask"), default=None,
+                        help="local (default: worker processes of this machine) or dask "
+                             "(a Dask cluster: --address, else DASK_SCHEDULER_ADDRESS, "
+                             "else a local cluster of --jobs workers on 127.0.0.1; "
+                             "pip install 'splitfed[cluster]')")
+    parser.add_argument("--address", default=None, metavar="ADDR",
+                        help="with --executor dask: the scheduler, e.g. tcp://10.0.0.5:8786 "
+                             "(docs/studies.md: trusted clusters only)")
+
+
+def _parallel_settings(args) -> dict:
+    return {"jobs": args.jobs, "threads": args.threads, "executor": args.executor,
+            "address": args.address}
 
 
 def _cmd_sweep(args) -> int:
@@ -267,7 +254,8 @@ def _cmd_sweep(args) -> int:
     result = run_sweep(args.config, args.axes, name=args.name, seeds=seeds,
                        out_dir=args.out_dir, group_by=args.group_by,
                        progress=args.progress, plugins=args.plugin,
-                       keep_stale=args.keep_stale, publish_to=args.publish)
+                       keep_stale=args.keep_stale, publish_to=args.publish,
+                       **_parallel_settings(args))
     return 0 if result.completed else 3
 
 
@@ -364,8 +352,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out-dir", default=None,
                    help="write to OUT_DIR/<study name>/ (default: the file's out_dir, "
                         "runs/studies)")
-    s.add_argument("--progress", action="store_true", help="show each run's progress bar")
+    s.add_argument("--progress", action="store_true",
+                   help="show each run's progress bar (--jobs 1; else a line per run)")
     _add_reuse_arguments(s)
+    _add_parallel_arguments(s)
     add_plugin_argument(s)
     s.set_defaults(func=_cmd_study)
     g = sub.add_parser("plot", help="draw test accuracy of runs against rounds and "
@@ -404,8 +394,10 @@ def build_parser() -> argparse.ArgumentParser:
                                                    "(default: runs/sweeps)")
     w.add_argument("--group-by", default=None, metavar="KEY",
                    help="a swept key: one plot panel per value")
-    w.add_argument("--progress", action="store_true", help="show each run's progress bar")
+    w.add_argument("--progress", action="store_true",
+                   help="show each run's progress bar (--jobs 1; else a line per run)")
     _add_reuse_arguments(w)
+    _add_parallel_arguments(w)
     add_plugin_argument(w)
     w.set_defaults(func=_cmd_sweep)
     from splitfed.runtime.worker import add_network_arguments, add_run_arguments

@@ -12,7 +12,10 @@ model and cut, algorithm checks) before anything runs or is written, the sweep
 directory is locked against a second process for the whole sweep, each run goes to
 ``<sweep dir>/runs/<key-value slug>-s<seed>/`` (a deterministic name), finished runs are
 skipped, interrupted ones are resumed from their checkpoint (``checkpoint_every``), and
-``results.md``/``results.json`` (and plots when matplotlib is installed) are written.
+``results.md``/``results.json`` (and plots when matplotlib is installed) are written
+once every run has finished. The runs go side by side in worker processes (``jobs``,
+default the usable cores) or on a Dask cluster (:mod:`splitfed.study.parallel`); a run
+that fails does not stop the others.
 On top of that a sweep writes one row per run with the swept values in their own
 columns: ``sweep.md``, ``sweep.csv`` and ``sweep.json`` (status ``completed`` or
 ``diverged``, final and best test accuracy, rounds run, the round a diverged run
@@ -37,7 +40,9 @@ from splitfed.grid import parse_axes  # noqa: F401 - part of this module's inter
 from splitfed.study import (StudyResult, execute_study, open_study, publish,
                             read_records, run_numbers, study_from_mapping, value_text,
                             write_results)
+from splitfed.study.parallel import check_options, check_scheduler, resolve_jobs
 from splitfed.study.report import check_publish, provenance_line
+from splitfed.study.runner import parallel_options
 
 DEFAULT_OUT_DIR = "runs/sweeps"
 #: the columns of sweep.csv after the swept keys and the seed (``run_dir`` last)
@@ -92,12 +97,21 @@ def run_sweep(config: str, items: list[str], *, name: str | None = None,
               seeds: list[int] | None = None, out_dir: str | Path | None = None,
               group_by: str | None = None, progress: bool = False,
               quiet: bool = False, plugins: list[str] | None = None,
-              keep_stale: bool = False, publish_to: str | Path | None = None) -> SweepResult:
+              keep_stale: bool = False, publish_to: str | Path | None = None,
+              jobs: int | None = None, threads: int = 1, executor: str | None = None,
+              address: str | None = None) -> SweepResult:
     """Run (or finish) a sweep; write the study files and ``sweep.md/csv/json``.
     ``group_by``: a swept key; the plots get one panel per value of it. ``keep_stale``:
     a finished run made by other code is kept (marked stale) instead of rerun.
     ``publish_to``: copy the results and sweep tables (not the runs) to
-    ``publish_to/<name>/`` (:func:`splitfed.study.publish`)."""
+    ``publish_to/<name>/`` (:func:`splitfed.study.publish`).
+
+    ``jobs``, ``threads``, ``executor``, ``address``: as for
+    :func:`splitfed.study.run_study` (runs side by side, PyTorch threads per run, a Dask
+    cluster). With runs side by side, a line is printed when each starts and ends
+    (unless ``quiet``). A run that fails does not stop the others; then
+    :class:`splitfed.study.RunsFailed` names each failed run and no table is written."""
+    check_options(jobs, threads, executor, address)
     if keep_stale and publish_to is not None:
         raise ConfigError("publish: not with keep_stale; published results come from one "
                           "code version")
@@ -105,14 +119,19 @@ def run_sweep(config: str, items: list[str], *, name: str | None = None,
                           group_by=group_by, plugins=plugins)
     study = study_from_mapping(mapping)
     command = _command(config, items, name, seeds, out_dir, group_by, plugins,
-                       keep_stale, publish_to)
+                       keep_stale, publish_to, jobs, threads, executor, address)
     if publish_to is not None:
         check_publish(publish_to, study.name)
+    check_scheduler(executor, address)
     keys = list(mapping["grid"])
     quiet_say = lambda *a, **k: None  # noqa: E731
     warn = quiet_say if quiet else (lambda *a, **k: print(*a, **k, flush=True))
     with open_study(study, "sweep directory", OUTPUTS, keep_stale=keep_stale) as prepared:
-        outcomes = execute_study(prepared, progress, say=quiet_say, warn=warn)
+        left = sum(not s.reused(keep_stale) for s in prepared.states)
+        side_by_side = executor == "dask" or resolve_jobs(jobs, left) > 1
+        outcomes = execute_study(prepared, progress, say=quiet_say, warn=warn, jobs=jobs,
+                                 threads=threads, executor=executor, address=address,
+                                 grid_say=warn if side_by_side else quiet_say)
         result = write_results(study, outcomes, command, say=quiet_say)
         rows = sweep_rows(result, mapping["grid"])
         table = markdown_table(rows, keys)
@@ -133,7 +152,8 @@ def run_sweep(config: str, items: list[str], *, name: str | None = None,
 
 
 def _command(config, items, name, seeds, out_dir, group_by, plugins=None,
-             keep_stale=False, publish_to=None) -> str:
+             keep_stale=False, publish_to=None, jobs=None, threads=1, executor=None,
+             address=None) -> str:
     parts = ["splitfed", "sweep", config, *items]
     if name is not None:
         parts += ["--name", name]
@@ -149,6 +169,8 @@ def _command(config, items, name, seeds, out_dir, group_by, plugins=None,
         parts += ["--keep-stale"]
     if publish_to is not None:
         parts += ["--publish", str(publish_to)]
+    for option in parallel_options(jobs, threads, executor, address):
+        parts += option
     return " ".join(shlex.quote(str(p)) for p in parts)
 
 

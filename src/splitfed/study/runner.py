@@ -1,23 +1,26 @@
 """Running a study: check everything, lock the study directory, run (or resume, or
-reuse) each run in order, write the results (:mod:`splitfed.study.report`) and publish
-them when asked."""
+reuse) each run, in order in this process or side by side in worker processes or on a
+Dask cluster (:mod:`splitfed.study.parallel`), write the results
+(:mod:`splitfed.study.report`) once every run has finished, and publish them when
+asked."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import shlex
-import shutil
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from splitfed.checkpoint import CHECKPOINT
 from splitfed.errors import ConfigError, FormatError, RunInterrupted, SplitfedError
 from splitfed.locking import DirLock, check_free
 from splitfed.metrics import read_records
 from splitfed.study.analysis import _num, run_numbers
 from splitfed.study.outcome import RunOutcome, StudyResult
+from splitfed.study.parallel import (PointResult, PointTask, check_options,
+                                     check_scheduler, resolve_jobs, run_dask, run_local,
+                                     run_point)
 from splitfed.study.plots import _print
 from splitfed.study.report import check_publish, publish, write_results
 from splitfed.study.reuse import (RunDirState, config_identity, current_code, read_json,
@@ -28,14 +31,28 @@ from splitfed.study.spec import Study, StudyRun, load_study, study_from_mapping
 def run_study(study: str | Path | Mapping | Study, *, out_dir: str | Path | None = None,
               progress: bool = False, quiet: bool = False,
               plugins: list[str] | None = None, keep_stale: bool = False,
-              publish_to: str | Path | None = None) -> StudyResult:
+              publish_to: str | Path | None = None, jobs: int | None = None,
+              threads: int = 1, executor: str | None = None,
+              address: str | None = None) -> StudyResult:
     """Run every run of a study not already done, then write results.md/json and plots.
 
     ``study``: a study file path, a mapping in the same format, or a loaded :class:`Study`.
     ``out_dir`` overrides the study's ``out_dir`` (default ``runs/studies``); ``progress``
-    shows each run's progress bar; ``quiet`` prints nothing (by default a line per run
-    and the table at the end); ``plugins`` (the command line's ``--plugin``) are added
-    to the study's ``plugins`` (not used with a loaded :class:`Study`).
+    shows each run's progress bar (runs in this process only, see below); ``quiet``
+    prints nothing (by default a line per run and the table at the end); ``plugins``
+    (the command line's ``--plugin``) are added to the study's ``plugins`` (not used
+    with a loaded :class:`Study`).
+
+    ``jobs``: how many runs go at the same time (None: the usable cores), at most the
+    runs left to do; with one, the runs go one after the other in this process, else in
+    worker processes (:func:`~splitfed.study.parallel.run_local`). ``executor="dask"``
+    sends them to a Dask cluster instead: the scheduler at ``address`` (or
+    ``DASK_SCHEDULER_ADDRESS``), else a local cluster of ``jobs`` worker processes on
+    127.0.0.1 (:func:`~splitfed.study.parallel.run_dask`). ``threads``: PyTorch threads
+    of each run, in every mode (in this process for the runs' duration, then restored),
+    so that the results do not depend on ``jobs``. A run that fails does not stop the
+    others: once they have ended, :class:`RunsFailed` names each failed run, and the
+    results are written only when every run has finished.
 
     A finished run is reused only when its config and its code version match
     (:mod:`splitfed.study.reuse`); a finished run made by other code is rerun (a line
@@ -44,11 +61,13 @@ def run_study(study: str | Path | Mapping | Study, *, out_dir: str | Path | None
     results are written, copy them (not the runs) to ``publish_to/<name>/``
     (:func:`~splitfed.study.report.publish`); refused together with ``keep_stale``.
 
-    Before any run starts or anything is written, every run that is not done is built
-    as :func:`~splitfed.experiment.run_experiment` builds it (:func:`check_runs`) and the
-    study directory is checked; then the directory is locked (:mod:`splitfed.locking`)
-    until the results are written: a second process on the same study is refused.
+    Before any run starts or anything is written, the options are checked, every run
+    that is not done is built as :func:`~splitfed.experiment.run_experiment` builds it
+    (:func:`check_runs`) and the study directory is checked; then the directory is
+    locked (:mod:`splitfed.locking`) until the results are written: a second process on
+    the same study is refused.
     """
+    check_options(jobs, threads, executor, address)
     if keep_stale and publish_to is not None:
         raise ConfigError("publish: not with keep_stale; published results come from one "
                           "code version")
@@ -67,16 +86,51 @@ def run_study(study: str | Path | Mapping | Study, *, out_dir: str | Path | None
             command += " --keep-stale"
         if publish_to is not None:
             command += " --publish " + shlex.quote(str(publish_to))
+        command += "".join(" " + shlex.join(o) for o in
+                           parallel_options(jobs, threads, executor, address))
         study = load_study(study, out_dir=out_dir, plugins=plugins)
     if publish_to is not None:
         check_publish(publish_to, study.name)
+    check_scheduler(executor, address)
     say = (lambda *a, **k: None) if quiet else _print
     with open_study(study, "study directory", keep_stale=keep_stale) as prepared:
-        outcomes = execute_study(prepared, progress, say)
+        outcomes = execute_study(prepared, progress, say, jobs=jobs, threads=threads,
+                                 executor=executor, address=address)
         result = write_results(study, outcomes, command, say)
     if publish_to is not None:
         say(f"published: {publish(result.dir, publish_to)}")
     return result
+
+
+def parallel_options(jobs: int | None, threads: int, executor: str | None,
+                     address: str | None) -> list[list[str]]:
+    """The command line options that give these settings, as given (defaults left out):
+    ``[["--jobs", "4"], ["--executor", "dask"], ...]``."""
+    out = []
+    if jobs is not None:
+        out.append(["--jobs", str(jobs)])
+    if threads != 1:
+        out.append(["--threads", str(threads)])
+    if executor is not None:
+        out.append(["--executor", executor])
+    if address is not None:
+        out.append(["--address", address])
+    return out
+
+
+class RunsFailed(SplitfedError):
+    """Runs of a study failed while they ran; the others ran to their end and are kept.
+    ``failures``: ``(run, message)`` of each failed run, in the study's order. The
+    message has a line for each."""
+
+    def __init__(self, failures: list[tuple[StudyRun, str]], total: int):
+        self.failures = failures
+        lines = [f"{len(failures)} of {total} runs failed; the others are kept and the "
+                 "results are written once every run has finished: run the same command "
+                 "again (after fixing the cause) to run the failed ones"]
+        lines += [f"  run {run.label!r} (seed {run.seed}): {' '.join(message.split())}"
+                  for run, message in failures]
+        super().__init__("\n".join(lines))
 
 
 @dataclass
@@ -201,30 +255,138 @@ def _check_outputs(study: Study, extra: tuple[str, ...]) -> None:
                               "writes its results there)")
 
 
-def execute_study(prepared: PreparedStudy, progress: bool, say=_print,
-                  warn=None) -> list[RunOutcome]:
-    """Run (or resume, or reuse) every run of a prepared study, in order. ``say`` gets a
-    line per run; ``warn`` (default ``say``) the line of a stale run before it is
-    rerun."""
+def execute_study(prepared: PreparedStudy, progress: bool = False, say=_print,
+                  warn=None, *, jobs: int | None = 1, threads: int = 1,
+                  executor: str | None = None, address: str | None = None,
+                  grid_say=None) -> list[RunOutcome]:
+    """Run (or resume, or reuse) every run of a prepared study; the outcomes come in the
+    study's order.
+
+    With ``jobs`` (None: the usable cores; at most the runs left to do) of one and no
+    ``executor``, the runs go in order in this process, with PyTorch's thread count set
+    to ``threads`` for their duration (and restored after); ``say`` gets a line per run,
+    ``[3/12] LABEL (seed 0) ... 0.8123 in 41.2 s``. Otherwise they go to worker
+    processes, or with ``executor="dask"`` to a Dask cluster (``address``), each run
+    with ``threads`` threads (:mod:`splitfed.study.parallel`); ``grid_say`` (default
+    ``say``) gets a line when a run starts and when it ends, with the runs finished so
+    far, ``[4/12] LABEL (seed 0) ... 0.8123 in 41.2 s (elapsed 95.0 s)``; ``progress``
+    (progress bars) is then replaced by these lines, with a note. ``warn`` (default
+    ``say``) gets the line of a stale run before it is rerun.
+
+    A run that fails (an error while it runs, a worker process that dies) gets a line
+    and does not stop the others; once all have ended, :class:`RunsFailed` names each.
+    Ctrl-C raises :class:`~splitfed.errors.RunInterrupted`.
+    """
+    check_options(jobs, threads, executor, address)
     warn = say if warn is None else warn
+    grid_say = say if grid_say is None else grid_say
     study = prepared.study
+    runs = study.runs
+    total = len(runs)
+    todo = [i for i, state in enumerate(prepared.states)
+            if not state.reused(prepared.keep_stale)]
+    n = resolve_jobs(jobs, len(todo))
+    if todo and (executor == "dask" or n > 1):
+        return _execute_parallel(prepared, todo, progress, warn, grid_say, n, threads,
+                                 executor, address)
     outcomes = []
-    total = len(study.runs)
-    for i, (run, state, records) in enumerate(zip(study.runs, prepared.states,
-                                                  prepared.records), 1):
-        if state.state == "stale" and not prepared.keep_stale:
-            warn(f"[{i}/{total}] {run.label} (seed {run.seed}): stale: {state.note}; "
-                 "rerunning")
-        try:
-            outcome = _execute(run, state, progress, records, prepared.keep_stale)
-        except RunInterrupted:
-            raise
-        except SplitfedError as e:     # stops the study; done runs stay done for a rerun
-            e.args = (f"run {run.label!r} (seed {run.seed}): {e}",)
-            raise
-        say(f"[{i}/{total}] {run.label} (seed {run.seed}) ... {outcome_text(outcome)}")
-        outcomes.append(outcome)
+    failures: list[tuple[StudyRun, str]] = []
+    previous = _threads() if todo else None
+    try:
+        for i, (run, state, records) in enumerate(zip(runs, prepared.states,
+                                                      prepared.records), 1):
+            if state.reused(prepared.keep_stale):
+                outcome = _reused(run, state, records)
+            else:
+                if state.state == "stale":
+                    warn(f"[{i}/{total}] {run.label} (seed {run.seed}): stale: "
+                         f"{state.note}; rerunning")
+                result = run_point(_task(i - 1, run, state, threads, progress))
+                if result.error is not None:
+                    say(f"[{i}/{total}] {run.label} (seed {run.seed}) ... failed: "
+                        f"{' '.join(result.error.split())}")
+                    failures.append((run, result.error))
+                    continue
+                outcome = _fresh(run, result)
+            say(f"[{i}/{total}] {run.label} (seed {run.seed}) ... {outcome_text(outcome)}")
+            outcomes.append(outcome)
+    finally:
+        if previous is not None:
+            _threads(previous)
+    if failures:
+        raise RunsFailed(failures, total)
     return outcomes
+
+
+def _threads(n: int | None = None) -> int:
+    """PyTorch's thread count (set to ``n`` first when given)."""
+    import torch
+
+    if n is not None:
+        torch.set_num_threads(n)
+    return torch.get_num_threads()
+
+
+def _task(index: int, run: StudyRun, state: RunDirState, threads: int, progress: bool,
+          absolute: bool = False) -> PointTask:
+    run_dir = run.run_dir.absolute() if absolute else run.run_dir
+    return PointTask(index, run.label, run.seed, run.config, run_dir, state.state,
+                     threads=threads, progress=progress)
+
+
+def _execute_parallel(prepared: PreparedStudy, todo: list[int], progress: bool, warn,
+                      say, jobs: int, threads: int, executor: str | None,
+                      address: str | None) -> list[RunOutcome]:
+    """The runs ``todo`` (indices into the study's runs) on worker processes or Dask;
+    the others reused. See :func:`execute_study`."""
+    study = prepared.study
+    runs = study.runs
+    total = len(runs)
+    t0 = time.perf_counter()
+    outcomes: dict[int, RunOutcome] = {}
+    errors: dict[int, str] = {}
+
+    def elapsed() -> str:
+        return f"(elapsed {time.perf_counter() - t0:.1f} s)"
+
+    if progress:
+        warn("note: --progress shows progress bars only for runs in this process "
+             "(--jobs 1); a line per run start and end instead")
+    for i, (run, state, records) in enumerate(zip(runs, prepared.states, prepared.records)):
+        if state.reused(prepared.keep_stale):
+            outcomes[i] = _reused(run, state, records)
+            say(f"[{len(outcomes)}/{total}] {run.label} (seed {run.seed}) ... "
+                f"{outcome_text(outcomes[i])}")
+        elif state.state == "stale":
+            warn(f"{run.label} (seed {run.seed}): stale: {state.note}; rerunning")
+
+    def done() -> int:
+        return len(outcomes) + len(errors)
+
+    def on_start(task: PointTask, again: bool) -> None:
+        what = "started again (its worker died)" if again else "started"
+        say(f"[{done()}/{total}] {task.label} (seed {task.seed}) ... {what} {elapsed()}")
+
+    def on_finish(task: PointTask, result: PointResult) -> None:
+        run = runs[task.index]
+        if result.error is not None:
+            errors[task.index] = result.error
+            say(f"[{done()}/{total}] {run.label} (seed {run.seed}) ... failed: "
+                f"{' '.join(result.error.split())} {elapsed()}")
+            return
+        outcomes[task.index] = _fresh(run, result)
+        say(f"[{done()}/{total}] {run.label} (seed {run.seed}) ... "
+            f"{outcome_text(outcomes[task.index])} {elapsed()}")
+
+    tasks = [_task(i, runs[i], prepared.states[i], threads, False, absolute=True)
+             for i in todo]
+    if executor == "dask":
+        run_dask(tasks, jobs, address, on_start, on_finish)
+    else:
+        run_local(tasks, jobs, on_start, on_finish)
+    if errors:
+        raise RunsFailed([(runs[i], errors[i]) for i in sorted(errors)], total)
+    return [outcomes[i] for i in range(total)]
 
 
 def outcome_text(o: RunOutcome) -> str:
@@ -247,35 +409,19 @@ def outcome_text(o: RunOutcome) -> str:
     return text
 
 
-def _experiment():
-    """run_experiment and resume_experiment, looked up on :mod:`splitfed.study` when
-    called, so that replacing ``splitfed.study.run_experiment`` (as tests do) takes
-    effect."""
-    import splitfed.study as package
+def _reused(run: StudyRun, state: RunDirState, records: list[dict] | None) -> RunOutcome:
+    """The outcome of a run taken as recorded (done, or stale and kept)."""
+    summary = read_json(run.run_dir / "summary.json")
+    if records is None:
+        records = read_records(run.run_dir / "metrics.jsonl")
+    stale = state.note if state.state == "stale" else None
+    return RunOutcome(run.label, run.seed, run.run_dir, summary["status"], records,
+                      _num(summary.get("wall_time_s")) or 0.0, skipped=True,
+                      provenance=state.provenance, stale=stale,
+                      note=None if stale else state.note)
 
-    return package.run_experiment, package.resume_experiment
 
-
-def _execute(run: StudyRun, state: RunDirState, progress: bool,
-             records: list[dict] | None = None, keep_stale: bool = False) -> RunOutcome:
-    run_experiment, resume_experiment = _experiment()
-    if state.reused(keep_stale):
-        summary = read_json(run.run_dir / "summary.json")
-        if records is None:
-            records = read_records(run.run_dir / "metrics.jsonl")
-        stale = state.note if state.state == "stale" else None
-        return RunOutcome(run.label, run.seed, run.run_dir, summary["status"], records,
-                          _num(summary.get("wall_time_s")) or 0.0, skipped=True,
-                          provenance=state.provenance, stale=stale,
-                          note=None if stale else state.note)
-    if state.state == "unfinished" and (run.run_dir / CHECKPOINT).is_file():
-        result = resume_experiment(run.run_dir)      # continue from its last checkpoint
-    else:
-        if state.state in ("unfinished", "stale"):
-            shutil.rmtree(run.run_dir)
-        cfg = dataclasses.replace(run.config, progress=progress)
-        result = run_experiment(cfg, run_dir=run.run_dir)
-    prov = read_json(run.run_dir / "summary.json").get("provenance")
+def _fresh(run: StudyRun, result: PointResult) -> RunOutcome:
+    """The outcome of a run just run (or resumed)."""
     return RunOutcome(run.label, run.seed, run.run_dir, result.status, result.records,
-                      result.wall_time_s, skipped=False,
-                      provenance=prov if isinstance(prov, dict) else None)
+                      result.wall_time_s, skipped=False, provenance=result.provenance)
