@@ -429,11 +429,23 @@ def _stop(workers: list[_Worker], grace: float = GRACE_S) -> None:
 def local_cluster(jobs: int):
     """A Dask ``LocalCluster`` of ``jobs`` worker processes with one thread each, every
     server of it listening on 127.0.0.1 only, no dashboard, no memory limit (the nanny
-    would otherwise restart a worker whose run needs more than its share)."""
+    would otherwise restart a worker whose run needs more than its share).
+
+    The workers start without the ``MALLOC_TRIM_THRESHOLD_=65536`` that Dask's nanny sets
+    by default (``distributed.nanny.pre-spawn-environ``): with it glibc returns freed
+    memory to the system after nearly every tensor PyTorch frees, and training runs
+    measured 2.4 times slower (LeNet-5, batch 32, one thread). Workers of a cluster
+    started elsewhere need the same setting (docs/studies.md)."""
+    import dask
+
     distributed = import_distributed()
-    return distributed.LocalCluster(n_workers=jobs, threads_per_worker=1, processes=True,
-                                    host="127.0.0.1", dashboard_address=None,
-                                    memory_limit=0, silence_logs=logging.ERROR)
+    environ = dict(dask.config.get("distributed.nanny.pre-spawn-environ", {}) or {})
+    environ.pop("MALLOC_TRIM_THRESHOLD_", None)
+    with dask.config.set({"distributed.nanny.pre-spawn-environ": environ}):
+        return distributed.LocalCluster(n_workers=jobs, threads_per_worker=1,
+                                        processes=True, host="127.0.0.1",
+                                        dashboard_address=None, memory_limit=0,
+                                        silence_logs=logging.ERROR)
 
 
 def _scheduler_address(address: str | None) -> str | None:
