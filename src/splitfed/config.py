@@ -221,6 +221,11 @@ class RunConfig:
         "ge": -(2**63), "le": 2**63 - 1, "help": "master seed of every random stream"})
     rounds: int = field(default=20, metadata={"ge": 0, "le": MAX_ROUNDS})
     eval_every: int = field(default=1, metadata={"ge": 1, "le": MAX_ROUNDS})
+    eval_last: int = field(default=0, metadata={
+        "ge": 0, "le": MAX_ROUNDS,
+        "help": "also evaluate every round of the last N rounds (0: only every eval_every "
+                "rounds), e.g. for a study's average_last (paper 003 Tables 7-9 average "
+                "the test accuracy over the last 10% of the rounds)"})
     checkpoint_every: int = field(default=10, metadata={
         "ge": 0, "le": MAX_ROUNDS,
         "help": "write checkpoint.pt every k rounds and at the last round, for "

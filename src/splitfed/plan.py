@@ -57,7 +57,7 @@ def build_plan(cfg, overrides: list[str] | None = None) -> dict:
         "data": _data(env),
         "clients": _clients(cfg, algorithm, env),
         "model": _model(algorithm, env),
-        "rounds": cfg.rounds, "eval_every": cfg.eval_every,
+        "rounds": cfg.rounds, "eval_every": cfg.eval_every, "eval_last": cfg.eval_last,
         "checkpoint_every": cfg.checkpoint_every,
         "clock": {"profile": cfg.clock.profile, "deadline": cfg.clock.deadline,
                   "over_select": cfg.clock.over_select},
@@ -285,7 +285,10 @@ def format_plan(plan: dict, config: str | None = None) -> str:
         text += f"; about {_bytes(total)} a round"
         rows.append(("communication", text))
     ck = plan["checkpoint_every"]
-    rows.append(("rounds", f"{plan['rounds']} (evaluated every {plan['eval_every']}; "
+    last = plan.get("eval_last") or 0
+    every = f"evaluated every {plan['eval_every']}" + (
+        f" and each of the last {last}" if last else "")
+    rows.append(("rounds", f"{plan['rounds']} ({every}; "
                            + (f"checkpoint every {ck})" if ck else "no checkpoints)")))
     clock = plan["clock"]
     rows.append(("clock", f"{clock['profile']}, deadline "

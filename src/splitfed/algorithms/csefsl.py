@@ -71,6 +71,7 @@ from torch import nn
 from splitfed.engine.aggregate import DeltaAccumulator
 from splitfed.engine.algorithm import Algorithm
 from splitfed.engine.evaluate import evaluate
+from splitfed.engine.loop import evaluates
 from splitfed.engine.placement import client_values
 from splitfed.engine.rounds import Round
 from splitfed.engine.split import (SplitModel, per_client_loss, return_gradients, send_activations,
@@ -216,8 +217,7 @@ class CSEFSL(Algorithm):
         uploaded = cohort.size if self.uploads(t) else 0
         result = rnd.finish(state={**new, "model": server_state, "aux": aux_acc.result()},
                             server_samples=uploaded * tr.batch_size, metrics=metrics)
-        cfg = env.config
-        if t % cfg.eval_every == 0 or t == cfg.rounds:
+        if evaluates(env.config, t):
             result.metrics.update(self._aux_eval(env, parts, head, result.state))
         return result
 

@@ -15,7 +15,12 @@ global step of eq. (4): x^{r+1} = x^r + eta_g (x_{|S|}^{(r,K)} - x^r). eta_g = 1
 applies; we apply it, docs/design.md.)
 
 Decisions (docs/design.md): plain SGD by default; a client's optimizer state is fresh
-(each client is its own device), the server's persists across clients and rounds.
+(each client is its own device), the server's persists across clients and rounds. Option
+``server_optimizer``: ``per_round`` makes the server's state new every round,
+``per_client`` new at every client's turn, as the public code of paper 003 does (it builds
+the server's optimizer inside each client's local update); with momentum, ``per_client``
+is sequential training of the whole model with a fresh optimizer per client. Without
+momentum and weight decay the three are the same.
 Transfers per client: the client-side model down (request) and up (hand-over),
 activations and labels up and cut-layer gradients down at every step. SL is sequential
 by definition: the cohort is not batched, each step runs one plain forward/backward of
@@ -32,6 +37,7 @@ time, while the server keeps the updates it made with the late client. Transform
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Literal
 
 import numpy as np
 import torch
@@ -47,6 +53,11 @@ from splitfed.engine.split import (SplitModel, client_backward, client_forward, 
 class SLOptions:
     global_lr: float = field(default=1.0, metadata={
         "gt": 0, "help": "eta_g of eq. (4); 1 is vanilla SL"})
+    server_optimizer: Literal["persistent", "per_round", "per_client"] = field(
+        default="persistent", metadata={
+            "help": "lifetime of the server's optimizer state (momentum buffers): "
+                    "persistent: the whole run; per_round: new every round; per_client: "
+                    "new at every client's turn, as paper 003's public code does"})
 
 
 class SL(Algorithm):
@@ -74,7 +85,8 @@ class SL(Algorithm):
         # hand-overs are copied into them in place instead of through load_state_dict
         tensors = dict(client.state_dict(keep_vars=True))
         lr = env.lr(t)
-        server_opt = sgd(server, env, state["server_opt"], lr)
+        keep = self.options.server_optimizer
+        server_opt = sgd(server, env, state["server_opt"] if keep == "persistent" else None, lr)
         perm = env.streams.numpy("order").permutation(cohort.size)
         order, steps = cohort.ids[perm], rnd.steps[perm]
         rng = env.streams.numpy("batches")
@@ -92,6 +104,8 @@ class SL(Algorithm):
             rnd.begin(np.array([slot]), rnd.grad and {k: v.clone() for k, v in received.items()})
             client_opt = torch.optim.SGD(client_params, lr=lr, momentum=tr.momentum,
                                          weight_decay=tr.weight_decay)
+            if keep == "per_client":
+                server_opt = sgd(server, env, None, lr)
             total = 0.0
             for rows in plan:
                 x = x_all[rows]
@@ -111,7 +125,8 @@ class SL(Algorithm):
             losses.append(total / int(k_steps))
             samples += int(k_steps) * tr.batch_size
         rnd.aggregate_against(SingleDelta(start, {**handed, **server.state_dict()}))
-        result = rnd.finish(state={"server_opt": server_opt.state_dict()}, samples=samples)
+        saved = server_opt.state_dict() if keep == "persistent" else None
+        result = rnd.finish(state={"server_opt": saved}, samples=samples)
         return replace(result, train_loss=float(np.mean(losses)) if losses else None)
 
 

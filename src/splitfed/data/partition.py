@@ -7,9 +7,14 @@ client, each sorted ascending; the same ``rng`` state gives the same partition. 
 - ``dirichlet(alpha, min_partition_size=10, self_balancing=False, max_tries=10)``: for each
   class, draw p ~ Dir(alpha * 1_K) over the K clients and cut the (shuffled) class at the
   cumulative proportions. Everything is redrawn until every client has at least
-  ``min_partition_size`` samples (ConfigError after ``max_tries`` draws). With
-  ``self_balancing``, clients already holding >= N / K samples get proportion 0 for the classes
-  that follow (the rest renormalised). ``alpha = inf`` is IID and delegates to ``iid``.
+  ``min_partition_size`` samples (ConfigError after ``max_tries`` draws, naming the largest
+  minimum any draw reached). With ``self_balancing``, clients already holding >= N / K
+  samples get proportion 0 for the classes that follow (the rest renormalised).
+  ``alpha = inf`` is IID and delegates to ``iid``. With ``self_balancing=True`` this is the
+  label-Dirichlet partition of NIID-Bench (Li et al., ICDE 2022), which the public code of
+  paper 003 uses unchanged (its ``DirPartitioner``: the same cap, the same cut, redrawn
+  until every client holds >= 10 samples, without a bound on the draws); the sizes stay
+  unbalanced (docs/design.md, Paper 003 partitions).
 - ``pathological(num_classes_per_partition, class_assignment_mode="first-deterministic")``:
   each client is assigned C distinct classes; "deterministic" gives client i the classes
   (i + j) mod K, j < C; "first-deterministic" gives (i mod K) plus C - 1 other random ones;
@@ -20,6 +25,11 @@ client, each sorted ascending; the same ``rng`` state gives the same partition. 
   sort by label (stable), cut into shards of ``shard_size`` (default N // (K * shards)), and
   give each client ``num_shards_per_partition`` shards drawn at random without replacement
   (McMahan et al., 2017). An incomplete last shard is used only if ``keep_incomplete_shard``.
+  When N is a multiple of K * shards every client gets exactly N / K samples; a client
+  holds at most ``num_shards_per_partition`` classes (fewer when two of its shards come
+  from one class). With C shards this is paper 003's balanced "C = #" partition (60
+  samples per client for 1000 clients on Fashion-MNIST; docs/design.md, Paper 003
+  partitions).
 - ``natural(natural)``: the data set's own per-client split (``DataBundle.natural_partition``,
   passed as ``natural=``); it must have exactly ``num_clients`` parts of distinct, in-range
   indices. Without ``natural=`` it raises ConfigError (only ``synthetic`` has one).
@@ -110,13 +120,17 @@ def dirichlet(labels, num_clients, rng, alpha, min_partition_size=10, self_balan
                           f"exceeds the {len(labels)} samples; lower min_partition_size")
     if np.isinf(alpha):
         return iid(labels, num_clients, rng)
+    reached = 0                  # the largest smallest-client size of any draw
     for _ in range(tries):
         owner = _dirichlet_owners(labels, num_clients, rng, float(alpha), bool(self_balancing))
-        if np.bincount(owner, minlength=num_clients).min() >= min_size:
+        smallest = int(np.bincount(owner, minlength=num_clients).min())
+        if smallest >= min_size:
             return _owners_to_parts(owner, num_clients)
+        reached = max(reached, smallest)
     raise ConfigError(f"dirichlet: no draw in max_tries={tries} gave every client >= "
-                      f"min_partition_size={min_size} samples; lower min_partition_size or "
-                      f"raise alpha (now {alpha})")
+                      f"min_partition_size={min_size} samples (the best draw's smallest "
+                      f"client held {reached}); lower min_partition_size, raise max_tries "
+                      f"or raise alpha (now {alpha})")
 
 
 def _assign_classes(num_clients, K, C, mode, rng) -> np.ndarray:

@@ -7,7 +7,8 @@ turn the samples it trained on into client and server multiply-accumulates
 clients; None: the same as ``samples``; ``server_model_samples``: samples on which the
 server trains the whole model, on its own data), record the server-side model memory
 (``server_param_bytes``: ``algorithm.server_copies`` copies of the server part), evaluate
-every ``eval_every`` rounds (and at round 0 and the last round), log one record. The run
+every ``eval_every`` rounds, every round of the last ``eval_last`` rounds, at round 0 and
+at the last round (:func:`evaluates`), log one record. The run
 diverges (:func:`splitfed.metrics.divergence`) at the first round whose training loss, or
 whose evaluated test loss or accuracy, is not finite: the record of that round is logged
 (a non-finite training loss skips the evaluation) and the run stops with status
@@ -53,6 +54,13 @@ def _evaluate(algorithm, env, state) -> dict[str, float]:
     test = env.data.test
     return evaluate(algorithm.eval_model(env, state), test.x, test.y,
                     env.config.engine.eval_batch_size)
+
+
+def evaluates(cfg, t: int) -> bool:
+    """Whether round ``t`` (1-based) is evaluated: every ``eval_every`` rounds, each of
+    the last ``eval_last`` rounds, and the last round (round 0 always is)."""
+    last = getattr(cfg, "eval_last", 0) or 0
+    return t % cfg.eval_every == 0 or t == cfg.rounds or t > cfg.rounds - last
 
 
 def macs_per_sample(algorithm, env) -> tuple[int, int]:
@@ -149,7 +157,7 @@ def run_rounds(algorithm, env, logger, state: dict | None = None,
         record["server_param_bytes"] = algorithm.server_copies(env, cohort) * copy_bytes
         if divergence([record]) is not None:          # a non-finite training loss
             status = "diverged"
-        elif t % cfg.eval_every == 0 or t == cfg.rounds:
+        elif evaluates(cfg, t):
             record.update(_evaluate(algorithm, env, state))
             if divergence([record]) is not None:      # a non-finite test loss
                 status = "diverged"

@@ -1,8 +1,8 @@
 """The numbers of a run, from its metrics records (``metrics.jsonl``, read with
 :func:`splitfed.metrics.read_records`): accuracies and the round it diverged at (by
 :func:`splitfed.metrics.record_summary`, the one definition every command uses), rounds
-and simulated time to a target, byte totals, the curve the plots draw; and mean +-
-sample std over seeds."""
+and simulated time to a target, byte totals, the mean accuracy over the last rounds, the
+curve the plots draw; and mean +- sample std over seeds."""
 
 from __future__ import annotations
 
@@ -104,6 +104,26 @@ def run_numbers(records: list[dict], target: float | None,
             "bytes_up": totals.pop("bytes_up", 0), "bytes_down": totals.pop("bytes_down", 0),
             "bytes_by_kind": dict(sorted(totals.items())),
             "sim_time_s": sim_time(records)}
+
+
+def last_rounds_accuracy(records: list[dict], last: int, rounds: int,
+                         status: str | None = None) -> dict:
+    """The mean test accuracy over the evaluated rounds among the last ``last`` of the
+    run's ``rounds`` (rounds max(1, rounds - last + 1) .. rounds; round 0, the initial
+    model, never counts), as paper 003 Tables 7-9 report it (the last 100 of 1000 rounds).
+
+    Returns ``{"mean": float | None, "evaluated": n, "window": w}``: ``n`` of the ``w``
+    rounds of the window were evaluated (the config's ``eval_last`` >= ``last`` evaluates
+    them all). ``mean`` is None for a run that diverged (it has no accuracy there) and
+    when no round of the window was evaluated."""
+    first = max(1, rounds - last + 1)
+    window = max(0, rounds - first + 1)
+    if metrics.record_summary(records, status)["diverged_round"] is not None:
+        return {"mean": None, "evaluated": 0, "window": window}
+    accs = [float(r["test_acc"]) for r in records
+            if first <= r.get("round", 0) <= rounds and _num(r.get("test_acc")) is not None]
+    return {"mean": statistics.fmean(accs) if accs else None, "evaluated": len(accs),
+            "window": window}
 
 
 def summarize(values: list[float | None]) -> dict:

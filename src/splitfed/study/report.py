@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from splitfed.errors import ConfigError
-from splitfed.study.analysis import curve, run_numbers, summarize
+from splitfed.study.analysis import curve, last_rounds_accuracy, run_numbers, summarize
 from splitfed.study.outcome import RunOutcome, StudyResult
 from splitfed.study.plots import _print, write_plots
 from splitfed.study.reuse import config_hash, read_json
@@ -109,12 +109,17 @@ def results_summary(study: Study, outcomes: list[RunOutcome], command: str) -> d
         for key in ("final_test_acc", "best_test_acc", "rounds_to_target", "bytes_up",
                     "bytes_down", "sim_time_s", "wall_time_s"):
             entry[key] = summarize([s[key] for s in per_seed])
+        if study.spec.average_last is not None:
+            entry["mean_last_acc"] = summarize([s["mean_last_acc"] for s in per_seed])
         entry["per_seed"] = per_seed
         runs.append(entry)
-    return {"study": study.name, "command": command,
-            "source": str(study.source) if study.source else None,
-            "group_by": study.spec.group_by, "x_axes": list(study.spec.x_axes),
-            "target_accuracy": target,
+    out = {"study": study.name, "command": command,
+           "source": str(study.source) if study.source else None,
+           "group_by": study.spec.group_by, "x_axes": list(study.spec.x_axes),
+           "target_accuracy": target}
+    if study.spec.average_last is not None:
+        out["average_last"] = study.spec.average_last
+    return {**out,
             "provenance": provenance_summary(command, [o.provenance for o in outcomes]),
             "runs": runs}
 
@@ -122,6 +127,11 @@ def results_summary(study: Study, outcomes: list[RunOutcome], command: str) -> d
 def _seed_entry(study: Study, o: RunOutcome, target: float | None) -> dict:
     run = next(r for r in study.runs if r.label == o.label and r.seed == o.seed)
     numbers = run_numbers(o.records, target, o.status)   # a diverged run: final None
+    last = study.spec.average_last
+    if last is not None:                                 # paper 003: last 10% of rounds
+        got = last_rounds_accuracy(o.records, last, run.config.rounds, o.status)
+        numbers.update(mean_last_acc=got["mean"], mean_last_evaluated=got["evaluated"],
+                       mean_last_window=got["window"])
     return {"seed": o.seed, "run_dir": str(o.run_dir.relative_to(study.dir)),
             "status": o.status, "skipped": o.skipped, "stale": o.stale,
             "config_hash": config_hash(run.config), "wall_time_s": round(o.wall_time_s, 3),
@@ -175,6 +185,23 @@ def _final_cell(r: dict) -> str:
     return f"{_mean_std(r['final_test_acc'], '.4f')}; {div}"
 
 
+def _last_cell(r: dict) -> str:
+    """Mean over seeds of the mean accuracy over the last rounds, where the seeds that
+    diverged did, and how many rounds of the window were evaluated when not all."""
+    stat = r["mean_last_acc"]
+    div = diverged_text(r["per_seed"])
+    text = _mean_std(stat, ".4f") if stat["n"] else (div or "n/a")
+    if stat["n"] and div is not None:
+        text += f"; {div}"
+    short = [s for s in r["per_seed"] if s.get("mean_last_acc") is not None
+             and s["mean_last_evaluated"] < s["mean_last_window"]]
+    if short:
+        worst = min(short, key=lambda s: s["mean_last_evaluated"])
+        text += (f" ({worst['mean_last_evaluated']} of {worst['mean_last_window']} "
+                 "rounds evaluated)")
+    return text
+
+
 def _status_cell(r: dict) -> str:
     text = ", ".join(sorted(set(r["status"])))
     stale = sum(1 for s in r["stale"] if s)
@@ -184,11 +211,14 @@ def _status_cell(r: dict) -> str:
 
 
 def markdown_table(summary: dict) -> str:
-    """One row per run: accuracies, rounds to target, MB up/down, wall time; a diverged
-    run reads ``diverged at round N`` in the final accuracy column; a ``status`` column
-    when a run did not complete or is stale."""
+    """One row per run: accuracies (with ``average_last``: the mean over the last N
+    rounds too), rounds to target, MB up/down, wall time; a diverged run reads
+    ``diverged at round N`` in the final accuracy column; a ``status`` column when a run
+    did not complete or is stale."""
     target = summary["target_accuracy"]
+    last = summary.get("average_last")
     head = ["run", "final acc", "best acc"]
+    head += [f"mean acc (last {last} rounds)"] if last is not None else []
     head += [f"rounds to {target:g}"] if target is not None else []
     head += ["MB up", "MB down", "wall time (s)"]
     statuses = any(s != "completed" for r in summary["runs"] for s in r["status"]) or any(
@@ -198,6 +228,7 @@ def markdown_table(summary: dict) -> str:
     for r in summary["runs"]:
         row = [r["label"].replace("|", "\\|"), _final_cell(r),
                _mean_std(r["best_test_acc"], ".4f")]
+        row += [_last_cell(r)] if last is not None else []
         row += [_rounds_cell(r["rounds_to_target"])] if target is not None else []
         row += [_mean_std(r["bytes_up"], ".2f", 1e6), _mean_std(r["bytes_down"], ".2f", 1e6),
                 _mean_std(r["wall_time_s"], ".1f")]

@@ -62,6 +62,11 @@ class StudySpec:
     x_axes: list[Literal["round", "bytes", "time"]] = field(
         default_factory=lambda: ["round", "bytes"])
     target_accuracy: float | None = field(default=None, metadata={"ge": 0, "le": 1})
+    average_last: int | None = field(default=None, metadata={
+        "ge": 1, "le": 10**7,
+        "help": "adds a column: the mean test accuracy over the evaluated rounds among "
+                "each run's last N rounds (paper 003 Tables 7-9; set the runs' eval_last "
+                ">= N so that every one of them is evaluated)"})
     out_dir: str = field(default=DEFAULT_OUT_DIR, metadata={
         "help": "parent of the study directory (default runs/studies; --out-dir wins)"})
     plugins: list[str] = field(default_factory=list, metadata={
