@@ -30,12 +30,21 @@ Transforms (:mod:`splitfed.engine.transforms`): a gradient transform corrects th
 clients' local steps on the client-side model; the server steps act on the whole
 aggregate, client-side and server-side copies together (SFL-V1 with a FedAdam server
 step is FedAdam on the whole model when tau_tilde = tau).
+
+Recipe (docs/design.md, SFL training recipes): ``recipe="paper"`` (default) trains both
+sides with ``train.momentum`` and ``train.weight_decay``, each client's optimizer and
+each server copy's optimizer living for the round. ``recipe="released_code"`` is the
+authors' released code: the client side as before, but the server copy's optimizer is
+re-created for every batch, so its momentum buffer never builds; a fresh SGD's first
+step is x - eta (g + wd x), i.e. SGD without momentum, and that is how the server
+copies step (still batched). With tau_tilde = tau this recipe alone makes the result
+depend on the cut: the part of the model trained with momentum grows with it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Literal, Optional
 
 import numpy as np
 import torch
@@ -56,17 +65,23 @@ class SFLV1Options:
                 "(null: once per round, tau_tilde = tau)"})
     server_lr: Optional[float] = field(default=None, metadata={
         "gt": 0, "help": "server step size (null: train.lr)"})
+    recipe: Literal["paper", "released_code"] = field(default="paper", metadata={
+        "help": "paper: Algorithm 1 as written, server copies keep their optimizer state "
+                "for the round; released_code: the authors' released code, server "
+                "copies' optimizer re-created every batch (no server momentum)"})
 
 
 class _Chunk:
     """One chunk of the cohort: stacked client models and their stacked server copies."""
 
     def __init__(self, parts: SplitModel, client_start, server_start, slots, ids, steps,
-                 plans, tr, env):
+                 plans, tr, env, recipe: str = "paper"):
         n = len(slots)
         self.slots, self.ids, self.steps, self.plans = slots, ids, steps, plans
         kw = {"momentum": tr.momentum, "weight_decay": tr.weight_decay, "ids": ids}
         self.client = env.stacked(parts.client, client_start, n, **kw)
+        if recipe == "released_code":     # an optimizer per batch: SGD without momentum
+            kw = {**kw, "momentum": 0.0}
         self.server = env.stacked(parts.server, server_start, n, role=SERVER_COPY, **kw)
         self.loss_sum = torch.zeros(n, dtype=torch.float64)
 
@@ -130,7 +145,8 @@ class SFLV1(Algorithm):
         plans = executor.plans(cohort.ids, steps, env.streams.numpy("batches"))
         client_start = rnd.send(parts.client_state(state["model"]))
         chunks = (_Chunk(parts, client_start, server_global, slots, cohort.ids[slots],
-                         steps[slots], [plans[s] for s in slots], env.config.train, env)
+                         steps[slots], [plans[s] for s in slots], env.config.train, env,
+                         self.options.recipe)
                   for slots in executor.chunks(steps))
         hook = rnd.hook
         if period is None or period >= steps[0]:

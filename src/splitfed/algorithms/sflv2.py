@@ -30,6 +30,14 @@ Transforms (:mod:`splitfed.engine.transforms`) act on the client side: a gradien
 transform corrects the clients' local steps (FedProx's proximal term, SCAFFOLD's controls
 on the client-side model), a server step moves the aggregated client-side model; the
 server-side model is trained by the server's own steps above.
+
+Recipe (docs/design.md, SFL training recipes): ``recipe="paper"`` (default) is the
+above, with ``train.momentum`` and ``train.weight_decay`` on both sides (the clients'
+optimizer state lives for the round, the server's for the run). ``recipe="released_code"``
+is the authors' released code: each client's iterations in turn (``per_client`` order;
+``order: iteration`` is refused), and the server's optimizer re-created for every batch,
+so its momentum never builds: a fresh SGD's first step is x - eta (g + wd x), which the
+server takes as SGD without momentum; the server keeps no optimizer state.
 """
 
 from __future__ import annotations
@@ -44,15 +52,21 @@ from splitfed.engine.algorithm import Algorithm
 from splitfed.engine.rounds import Round
 from splitfed.engine.split import (SplitModel, participation_probability, return_gradients,
                                    send_activations, server_step, sgd)
+from splitfed.errors import ConfigError
 
 
 @dataclass
 class SFLV2Options:
     order: Literal["iteration", "per_client"] = field(default="iteration", metadata={
         "help": "iteration: random server order every iteration; per_client: each client "
-                "runs all its iterations before the next"})
+                "runs all its iterations before the next (always so with "
+                "recipe=released_code)"})
     server_lr: Optional[float] = field(default=None, metadata={
         "gt": 0, "help": "server step size eta (null: train.lr)"})
+    recipe: Literal["paper", "released_code"] = field(default="paper", metadata={
+        "help": "paper: Algorithm 2 as written, the server's optimizer state persists; "
+                "released_code: the authors' released code, clients served per_client "
+                "and the server's optimizer re-created every batch (no server momentum)"})
 
 
 class SFLV2(Algorithm):
@@ -67,6 +81,20 @@ class SFLV2(Algorithm):
     def init_state(self, env) -> dict:
         return {**super().init_state(env), "server_opt": None}
 
+    def check(self, env) -> None:
+        """The released code serves clients one after another: an explicit
+        ``order: iteration`` contradicts ``recipe: released_code``."""
+        written = env.config.algorithm.options.get("order")
+        if self.options.recipe == "released_code" and written == "iteration":
+            raise ConfigError("algorithm.order: recipe 'released_code' serves each client's "
+                              "iterations in turn; leave order unset or set per_client "
+                              "(order: iteration needs recipe: paper)")
+
+    @property
+    def order(self) -> str:
+        """The serving order of the round: the option, or the recipe's."""
+        return "per_client" if self.options.recipe == "released_code" else self.options.order
+
     def round(self, env, state, t, cohort):
         rnd = Round(self, env, state, t, cohort)
         if rnd.empty:
@@ -78,12 +106,18 @@ class SFLV2(Algorithm):
         plans = executor.plans(cohort.ids, steps, env.streams.numpy("batches"))
         client_start = rnd.send(parts.client_state(state["model"]))
         server = parts.server_module(parts.server_state(state["model"]))
-        opt = sgd(server, env, state["server_opt"])
+        released = self.options.recipe == "released_code"
+        if released:    # the released code's optimizer per batch: SGD without momentum
+            opt = torch.optim.SGD(server.parameters(), lr=tr.lr, momentum=0.0,
+                                  weight_decay=tr.weight_decay)
+        else:
+            opt = sgd(server, env, state["server_opt"])
         server_lr = env.lr(t, self.options.server_lr) / participation_probability(
             env, cohort.ids)
         kw = {"momentum": tr.momentum, "weight_decay": tr.weight_decay}
         rng = env.streams.numpy("order")
-        if self.options.order == "iteration":
+        order = self.order
+        if order == "iteration":
             groups = executor.chunks(steps)
         else:
             groups = [np.array([s]) for s in rng.permutation(cohort.size)]
@@ -116,7 +150,7 @@ class SFLV2(Algorithm):
                 down = return_gradients(env, cohort.ids[groups[j][:a]], g_h)
                 clients[j].step(acts, down, lr=env.lr(t), ids=groups[j][:a], hook=rnd.hook)
 
-        if self.options.order == "iteration":
+        if order == "iteration":
             for k in range(int(steps.max())):
                 iterate([j for j, g in enumerate(groups) if steps[g].max() > k], k)
         else:
@@ -127,4 +161,5 @@ class SFLV2(Algorithm):
             rnd.upload(g, client.final())
         losses /= torch.from_numpy(steps).to(torch.float64)
         server_state = {k: v.detach().clone() for k, v in server.state_dict().items()}
-        return rnd.finish(state={"model": server_state, "server_opt": opt.state_dict()})
+        return rnd.finish(state={"model": server_state,
+                                 "server_opt": None if released else opt.state_dict()})
