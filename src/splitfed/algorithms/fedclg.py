@@ -5,6 +5,7 @@ Each round t (Algorithm 1) the server draws D_s^t, samples S_t and computes, bef
 clients start, a server gradient at the global model (line 4)
 
     g^s_t = grad f_s(x_t, zeta_s)   (a minibatch of D_s^t; all of D_s^t with
+                                     ``server_gradient: full`` or
                                      ``server_data.full_batch``).
 
 Every sampled client i has its own gradient at x_t, g^i_t = grad f_i(x_t, zeta_i).
@@ -38,6 +39,13 @@ Decisions (docs/design.md and what the paper leaves open):
   simulation g^i_t is computed for the whole cohort in one batched pass of stacked copies
   at x_t, without stepping (:func:`stacked_gradients`); the first local batch is the one
   the executor will draw (a copy of the ``batches`` stream).
+- g^s_t (option ``server_gradient``): "batch" (default) is the gradient of one minibatch
+  of B_s samples of D_s^t (``server_batch_size``), as Algorithm 1 line 4 writes it;
+  "full" is grad f_s(x_t) on all of D_s^t, the gradient the analysis uses (Assumption 2
+  bounds the variance of grad f_s over D_s^t by sigma^2 / m_s, and Remark 6 and the
+  Fig. 6 text tie the quality of the correction to m_s, which a fixed-size minibatch
+  would not). "full" changes g^s_t only: the E server steps of eq. 5 keep their
+  minibatches (``server_data.full_batch`` makes both full-batch).
 - eta = ``env.lr(t)``, gamma = ``env.lr(t, server_lr)`` (Sec. VI decay); K_i is client i's
   own step count (``train.local_steps``, or ceil(D_i / B) * ``train.local_epochs``); the
   paper's 1/M is w_i = 1/M (``participation.weighting=uniform`` or equal data sizes, as in
@@ -82,6 +90,9 @@ class CorrectionOptions:
     client_gradient: Literal["first_batch", "fresh_batch", "full"] = field(
         default="first_batch", metadata={
             "help": "g_i at x_t: the first local minibatch, a fresh one, or all client data"})
+    server_gradient: Literal["batch", "full"] = field(default="batch", metadata={
+        "help": "g_s at x_t: a minibatch of D_s^t, or all of D_s^t (server_data.full_batch "
+                "also gives all of it)"})
     server_batch_size: int | None = field(default=None, metadata={
         "ge": 1, "le": 10**6, "help": "B_s of g_s (null: train.batch_size)"})
 
@@ -135,8 +146,9 @@ class CLGCorrection(GradientTransform):
         return out
 
     def server_gradient_batch(self, env, rows: np.ndarray) -> np.ndarray:
-        """zeta_s: a minibatch of D_s^t (``server_data`` stream), or D_s^t (full batch)."""
-        if env.server_data.full_batch:
+        """zeta_s: a minibatch of D_s^t (``server_data`` stream), or D_s^t itself
+        (``server_gradient: full`` or ``server_data.full_batch``; nothing is drawn then)."""
+        if self.options.server_gradient == "full" or env.server_data.full_batch:
             return rows
         size = int(self.options.server_batch_size or env.config.train.batch_size)
         return batch_plan(rows, 1, size, env.streams.numpy("server_data"))[0]

@@ -19,7 +19,9 @@ Options (:class:`ServerTrainingOptions`):
   0.99 per round down to ``train.lr_min`` 0.001) applies to it as to the clients' rate.
 - ``server_epochs`` E (default 1): ceil(m_s / B_s) * E steps per round (the experiments'
   "server local epoch"; one step per epoch with ``full_batch``), or ``server_steps``: E
-  steps exactly (eq. 5 counts steps). 0 turns server training off.
+  steps exactly (eq. 5 counts steps: e = 0, ..., E-1, one minibatch each; the prose of
+  Algorithm 1 and Sec. VI calls E epochs, docs/algorithms/server_only.md). 0 turns
+  server training off.
 - ``server_batch_size`` B_s (default null: ``train.batch_size``; Sec. VI uses the same
   batch size at the server and the clients).
 
@@ -58,9 +60,11 @@ class ServerTrainingOptions:
     server_lr: float | None = field(default=None, metadata={
         "gt": 0, "help": "gamma, the server's learning rate (null: train.lr)"})
     server_epochs: float | None = field(default=None, metadata={
-        "ge": 0, "le": 10**4, "help": "E server epochs on D_s^t per round (default 1; 0: none)"})
+        "ge": 0, "le": 10**4, "help": "E server epochs (passes over D_s^t) per round "
+                                      "(default 1; 0: none)"})
     server_steps: int | None = field(default=None, metadata={
-        "ge": 0, "le": 10**6, "help": "E server steps per round (exclusive with server_epochs)"})
+        "ge": 0, "le": 10**6, "help": "E server SGD steps per round, as eq. 5 counts E "
+                                      "(exclusive with server_epochs)"})
     server_batch_size: int | None = field(default=None, metadata={
         "ge": 1, "le": 10**6, "help": "B_s (null: train.batch_size)"})
 
