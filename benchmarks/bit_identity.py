@@ -47,7 +47,7 @@ BASE = {"name": "bitident", "rounds": 3, "progress": False, "seed": 11,
         "participation": {"mode": "uniform", "clients_per_round": 3}}
 
 # clients 2 and 5 compute 1000x slower (~thousands of simulated s against a few s):
-# a 100 s deadline drops them whenever they are sampled (tests/test_deadline_state.py)
+# a 100 s deadline drops them whenever they are sampled (tests/algorithms/test_deadline_state.py)
 DEADLINE = {"clock": {"profile": "fixed", "deadline": 100.0, "uplink": 1e4, "downlink": 4e4,
                       "client_compute": [1e5, 1e5, 1e2, 1e5, 1e5, 1e2],
                       "server_compute": 1e7}}

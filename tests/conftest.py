@@ -1,8 +1,16 @@
 import os
+import sys
 
 import pytest
 import torch
 from hypothesis import settings
+
+# The tests are packages (tests.<subpackage>.test_*, mirroring src/splitfed), so test files
+# in different directories may share a name; tests/ itself also goes on sys.path, at the
+# end, so that ``from helpers import ...`` works from every directory.
+_TESTS = os.path.dirname(os.path.abspath(__file__))
+if _TESTS not in sys.path:
+    sys.path.append(_TESTS)
 
 # CI runs the property and fuzz tests on fixed examples (the same every run, no example
 # database), so a submission's result does not depend on the draw; locally they explore.

@@ -2,7 +2,7 @@
 the real python-pickle format, a thin ResNet-18, one short round)."""
 
 import pytest
-from test_data_loaders import fake_cifar10
+from tests.data.test_data_loaders import fake_cifar10
 
 from splitfed.config import load_config
 from splitfed.errors import DataError

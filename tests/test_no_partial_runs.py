@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import yaml
 from helpers import digits_config
-from test_data_loaders import fake_cifar10, fake_idx, idx_bytes, write
+from tests.data.test_data_loaders import fake_cifar10, fake_idx, idx_bytes, write
 
 from splitfed.cli import main
 from splitfed.errors import ConfigError, DataError, SplitfedError

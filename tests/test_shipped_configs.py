@@ -24,7 +24,7 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import FMNIST_DIR
+from tests.conftest import FMNIST_DIR
 
 from splitfed.config import load_config, shipped_configs
 from splitfed.engine.flops import forward_macs

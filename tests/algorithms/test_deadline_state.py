@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 from helpers import digits_config
-from test_hybrid import SpyS, grad_at, param_names
+from tests.algorithms.test_hybrid import SpyS, grad_at, param_names
 
 from splitfed.engine.loop import run_rounds
 from splitfed.experiment import build_algorithm, build_environment

@@ -1,11 +1,11 @@
-"""Ranks of tests/test_distributed.py and tests/test_runtime_security.py.
+"""Ranks of tests/runtime/test_distributed.py and tests/runtime/test_runtime_security.py.
 
-``python tests/distributed_worker.py OUT_DIR CONFIGS.pt``: every rank joins the gloo
+``python tests/runtime/distributed_worker.py OUT_DIR CONFIGS.pt``: every rank joins the gloo
 group (through the run's store, :func:`splitfed.runtime.worker.join`); for each config in
 the file rank 0 serves a run into ``OUT_DIR/<name>/`` and saves its final state and byte
 counts to ``OUT_DIR/<name>.pt``, the others host clients.
 
-``python tests/distributed_worker.py --forge MODE MARKER``: rank 0 is a forger: instead of
+``python tests/runtime/distributed_worker.py --forge MODE MARKER``: rank 0 is a forger: instead of
 serving, it sends rank 1 (a real client rank, ``python -m splitfed.runtime.worker``) a
 pickle whose ``__reduce__`` would create the file MARKER, as the run's first control
 message: MODE ``unsigned`` (no HMAC: the forger does not know the secret) or ``signed``

@@ -144,6 +144,12 @@ def test_algorithms_equal_the_simulator_parameters_and_bytes(tmp_path):
             {"name": "momentum", "beta": 0.9}]}, tmp_path, rounds=3),
         _config("csefsl_scaffold", {"name": "csefsl", "client_transforms": [
             {"name": "scaffold"}]}, tmp_path, rounds=3)]
+    runtime_equals_simulator(cfgs, tmp_path)
+
+
+def runtime_equals_simulator(cfgs, tmp_path):
+    """Run ``cfgs`` on 3 processes of the runtime and check each against the simulator:
+    parameters, bytes on the wire equal to the ledger's, training losses."""
     torch.save(cfgs, tmp_path / "configs.pt")
     procs = spawn(3, [str(tmp_path), str(tmp_path / "configs.pt")],
                   module="distributed_worker", env=ENV)

@@ -21,7 +21,7 @@ bound is tight enough to see the transform.
 
 The transcriptions draw the same minibatches, cohorts and server orders as the engine by
 replaying its named random streams (``participation``, ``batches``, ``order``) from the
-run's seed, as tests/test_split.py does.
+run's seed, as tests/algorithms/test_split.py does.
 """
 
 import copy
@@ -663,7 +663,7 @@ def test_server_steps_give_batchnorm_buffers_the_plain_aggregate(step):
 
 
 def test_the_yaml_of_the_page_builds_and_is_what_is_tested():
-    text = (Path(__file__).resolve().parents[1] / "docs" / "transforms.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "docs" / "transforms.md").read_text()
     blocks = [yaml.safe_load(b)["algorithm"]
               for b in re.findall(r"```yaml\n(.*?)```", text, re.S)]
     for algorithm in blocks:

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-from test_data_loaders import IDX_NAMES, dump, fake_cifar10, fake_idx, idx_bytes, write
+from tests.data.test_data_loaders import IDX_NAMES, dump, fake_cifar10, fake_idx, idx_bytes, write
 
 from splitfed.cli import main
 from splitfed.data import load_dataset, read_idx
