@@ -359,4 +359,4 @@ def test_a_sweep_publishes_its_tables_not_its_runs(tmp_path, monkeypatch):
     published = tmp_path / "published" / "small-sweep"
     assert sorted(p.name for p in published.iterdir()) == [
         "accuracy_vs_bytes.png", "accuracy_vs_round.png", "results.json", "results.md",
-        "sweep.csv", "sweep.json", "sweep.md"]
+        "study.yaml", "sweep.csv", "sweep.json", "sweep.md"]

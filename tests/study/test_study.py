@@ -541,7 +541,8 @@ def test_publish_copies_results_and_plots_not_runs(done, tmp_path, capsys):
     target = publish(out / "tiny_study", tmp_path / "docs" / "results")
     assert target == tmp_path / "docs" / "results" / "tiny_study"
     assert sorted(p.name for p in target.iterdir()) == [
-        "accuracy_vs_bytes.png", "accuracy_vs_round.png", "results.json", "results.md"]
+        "accuracy_vs_bytes.png", "accuracy_vs_round.png", "base.yaml", "results.json",
+        "results.md", "study.yaml"]
     assert (target / "results.md").read_bytes() == (out / "tiny_study" / "results.md"
                                                     ).read_bytes()
     assert study_main(["publish", str(out / "tiny_study"), str(tmp_path / "again")]) == 0

@@ -21,15 +21,24 @@ from splitfed.study.spec import Study
 #: the provenance fields whose values over the runs results.json lists (``runs``)
 PROVENANCE_FIELDS = ("splitfed", "commit", "dirty", "torch", "threads", "cpu_capability")
 #: the files :func:`publish` copies, besides the plots
-PUBLISHED = ("results.md", "results.json", "sweep.md", "sweep.csv", "sweep.json")
+PUBLISHED = ("results.md", "results.json", "sweep.md", "sweep.csv", "sweep.json",
+             "study.yaml")
+#: the study file as written, in the study directory and its published copy
+STUDY_FILE = "study.yaml"
 
 
 def write_results(study: Study, outcomes: list[RunOutcome], command: str,
                   say=_print) -> StudyResult:
-    """Write results.json, results.md and the plots into the study directory."""
+    """Write results.json, results.md, the plots, ``study.yaml`` (the study as written)
+    and, when ``base`` names a YAML file next to the study file, a copy of it under the
+    same name (so that ``splitfed study <dir>/study.yaml`` runs the same study again)."""
 
     study.dir.mkdir(parents=True, exist_ok=True)
     summary = results_summary(study, outcomes, command)
+    _write_text(study.dir / STUDY_FILE, study.text)
+    if study.base_file is not None and study.base_file.name not in reserved_names(summary):
+        _copy(study.base_file, study.dir / study.base_file.name)
+        summary["base_file"] = study.base_file.name
     _write_text(study.dir / "results.json", json.dumps(summary, indent=2) + "\n")
     plots = write_plots(study, summary, say)
     table = markdown_table(summary)
@@ -267,8 +276,14 @@ def results_markdown(study: Study, summary: dict, table: str, plots: list[str]) 
 def published_files(study_dir: Path, summary: Mapping) -> list[str]:
     """The files of ``study_dir`` that :func:`publish` copies: results.md, results.json,
     the plots, and a sweep's sweep.md/csv/json, those that exist."""
-    plots = [f"accuracy_vs_{axis}.png" for axis in summary.get("x_axes") or []]
-    return [n for n in (*PUBLISHED, *plots) if (study_dir / n).is_file()]
+    base = summary.get("base_file")
+    base = [base] if isinstance(base, str) and Path(base).name == base else []
+    return [n for n in (*reserved_names(summary), *base) if (study_dir / n).is_file()]
+
+
+def reserved_names(summary: Mapping) -> list[str]:
+    """The files a study writes into its directory, apart from a copy of its base."""
+    return [*PUBLISHED, *(f"accuracy_vs_{axis}.png" for axis in summary.get("x_axes") or [])]
 
 
 def check_publish(dest: str | Path, name: str) -> Path:
@@ -286,7 +301,8 @@ def check_publish(dest: str | Path, name: str) -> Path:
 
 def publish(study_dir: str | Path, dest: str | Path) -> Path:
     """Copy a finished study's (or sweep's) results to ``dest/<study name>/``:
-    results.md, results.json, the plots and a sweep's sweep.md/csv/json; never the run
+    results.md, results.json, the plots, study.yaml (and the base config copied beside it)
+    and a sweep's sweep.md/csv/json; never the run
     directories. Each file is replaced whole (written aside, then renamed). Refused
     when results.json is missing or lists a stale run (kept although other code made
     it): published numbers come from one code version. Returns ``dest/<name>``."""
@@ -309,9 +325,14 @@ def publish(study_dir: str | Path, dest: str | Path) -> Path:
 
 
 def _copy(src: Path, dst: Path) -> None:
+    """Replace ``dst`` with the bytes of ``src`` at once (written aside, then renamed),
+    readable as a file written normally is (the umask's mode, not mkstemp's 0600)."""
     data = src.read_bytes()
     fd, tmp = tempfile.mkstemp(dir=dst.parent, prefix=f".{dst.name}.", suffix=".tmp")
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
         os.replace(tmp, dst)

@@ -103,7 +103,8 @@ class Study:
     dir: Path
     variants: list[Variant]
     source: Path | None  # the study file, None for a mapping
-    text: str  # the study as written, for results.md
+    text: str  # the study as written, for results.md and study.yaml
+    base_file: Path | None = None  # the YAML file ``base`` named next to the study, if any
 
     @property
     def runs(self) -> list[StudyRun]:
@@ -153,7 +154,19 @@ def _build_study(raw: Mapping, *, base_dir: Path, default_name: str | None,
     variants = [_variant(spec, base, study_dir, run, point)
                 for point in _grid_points(spec.grid) for run in (spec.runs or [None])]
     _check_unique(variants)
-    return Study(spec, name, study_dir, variants, source, text)
+    return Study(spec, name, study_dir, variants, source, text,
+                 _sibling_base(spec, base_dir) if source is not None else None)
+
+
+def _sibling_base(spec: StudySpec, base_dir: Path) -> Path | None:
+    """The file ``base`` names when it is a plain ``.yaml``/``.yml`` file name next to the
+    study file (``base: base.yaml``): written beside ``study.yaml`` in the results so that
+    they run as they are. None for a shipped config or a path elsewhere."""
+    name = spec.base
+    if name is None or Path(name).name != name or Path(name).suffix not in (".yaml", ".yml"):
+        return None
+    local = base_dir / name
+    return local if local.is_file() else None
 
 
 def _check_name(name: str | None) -> str:
