@@ -203,10 +203,7 @@ def _add_reuse_arguments(parser) -> None:
 
 def _positive(text: str) -> int:
     """An argparse type: a whole number >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
+    value = int(text) if text.isascii() and text.isdigit() else 0
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
     return value

@@ -166,8 +166,14 @@ def test_threads_are_set_for_every_run_and_recorded(tmp_path):
     (["--executor", "ray"], "argument --executor: invalid choice: 'ray' (choose from "),
     (["--address", "tcp://127.0.0.1:8786"], "--address: a Dask scheduler's address, only "
                                             "with --executor dask"),
+    (["--jobs", "1_0"], "argument --jobs: expected a whole number >= 1, got '1_0'"),
+    (["--jobs", "5000"], "--jobs: expected a whole number from 1 to 1024"),
     (["--executor", "dask", "--address", "not an address"],
-     "--address: expected a Dask scheduler address such as tcp://10.0.0.5:8786"),
+     "--address: expected a Dask scheduler address tcp://HOST:PORT or tls://HOST:PORT"),
+    (["--executor", "dask", "--address", "ucx://127.0.0.1:8786"],
+     "--address: expected a Dask scheduler address tcp://HOST:PORT or tls://HOST:PORT"),
+    (["--executor", "dask", "--address", "tcp://127.0.0.1:99999"],
+     "(port 1 to 65535)"),
 ])
 @pytest.mark.parametrize("command", ["sweep", "study"])
 def test_bad_parallel_options_are_refused_in_one_line_before_anything_is_written(
@@ -189,8 +195,8 @@ def test_bad_parallel_options_are_refused_in_one_line_before_anything_is_written
 
 def test_the_api_checks_the_options_too(tmp_path, monkeypatch):
     cfg = _config(tmp_path)
-    for kwargs, message in (({"jobs": 0}, "--jobs: expected a whole number >= 1"),
-                            ({"jobs": True}, "--jobs: expected a whole number >= 1"),
+    for kwargs, message in (({"jobs": 0}, "--jobs: expected a whole number from 1 to"),
+                            ({"jobs": True}, "--jobs: expected a whole number from 1 to"),
                             ({"threads": 1.5}, "--threads: expected a whole number"),
                             ({"executor": "ray"}, "--executor: expected one of local, dask")):
         with pytest.raises(ConfigError, match=message):
@@ -411,8 +417,11 @@ def test_ctrl_c_stops_the_workers_and_the_same_command_finishes_the_sweep(lab):
         assert time.monotonic() < deadline
         time.sleep(0.02)
     os.killpg(proc.pid, signal.SIGINT)                # Ctrl-C: the whole process group
+    t0 = time.monotonic()
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
+    # every worker stops on its own, none waits to be terminated after the grace period
+    assert time.monotonic() - t0 < parallel.GRACE_S, err
     assert err.splitlines()[-1] == (
         "splitfed: interrupted; finished runs are kept, continue the sweep by running the "
         "same command again: splitfed sweep slow.yaml train.lr=0.05,0.1 --out-dir out "

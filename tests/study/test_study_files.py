@@ -3,6 +3,10 @@ config it names, so that the published study runs again as it is."""
 
 import json
 
+import pytest
+
+import splitfed.study as study_mod
+from splitfed.errors import ConfigError
 from splitfed.study import load_study, publish, run_study
 from splitfed.study.reuse import config_identity
 from tests.study.test_study import BASE, _write_study
@@ -37,3 +41,24 @@ def test_a_shipped_base_or_a_mapping_writes_only_the_study(tmp_path):
     assert "study.yaml" in names and "base.yaml" not in names
     assert "base_file" not in json.loads((result.dir / "results.json").read_text())
     assert load_study(result.dir / "study.yaml").runs[0].config.rounds == 1
+
+
+def test_a_directory_in_the_way_of_the_base_copy_is_refused_before_any_run(
+        tmp_path, monkeypatch):
+    path = _write_study(tmp_path / "spec")
+    (tmp_path / "out" / "tiny_study" / "base.yaml").mkdir(parents=True)
+    monkeypatch.setattr(study_mod, "run_experiment",
+                        lambda *a, **k: pytest.fail("a run was started"))
+    with pytest.raises(ConfigError, match=r"base.yaml exists and is not a file"):
+        run_study(path, out_dir=tmp_path / "out", jobs=1, quiet=True)
+    assert not (tmp_path / "out" / "tiny_study" / "study.yaml").exists()
+
+
+def test_a_base_named_study_yaml_is_refused(tmp_path):
+    folder = tmp_path / "spec"
+    path = _write_study(folder, {"name": "s", "base": "study.yaml",
+                                 "runs": [{"label": "FL", "set": ["rounds=1"]}]})
+    (folder / "main.yaml").write_text(path.read_text())
+    (folder / "study.yaml").write_text((folder / "base.yaml").read_text())
+    with pytest.raises(ConfigError, match="study.base: a base config named study.yaml"):
+        load_study(folder / "main.yaml")

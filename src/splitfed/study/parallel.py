@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import multiprocessing
+import operator
 import os
 import queue
 import re
@@ -63,7 +64,9 @@ MAX_THREADS = 1024
 GRACE_S = 10.0
 #: how a missing Dask is answered
 INSTALL_DASK = "pip install 'splitfed[cluster]'"
-_ADDRESS = re.compile(r"(?:[a-z][a-z0-9+.-]*://)?[^\s/]+:[0-9]{1,5}")
+_ADDRESS = re.compile(r"(?:(?:tcp|tls)://)?([^\s/:]+|\[[0-9a-fA-F:.]+\]):([0-9]{1,5})")
+#: the largest ``--jobs``
+MAX_JOBS = 1024
 
 
 # --------------------------------------------------------------------- options
@@ -83,9 +86,9 @@ def check_options(jobs: int | None = None, threads: int = 1, executor: str | Non
     """Raise :class:`~splitfed.errors.ConfigError`, naming the option and what it takes,
     for a bad ``--jobs``, ``--threads``, ``--executor`` or ``--address``, or for
     ``--executor dask`` without Dask installed. Writes and starts nothing."""
-    if jobs is not None and (not _whole(jobs) or jobs < 1):
-        raise ConfigError(f"--jobs: expected a whole number >= 1 (runs at the same time; "
-                          f"default: the usable cores), got {jobs!r}")
+    if jobs is not None and (not _whole(jobs) or not 1 <= jobs <= MAX_JOBS):
+        raise ConfigError(f"--jobs: expected a whole number from 1 to {MAX_JOBS} (runs at "
+                          f"the same time; default: the usable cores), got {jobs!r}")
     if not _whole(threads) or not 1 <= threads <= MAX_THREADS:
         raise ConfigError(f"--threads: expected a whole number from 1 to {MAX_THREADS} "
                           f"(PyTorch threads per run; default 1), got {threads!r}")
@@ -96,15 +99,25 @@ def check_options(jobs: int | None = None, threads: int = 1, executor: str | Non
         if executor != "dask":
             raise ConfigError("--address: a Dask scheduler's address, only with "
                               "--executor dask")
-        if not isinstance(address, str) or not _ADDRESS.fullmatch(address):
-            raise ConfigError(f"--address: expected a Dask scheduler address such as "
+        if not valid_address(address):
+            raise ConfigError(f"--address: expected a Dask scheduler address tcp://HOST:PORT "
+                              f"or tls://HOST:PORT (port 1 to 65535), e.g. "
                               f"tcp://10.0.0.5:8786, got {address!r}")
     if executor == "dask":
         import_distributed()
 
 
 def _whole(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    try:
+        return not isinstance(value, bool) and operator.index(value) == value
+    except TypeError:
+        return False
+
+
+def valid_address(address) -> bool:
+    """Whether ``address`` is ``[tcp://|tls://]HOST:PORT`` with a port from 1 to 65535."""
+    m = _ADDRESS.fullmatch(address) if isinstance(address, str) else None
+    return m is not None and 1 <= int(m.group(2)) <= 65535
 
 
 def resolve_jobs(jobs: int | None, left: int) -> int:
@@ -222,13 +235,14 @@ OnFinish = Callable[[PointTask, PointResult], None]
 # ------------------------------------------------------------- the local pool
 
 
-def _worker(conn) -> None:
+def _worker(conn, handle_sigint: bool = True) -> None:
     """A worker process: says it is ready, then runs the tasks it receives one at a time
     and sends each result back, until it receives None or its pipe closes.
 
     It starts with SIGINT ignored (:class:`_Worker`): a Ctrl-C while it imports does not
     print a traceback (the parent then closes its pipe, which ends it here). From here
-    on, Ctrl-C ends it quietly."""
+    on, Ctrl-C ends it quietly (``handle_sigint``; False when the parent ignores SIGINT,
+    e.g. started in the background by a shell without job control)."""
     try:
         from tqdm import tqdm
 
@@ -237,7 +251,11 @@ def _worker(conn) -> None:
         # show no progress bars
         tqdm.set_lock(threading.RLock())
         _die_with_parent()
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        if handle_sigint:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+        # the parent blocked SIGINT while it started this process (_Worker), and a
+        # process inherits its parent's signal mask
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
         conn.send("ready")
         while True:
             task = conn.recv()
@@ -275,7 +293,9 @@ def _die_with_parent() -> None:
 class _Worker:
     def __init__(self, ctx):
         self.conn, child = ctx.Pipe()
-        self.process = ctx.Process(target=_worker, args=(child,), daemon=True,
+        interactive = (threading.current_thread() is not threading.main_thread()
+                       or signal.getsignal(signal.SIGINT) is not signal.SIG_IGN)
+        self.process = ctx.Process(target=_worker, args=(child, interactive), daemon=True,
                                    name="splitfed-study-worker")
         if threading.current_thread() is not threading.main_thread():
             self.process.start()            # signal handlers belong to the main thread
@@ -459,9 +479,13 @@ def _scheduler_address(address: str | None) -> str | None:
 def _connect(address: str):
     """A Dask client of the scheduler at ``address``, or a ConfigError saying why not."""
     distributed = import_distributed()
+    if not valid_address(address):
+        raise ConfigError(f"--executor dask: the scheduler address {address!r} (from "
+                          "--address or DASK_SCHEDULER_ADDRESS) is not tcp://HOST:PORT or "
+                          "tls://HOST:PORT")
     try:
         return distributed.Client(address)
-    except (OSError, TimeoutError, ValueError) as e:
+    except Exception as e:  # noqa: BLE001 - whatever Dask raises, one line names it
         raise ConfigError(f"--executor dask: cannot reach the Dask scheduler at {address} "
                           f"({' '.join(str(e).split()) or type(e).__name__})") from None
 

@@ -21,6 +21,8 @@ from splitfed.study.spec import Study
 #: the provenance fields whose values over the runs results.json lists (``runs``)
 PROVENANCE_FIELDS = ("splitfed", "commit", "dirty", "torch", "threads", "cpu_capability")
 #: the files :func:`publish` copies, besides the plots
+_UMASK = os.umask(0o022)                 # read once, at import (setting it is the only way)
+os.umask(_UMASK)
 PUBLISHED = ("results.md", "results.json", "sweep.md", "sweep.csv", "sweep.json",
              "study.yaml")
 #: the study file as written, in the study directory and its published copy
@@ -330,9 +332,7 @@ def _copy(src: Path, dst: Path) -> None:
     data = src.read_bytes()
     fd, tmp = tempfile.mkstemp(dir=dst.parent, prefix=f".{dst.name}.", suffix=".tmp")
     try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.fchmod(fd, 0o666 & ~umask)
+        os.fchmod(fd, 0o666 & ~_UMASK)
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
         os.replace(tmp, dst)

@@ -246,7 +246,8 @@ def _check_outputs(study: Study, extra: tuple[str, ...]) -> None:
                           "--out-dir")
     if (d / "runs").exists() and not (d / "runs").is_dir():
         raise ConfigError(f"{d / 'runs'} exists and is not a directory; move it away")
-    names = ["results.json", "results.md", "study.yaml",
+    base = [study.base_file.name] if study.base_file is not None else []
+    names = ["results.json", "results.md", "study.yaml", *base,
              *(f"accuracy_vs_{axis}.png" for axis in study.spec.x_axes), *extra]
     for name in names:
         path = d / name

@@ -166,7 +166,12 @@ def _sibling_base(spec: StudySpec, base_dir: Path) -> Path | None:
     if name is None or Path(name).name != name or Path(name).suffix not in (".yaml", ".yml"):
         return None
     local = base_dir / name
-    return local if local.is_file() else None
+    if not local.is_file():
+        return None
+    if name == "study.yaml":
+        raise ConfigError("study.base: a base config named study.yaml would be overwritten "
+                          "by the study file in the results; rename the base config")
+    return local
 
 
 def _check_name(name: str | None) -> str:
