@@ -37,3 +37,43 @@ def test_provenance_of_a_run(tmp_path):
 def test_provenance_names_the_command():
     assert provenance(["/usr/bin/splitfed", "run", "x.yaml", "rounds=2"])["command"] == \
         "splitfed run x.yaml rounds=2"
+
+
+def test_the_commit_is_read_when_the_run_starts_not_when_it_ends(tmp_path, monkeypatch):
+    """A checkout that changes while a run (or a study's worker) runs does not change the
+    code version the run records: it is read as the run starts."""
+    import splitfed.provenance as prov
+
+    real = subprocess.run
+    head = {"commit": "a" * 40}
+
+    def fake(argv, *args, **kwargs):
+        if argv[:1] == ["git"] and "rev-parse" in argv:
+            return subprocess.CompletedProcess(argv, 0, head["commit"] + "\n", "")
+        if argv[:1] == ["git"] and "status" in argv:
+            return subprocess.CompletedProcess(argv, 0, "", "")
+        return real(argv, *args, **kwargs)
+
+    class Later:                 # the checkout moves on after the run has started
+        def __init__(self, inner):
+            self.inner = inner
+
+        def __call__(self, *args, **kwargs):
+            head["commit"] = "b" * 40
+            return self.inner(*args, **kwargs)
+
+    monkeypatch.setattr(prov.subprocess, "run", fake)
+    prov.git_commit.cache_clear()
+    try:
+        import splitfed.experiment as experiment
+
+        monkeypatch.setattr(experiment, "run_rounds", Later(experiment.run_rounds))
+        cfg = build_config({"data": {"name": "digits"}, "rounds": 1, "progress": False,
+                            "model": {"name": "mlp", "hidden": [8]},
+                            "partition": {"num_clients": 2}})
+        run_experiment(cfg, run_dir=tmp_path / "run")
+        summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+        assert head["commit"] == "b" * 40                 # it did move on
+        assert summary["provenance"]["commit"] == "a" * 40
+    finally:
+        prov.git_commit.cache_clear()

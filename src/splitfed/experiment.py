@@ -43,7 +43,7 @@ from splitfed.errors import ConfigError, FormatError, RunInterrupted
 from splitfed.locking import LOCK_NAME, DirLock
 from splitfed.metrics import MetricLogger, decode_record, record_summary
 from splitfed.models import build_model, resolve_cut
-from splitfed.provenance import provenance
+from splitfed.provenance import git_commit, provenance
 from splitfed.rng import RandomStreams, derive_seed
 from splitfed.tracking import open_trackers
 from splitfed.transport import InProcessTransport, Ledger
@@ -534,6 +534,8 @@ def _execute(cfg: RunConfig, algorithm, env: Environment, run_dir: Path | None, 
     checkpoint is whole (written atomically), ``metrics.jsonl`` holds whole records."""
     started = started or {"threads": torch.get_num_threads(),
                           "cpu_capability": cpu_capability(), "resumed_threads": []}
+    git_commit()    # the code version, read as the run starts (once per process: the code
+    # a process runs is what it imported, however the checkout changes while it runs)
     try:
         logger = MetricLogger(run_dir)
         logger.records = list(records or [])
