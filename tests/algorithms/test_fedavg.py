@@ -47,7 +47,9 @@ def _reference_fedavg(cfg, rounds, dtype=torch.float32):
         for c in range(env.num_clients):
             plan = batch_plan(env.client_indices[c], int(steps[c]), cfg.train.batch_size, rng)
             model.load_state_dict(glob)
-            opt = torch.optim.SGD(model.parameters(), lr=cfg.train.lr)
+            opt = torch.optim.SGD(model.parameters(), lr=cfg.train.lr,      # new per round
+                                  momentum=cfg.train.momentum,
+                                  weight_decay=cfg.train.weight_decay)
             for rows in torch.from_numpy(plan):
                 opt.zero_grad()
                 torch.nn.functional.cross_entropy(model(x[rows]), y[rows]).backward()
