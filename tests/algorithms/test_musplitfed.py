@@ -17,10 +17,12 @@ from splitfed.models import output_shape, split
 from splitfed.rng import RandomStreams, derive_seed
 
 
-def quadratic(c=3, d=5, seed=0):
+def quadratic(c=3, d=5, seed=0, scale=1.0):
+    """c independent quadratics 0.5 x'A x + b'x in R^d (one per client; A = M M' / scale
+    + I), a random point and the gradients there."""
     g = torch.Generator().manual_seed(seed)
     a = torch.randn(c, d, d, generator=g, dtype=torch.float64)
-    a = a @ a.transpose(1, 2) + torch.eye(d, dtype=torch.float64)
+    a = a @ a.transpose(1, 2) / scale + torch.eye(d, dtype=torch.float64)
     b = torch.randn(c, d, generator=g, dtype=torch.float64)
     x = torch.randn(c, d, generator=g, dtype=torch.float64)
 

@@ -21,23 +21,14 @@ import torch
 
 from splitfed.engine import zo
 from splitfed.rng import derive_seed
+from tests.algorithms.test_musplitfed import quadratic as musplitfed_quadratic
 
 N_SAMPLES = 4000
 
 
 def quadratic(c: int, d: int, seed: int = 0):
-    """c independent quadratics 0.5 x'A x + b'x in R^d (one per client) and their
-    gradients at a random point."""
-    g = torch.Generator().manual_seed(seed)
-    a = torch.randn(c, d, d, generator=g, dtype=torch.float64)
-    a = a @ a.transpose(1, 2) / d + torch.eye(d, dtype=torch.float64)
-    b = torch.randn(c, d, generator=g, dtype=torch.float64)
-    x = torch.randn(c, d, generator=g, dtype=torch.float64)
-
-    def f(params):
-        (p,) = params
-        return 0.5 * torch.einsum("ci,cij,cj->c", p, a, p) + (b * p).sum(1)
-    return f, x, torch.einsum("cij,cj->ci", a, x) + b
+    """c independent quadratics in R^d with A's spectrum kept O(1) as d grows."""
+    return musplitfed_quadratic(c, d, seed, scale=d)
 
 
 def samples(kind: str, lam: float, c: int, d: int, n: int = N_SAMPLES) -> tuple:
