@@ -121,7 +121,7 @@ class EngineConfig:
     chunk_size: int | None = field(default=None, metadata={
         "ge": 1, "le": MAX_CLIENTS,
         "help": "clients per batched call (null: about 320 samples per call)"})
-    eval_batch_size: int = field(default=1000, metadata={
+    eval_batch_size: int = field(default=256, metadata={
         "ge": 1, "le": MAX_BATCH_SIZE,
         "help": "test samples per evaluation call (a value above the test set's size "
                 "evaluates it in one call)"})

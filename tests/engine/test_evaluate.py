@@ -1,0 +1,85 @@
+"""Evaluation's forward pass: the exact rewrites (pool before a monotone activation, 2x2
+max-pool as the maximum of four strided views) give bit for bit the logits of
+``model(x)``, for every model of the zoo and for inputs with NaN, infinities, ties and odd
+spatial sizes; modules with hooks run as they are."""
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from splitfed.engine.evaluate import evaluate, forward_eval
+from splitfed.models import build_model
+
+MODELS = [
+    ("lenet5", (1, 28, 28), {}),
+    ("lenet5", (3, 32, 32), {}),
+    ("alexnet", (1, 28, 28), {"width": 0.0625}),
+    ("vgg11", (3, 32, 32), {"width": 8}),
+    ("resnet18", (3, 32, 32), {"width": 8}),
+    ("mobilenetv2", (3, 32, 32), {"width_mult": 0.25}),
+    ("mlp", (1, 28, 28), {}),
+]
+
+
+def _model(name, shape, opts):
+    torch.manual_seed(0)
+    try:
+        return build_model(name, shape, 10, **opts).eval()
+    except Exception as e:  # noqa: BLE001 - an option this model does not take
+        pytest.skip(f"{name} {opts}: {e}")
+
+
+@pytest.mark.parametrize("name,shape,opts", MODELS, ids=[f"{m[0]}-{m[1][1]}" for m in MODELS])
+def test_forward_eval_is_model_forward_bit_for_bit(name, shape, opts):
+    model = _model(name, shape, opts)
+    x = torch.randn(37, *shape, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.equal(forward_eval(model, x), model(x))
+
+
+def test_max2x2_keeps_nan_inf_ties_and_odd_sizes():
+    seq = nn.Sequential(nn.ReLU(), nn.MaxPool2d(2), nn.LeakyReLU(0.1), nn.MaxPool2d(2, 2))
+    x = torch.randn(3, 2, 11, 9)
+    x[0, 0, 0, 0] = math.nan
+    x[1, 1, 2, 3] = math.inf
+    x[2, 0, 4:6, 4:6] = 0.5  # a tie inside a window
+    x[2, 1] = -1.0           # all negative: ReLU makes zeros
+    with torch.no_grad():
+        ref, out = seq(x.clone()), forward_eval(seq, x.clone())
+    assert torch.equal(torch.isnan(ref), torch.isnan(out))
+    assert torch.equal(torch.nan_to_num(ref), torch.nan_to_num(out))
+
+
+def test_other_pools_and_hooked_modules_run_unchanged():
+    seq = nn.Sequential(nn.ReLU(), nn.MaxPool2d(3, 2, padding=1), nn.MaxPool2d(2, ceil_mode=True))
+    x = torch.randn(2, 3, 9, 9)
+    with torch.no_grad():
+        assert torch.equal(forward_eval(seq, x), seq(x))
+    seen = []
+    seq[1].register_forward_hook(lambda m, i, o: seen.append(o.shape))
+    with torch.no_grad():
+        forward_eval(seq, x)
+    assert seen == [torch.Size([2, 3, 5, 5])]
+
+
+def test_evaluate_matches_a_plain_loop():
+    model = _model("lenet5", (1, 28, 28), {})
+    g = torch.Generator().manual_seed(2)
+    x, y = torch.randn(250, 1, 28, 28, generator=g), torch.randint(0, 10, (250,), generator=g)
+    with torch.no_grad():
+        out = model(x)
+    res = evaluate(model.train(), x, y, batch_size=64)
+    assert res["test_acc"] == int((out.argmax(1) == y).sum()) / 250
+    assert res["test_loss"] == pytest.approx(
+        float(nn.functional.cross_entropy(out.double(), y, reduction="sum")) / 250, rel=1e-6)
+    assert model.training  # mode restored
+
+
+def test_metrics_do_not_depend_on_the_batch_size():
+    model = _model("lenet5", (1, 28, 28), {})
+    g = torch.Generator().manual_seed(3)
+    x, y = torch.randn(301, 1, 28, 28, generator=g), torch.randint(0, 10, (301,), generator=g)
+    results = [evaluate(model, x, y, batch_size=b) for b in (1, 7, 256, 301, 10_000)]
+    assert all(r == results[0] for r in results)
