@@ -88,6 +88,45 @@ def rss_peak_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
 
 
+def matmul_peak_gflops(n: int = 2048, repeats: int = 5) -> float:
+    """The machine's fp32 matmul rate at the current thread count: the best of
+    ``repeats`` ``n x n @ n x n`` products after a warm-up, in GFLOP/s (2 n^3 FLOP each).
+    What a dense, cache-friendly kernel reaches: the peak the rows are a fraction of."""
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(n, n, generator=g), torch.randn(n, n, generator=g)
+    a @ b
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t0)
+    return 2.0 * n ** 3 / best / 1e9
+
+
+def flops_per_sample(w: Workload, name: str) -> float:
+    """FLOPs (2 per multiply-accumulate) that variant ``name`` spends on one sample: a
+    training step is a forward pass and its backward (``TRAIN_FACTOR`` forward passes:
+    gradients with respect to the inputs and to the weights); an evaluation is one forward
+    pass; MU-SplitFed (tau server steps, zeroth-order) 3 client forwards and 2 tau + 2
+    server forwards (:class:`benchmarks.variants.SplitfedMU`)."""
+    from splitfed.engine.flops import TRAIN_FACTOR, forward_macs
+    from splitfed.models import split
+
+    model = w.model()
+    shape = tuple(w.bundle().input_shape)
+    if name.startswith("eval"):
+        return 2.0 * forward_macs(model, shape)
+    if name == "splitfed_musplitfed":
+        from splitfed.algorithms.musplitfed import MUSplitFedOptions
+
+        client, server = split(model, model.default_cut)
+        tau = MUSplitFedOptions().tau    # the variant runs the algorithm's defaults
+        cut_shape = tuple(client(torch.zeros(1, *shape)).shape[1:])
+        return 2.0 * (3 * forward_macs(client, shape)
+                      + (2 * tau + 2) * forward_macs(server, cut_shape))
+    return 2.0 * TRAIN_FACTOR * forward_macs(model, shape)
+
+
 # ---------------------------------------------------------------- timing
 
 
@@ -121,6 +160,49 @@ def summarize(w: Workload, times: list[float], label: str) -> dict:
     return {"label": label, "round_s": [round(t, 4) for t in times],
             "median_round_s": round(med, 4),
             "samples_per_s": round(w.samples_per_round / med, 1)}
+
+
+EVAL_SAMPLES = 10_000
+EVAL_LABELS = {
+    "eval_splitfed": "evaluation as splitfed runs it (splitfed.engine.evaluate, batch 256)",
+    "eval_plain_b1000": "evaluation as a plain loop: model(x) under no_grad, batch 1000",
+}
+
+
+def time_eval(w: Workload, repeats: int, log, samples: int = EVAL_SAMPLES) -> dict[str, dict]:
+    """Forward-only throughput of the workload's model on ``samples`` test-shaped inputs:
+    splitfed's evaluation against the plain loop it replaces, interleaved like the
+    training rows (a warm-up each, then ``repeats`` round-robin passes)."""
+    from splitfed.engine.evaluate import evaluate
+
+    g = torch.Generator().manual_seed(w.seed + 2)
+    shape = tuple(w.bundle().input_shape)
+    x = torch.randn(samples, *shape, generator=g)
+    y = torch.randint(0, 10, (samples,), generator=g)
+    model = w.model().eval()
+
+    @torch.no_grad()
+    def plain():
+        for i in range(0, samples, 1000):
+            model(x[i:i + 1000]).argmax(1)
+
+    runs = {"eval_splitfed": lambda: evaluate(model, x, y), "eval_plain_b1000": plain}
+    times = {n: [] for n in runs}
+    for f in runs.values():
+        f()
+    for r in range(repeats):
+        for name in list(runs)[r % 2:] + list(runs)[:r % 2]:
+            t0 = time.perf_counter()
+            runs[name]()
+            times[name].append(time.perf_counter() - t0)
+    log("  evaluation: " + ", ".join(f"{n} {statistics.median(t):.2f}s" for n, t in times.items()))
+    out = {}
+    for name, ts in times.items():
+        med = statistics.median(ts)
+        out[name] = {"label": EVAL_LABELS[name], "round_s": [round(t, 4) for t in ts],
+                     "median_round_s": round(med, 4), "samples": samples,
+                     "samples_per_s": round(samples / med, 1)}
+    return out
 
 
 # ---------------------------------------------------------------- memory
@@ -242,34 +324,58 @@ def run_flower(w: Workload, python: str, repeats: int, num_cpus: float, log) -> 
 # ---------------------------------------------------------------- tables
 
 
-def add_ratios(results: dict[str, dict]) -> dict:
-    """Ratios to the limit (best centralized big batch), to batch 32, to the peer loop."""
-    sps = {n: r["samples_per_s"] for n, r in results.items() if "samples_per_s" in r}
+def add_ratios(results: dict[str, dict], w: Workload | None = None,
+               peak: float | None = None) -> dict:
+    """Ratios to the limit (best centralized big batch), to batch 32, to the peer loop;
+    with ``w`` and ``peak``, GFLOP/s of every row and its fraction of the matmul peak; the
+    evaluation rows' ratio to the fastest training row of the same model."""
+    if w is not None:
+        for name, r in results.items():
+            if "samples_per_s" in r:
+                r["flops_per_sample"] = flops_per_sample(w, name)
+                r["gflops"] = round(r["samples_per_s"] * r["flops_per_sample"] / 1e9, 2)
+                if peak:
+                    r["x_peak"] = round(r["gflops"] / peak, 3)
+    train = {n: r["samples_per_s"] for n, r in results.items()
+             if "samples_per_s" in r and not n.startswith("eval")
+             and n != "splitfed_musplitfed"}
+    if train:
+        fastest = max(train, key=train.get)
+        for name, r in results.items():
+            if name.startswith("eval") and "samples_per_s" in r:
+                r["x_train"] = round(r["samples_per_s"] / train[fastest], 3)
+                r["train_reference"] = fastest
+    sps = {n: r["samples_per_s"] for n, r in results.items()
+           if "samples_per_s" in r and not n.startswith("eval")}
     limits = [n for n in LIMITS if n in sps]
     refs = {"x_limit": max((sps[n] for n in limits), default=None),
             "x_b32": sps.get("central_b32"), "x_peer": sps.get("peer_loop")}
-    for r in results.values():
+    for name, r in results.items():
         for key, ref in refs.items():
-            if "samples_per_s" in r and ref:
+            if "samples_per_s" in r and ref and not name.startswith("eval"):
                 r[key] = round(r["samples_per_s"] / ref, 3)
     return {"limit_variant": max(limits, key=sps.get) if limits else None}
 
 
-def table(workload: dict, results: dict[str, dict]) -> str:
+def table(workload: dict, results: dict[str, dict], peak: float | None = None) -> str:
     head = (f"C={workload['clients']} K={workload['local_steps']} B={workload['batch']}: "
-            f"{workload['samples_per_round']} samples/round, {torch.get_num_threads()} threads")
-    rows = [("variant", "samples/s", "x limit", "x b32", "x peer", "peak MB", "+MB")]
+            f"{workload['samples_per_round']} samples/round, {torch.get_num_threads()} threads"
+            + (f"; fp32 matmul peak {peak:.1f} GFLOP/s" if peak else ""))
+    rows = [("variant", "samples/s", "GFLOP/s", "x peak", "x limit", "x b32", "x peer",
+             "x train", "peak MB", "+MB")]
     notes = []
     for name, r in results.items():
         if "samples_per_s" not in r:
             status = "error" if "error" in r else "skipped"
-            rows.append((name, status, "", "", "", "", ""))
+            rows.append((name, status, *[""] * 8))
             notes.append(f"{name} {status}: {r.get('error') or r.get('skipped')}")
             continue
         rows.append((name, f"{r['samples_per_s']:,.0f}",
-                     *(f"{r[k]:.2f}" if k in r else "-" for k in ("x_limit", "x_b32", "x_peer")),
+                     f"{r['gflops']:.1f}" if "gflops" in r else "-",
+                     *(f"{r[k]:.2f}" if k in r else "-"
+                       for k in ("x_peak", "x_limit", "x_b32", "x_peer", "x_train")),
                      *(f"{r[k]:.0f}" if k in r else "-" for k in ("peak_mb", "delta_mb"))))
-    widths = [max(len(str(row[i])) for row in rows) for i in range(7)]
+    widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
     lines = [head]
     for i, row in enumerate(rows):
         cells = [str(c).ljust(widths[0]) if j == 0 else str(c).rjust(widths[j])
@@ -324,7 +430,10 @@ def run_block(w: Workload, args, flower: tuple[str | None, str], log) -> dict:
             log(f"  {FLOWER}: skipped: {why}")
         else:
             results[FLOWER] = run_flower(w, python, args.repeats, args.flower_cpus, log)
-    block.update(add_ratios(results))
+    if args.eval:
+        results.update(time_eval(w, args.repeats, log))
+    block.update(add_ratios(results, w, args.peak))
+    block["peak_gflops"] = args.peak
     block["results"] = results
     block["load_after"] = load_average()
     return block
@@ -346,6 +455,10 @@ def parse_args(argv=None):
     ap.add_argument("--no-memory", dest="memory", action="store_false",
                     help="skip the per-variant peak-memory subprocesses")
     ap.add_argument("--no-flower", action="store_true", help="skip the Flower variant")
+    ap.add_argument("--no-eval", dest="eval", action="store_false",
+                    help="skip the evaluation rows (forward-only throughput on 10,000 samples)")
+    ap.add_argument("--no-peak", dest="measure_peak", action="store_false",
+                    help="skip measuring the fp32 matmul peak (no GFLOP/s fraction column)")
     ap.add_argument("--flower-python", default=None,
                     help="interpreter with flwr[simulation] (default: this one)")
     ap.add_argument("--flower-cpus", type=float, default=1.0,
@@ -382,6 +495,10 @@ def main(argv=None) -> dict | None:
               "repeats": args.repeats}
     log(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {cpu_model()}, "
         f"load average {report['load_start']}")
+    args.peak = round(matmul_peak_gflops(), 1) if args.measure_peak else None
+    report["peak_gflops"] = args.peak
+    if args.peak:
+        log(f"fp32 matmul peak ({torch.get_num_threads()} threads): {args.peak} GFLOP/s")
     flower = flower_python(args.flower_python) if FLOWER in args.variants else (None, "")
     if args.scaling:
         blocks = []
@@ -398,7 +515,7 @@ def main(argv=None) -> dict | None:
     report["load_end"] = load_average()
     print()
     for b in blocks:
-        print(table(b["workload"], b["results"]))
+        print(table(b["workload"], b["results"], args.peak))
         print()
     if args.scaling:
         print(f"cost per sample (microseconds) at {args.scaling_samples} samples per round")

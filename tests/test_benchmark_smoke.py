@@ -5,7 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.bench import FLOWER, LIMITS
+from benchmarks.bench import EVAL_LABELS, FLOWER, LIMITS, flops_per_sample
+from benchmarks.workload import Workload
 from benchmarks.variants import VARIANTS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -24,11 +25,16 @@ def test_benchmark_tiny_run_reports_every_variant(tmp_path):
     assert proc.returncode == 0, proc.stderr
     report = json.loads(out.read_text())
     results = report["results"]
-    assert set(results) == set(VARIANTS) and FLOWER not in results
+    assert set(results) == set(VARIANTS) | set(EVAL_LABELS) and FLOWER not in results
+    assert report["peak_gflops"] > 0
     for name, r in results.items():
         assert r["samples_per_s"] > 0, name
         assert len(r["round_s"]) == 1
-        assert r["x_peer"] > 0 and r["x_b32"] > 0 and r["x_limit"] > 0
+        assert r["gflops"] > 0 and 0 < r["x_peak"] == round(r["gflops"] / report["peak_gflops"], 3)
+        if name in EVAL_LABELS:
+            assert r["x_train"] > 0 and r["train_reference"] in VARIANTS
+        else:
+            assert r["x_peer"] > 0 and r["x_b32"] > 0 and r["x_limit"] > 0
     assert report["limit_variant"] in LIMITS
     assert report["workload"]["samples_per_round"] == 4 * 1 * 32
     for key in ("torch", "threads", "cpu_model"):
@@ -43,3 +49,16 @@ def test_memory_probe_reports_peak_rss():
     assert proc.returncode == 0, proc.stderr
     probe = json.loads(proc.stdout.strip().splitlines()[-1])
     assert probe["peak_mb"] > 0 and probe["delta_mb"] >= 0
+
+
+def test_flops_per_sample_of_lenet5_by_hand():
+    """LeNet-5 on 1x28x28: conv1 28*28*6*25 + conv2 10*10*16*150 + 400*120 + 120*84 + 84*10
+    = 416,520 multiply-accumulates forward; training is three forward passes, 2 FLOP each."""
+    w = Workload(clients=2, local_steps=1)
+    forward = 28 * 28 * 6 * 25 + 10 * 10 * 16 * 150 + 400 * 120 + 120 * 84 + 84 * 10
+    assert flops_per_sample(w, "eval_splitfed") == 2 * forward
+    for name in ("central_b32", "peer_loop", "splitfed_fedavg", "splitfed_sl"):
+        assert flops_per_sample(w, name) == 6 * forward
+    # MU-SplitFed at the default cut 2 (after the second pool, 16x5x5) and tau = 2
+    client = 28 * 28 * 6 * 25 + 10 * 10 * 16 * 150
+    assert flops_per_sample(w, "splitfed_musplitfed") == 2 * (3 * client + 6 * (forward - client))
