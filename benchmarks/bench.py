@@ -468,6 +468,10 @@ def parse_args(argv=None):
                     help="run C in --scaling-clients at a fixed --scaling-samples per round")
     ap.add_argument("--scaling-clients", default="10,100,1000")
     ap.add_argument("--scaling-samples", type=int, default=32000)
+    ap.add_argument("--paper-run", type=int, default=0, metavar="ROUNDS",
+                    help="also time a paper-scale FedAvg run (1000 clients, 10 per round, "
+                         "batch 10) of ROUNDS rounds evaluating every round against only "
+                         "the last (benchmarks/paper_run.py)")
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     ap.add_argument("--quiet", action="store_true")
     ap.add_argument("--memory-probe", default=None, help=argparse.SUPPRESS)
@@ -512,6 +516,10 @@ def main(argv=None) -> dict | None:
     else:
         report.update(run_block(make(args.clients, args.local_steps), args, flower, log))
         blocks = [report]
+    if args.paper_run:
+        from benchmarks.paper_run import paper_run
+
+        report["paper_run"] = paper_run(args.paper_run, log=log)
     report["load_end"] = load_average()
     print()
     for b in blocks:
@@ -521,6 +529,13 @@ def main(argv=None) -> dict | None:
         print(f"cost per sample (microseconds) at {args.scaling_samples} samples per round")
         print(scaling_table(blocks))
         print()
+    if args.paper_run:
+        p = report["paper_run"]
+        print(f"paper-scale run (FedAvg, {p['rounds']} rounds, 10 of 1000 clients, batch 10): "
+              f"evaluating every round {p['median_wall_s']['eval_every_round']:.1f} s, "
+              f"only after the last {p['median_wall_s']['eval_last_only']:.1f} s: "
+              f"x{p['ratio']:.2f}; one evaluation of {p['test_samples']:,} samples "
+              f"{p['eval_s_per_round'] * 1000:.0f} ms ({p['eval_forward_gflop']} GFLOP)")
     print(f"load average: start {report['load_start']}, end {report['load_end']}")
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

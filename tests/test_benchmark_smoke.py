@@ -62,3 +62,13 @@ def test_flops_per_sample_of_lenet5_by_hand():
     # MU-SplitFed at the default cut 2 (after the second pool, 16x5x5) and tau = 2
     client = 28 * 28 * 6 * 25 + 10 * 10 * 16 * 150
     assert flops_per_sample(w, "splitfed_musplitfed") == 2 * (3 * client + 6 * (forward - client))
+
+
+def test_paper_run_times_both_runs_and_counts_evaluations():
+    from benchmarks.paper_run import paper_run
+
+    res = paper_run(rounds=2, log=lambda *a: None)
+    assert res["runs"]["eval_every_round"]["evaluations"] == 3      # rounds 0, 1, 2
+    assert res["runs"]["eval_last_only"]["evaluations"] == 2        # rounds 0 and 2
+    assert res["ratio"] == round(res["median_wall_s"]["eval_every_round"]
+                                 / res["median_wall_s"]["eval_last_only"], 3)
