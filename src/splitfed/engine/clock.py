@@ -195,7 +195,10 @@ class VirtualClock:
         ids = _ids(ids)
         if role == CLIENT:
             p = self.profiles
-            _add_at(self._t, ids, macs * self._scale[ids] / p.compute[ids])
+            if ids.size == 1 and np.ndim(macs) == 0:    # one sequential client: scalars
+                self._compute_one(int(ids[0]), macs)
+            else:
+                _add_at(self._t, ids, macs * self._scale[ids] / p.compute[ids])
         elif role == SERVER_COPY:
             self._after(self._lane, ids, self._arrival[ids],
                         macs / self.profiles.server_compute)
@@ -218,6 +221,12 @@ class VirtualClock:
         ids = _ids(ids)
         if ids.size == 0:
             return
+        if ids.size == 1:             # one sequential client (SL's steps): the same
+            self._transfer_one(kind, direction, int(ids[0]), nbytes)   # float64 arithmetic
+        else:
+            self._transfer_many(kind, direction, ids, nbytes)
+
+    def _transfer_many(self, kind: str, direction: str, ids: np.ndarray, nbytes: int) -> None:
         p = self.profiles
         if direction == "up":
             _add_at(self._t, ids, nbytes / p.uplink[ids])
@@ -232,6 +241,27 @@ class VirtualClock:
                       else self._reply[ids])
             self._after(self._t, ids, depart, nbytes / p.downlink[ids])
         self._last[ids] = self._t[ids]
+
+    def _compute_one(self, c: int, macs) -> None:
+        """:meth:`compute` of client work for the single client ``c``, on scalars (the
+        same float64 arithmetic as the array path)."""
+        self._t[c] += macs * self._scale[c] / self.profiles.compute[c]
+
+    def _transfer_one(self, kind: str, direction: str, c: int, nbytes: int) -> None:
+        """:meth:`transfer` for the single client ``c``, on scalars."""
+        p = self.profiles
+        if direction == "up":
+            self._t[c] += nbytes / p.uplink[c]
+            done = self._t[c]
+            self._arrival[c] = done
+            self._reply[c] = done
+            if kind == "model":
+                self._model_up[c] = done
+                self._latest_model = max(self._latest_model, float(done))
+        else:
+            depart = self._latest_model if kind == "model" else self._reply[c]
+            self._t[c] = max(self._t[c], depart) + nbytes / p.downlink[c]
+        self._last[c] = self._t[c]
 
     @staticmethod
     def _after(arr: np.ndarray, ids: np.ndarray, ready: np.ndarray, dt) -> None:

@@ -63,6 +63,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, vmap
 
 from splitfed.errors import SplitfedError
+from splitfed.models.sequential import commutes_with_max
 
 
 class CohortStateError(SplitfedError, ValueError):
@@ -392,17 +393,10 @@ _LEAF = {
 }
 
 
-def _commutes_with_max(m: nn.Module) -> bool:
-    """Monotone non-decreasing elementwise layers: f(max(a, b)) == max(f(a), f(b))."""
-    if type(m) in (nn.ReLU, nn.ReLU6):
-        return True
-    return type(m) is nn.LeakyReLU and m.negative_slope >= 0
-
-
 def _pool_first(children: list[nn.Module]) -> set[int]:
     """Positions i of a Sequential where child i commutes with the MaxPool2d at i + 1."""
     return {i for i in range(len(children) - 1)
-            if _commutes_with_max(children[i]) and type(children[i + 1]) is nn.MaxPool2d
+            if commutes_with_max(children[i]) and type(children[i + 1]) is nn.MaxPool2d
             and not children[i + 1].return_indices}
 
 

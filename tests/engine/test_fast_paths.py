@@ -1,0 +1,67 @@
+"""The engine's exact fast paths leave every result bit for bit as it was: pooling before
+the activation in sequential forward passes (SL's client, the single server model of SL
+and SFL-V2), evaluation's 2x2 max-pool as four strided views, and the virtual clock's
+scalar paths for one client. Each run is compared with the same run through the plain
+paths (``module(x)``, the clock's array arithmetic): models, losses, accuracies, bytes
+and simulated times all equal."""
+
+import numpy as np
+import pytest
+import torch
+
+from splitfed.config import build_config
+from splitfed.data import DATASETS
+from splitfed.data.datasets import ArrayDataset, DataBundle
+from splitfed.engine import clock as clock_mod
+from splitfed.experiment import run_experiment
+from splitfed.models import sequential
+from tests.helpers import assert_same_run
+
+NAME = "fast_path_images"
+
+
+@pytest.fixture(autouse=True)
+def images(monkeypatch):
+    """1x28x28 images whose top rows are exactly 0, as Fashion-MNIST's background: ties
+    in every pooling window there."""
+    g = torch.Generator().manual_seed(0)
+
+    def make(n):
+        x = torch.randn(n, 1, 28, 28, generator=g).clamp_min(0)
+        x[:, :, :8] = 0.0
+        return ArrayDataset(x, torch.randint(0, 10, (n,), generator=g))
+
+    bundle = DataBundle(name=NAME, train=make(96), test=make(40), num_classes=10,
+                        input_shape=(1, 28, 28))
+    monkeypatch.setitem(DATASETS, NAME, lambda data_dir, rng: bundle)
+
+
+def _plain_paths(monkeypatch):
+    monkeypatch.setattr(sequential, "forward", lambda module, x, **kw: module(x))
+    V = clock_mod.VirtualClock
+    monkeypatch.setattr(V, "_transfer_one", lambda self, kind, direction, c, n:
+                        V._transfer_many(self, kind, direction, np.array([c]), n))
+    monkeypatch.setattr(V, "_compute_one", lambda self, c, macs: clock_mod._add_at(
+        self._t, np.array([c]), macs * self._scale[[c]] / self.profiles.compute[[c]]))
+
+
+def _cfg(algorithm, cut):
+    return build_config({
+        "name": "t", "rounds": 2, "progress": False, "seed": 5,
+        "algorithm": {"name": algorithm}, "data": {"name": NAME},
+        "partition": {"scheme": "iid", "num_clients": 4},
+        "model": {"name": "lenet5", "cut": cut},
+        "train": {"batch_size": 8, "local_steps": 3, "local_epochs": None, "lr": 0.05,
+                  "momentum": 0.5},
+        "participation": {"mode": "uniform", "clients_per_round": 3},
+        "clock": {"profile": "fedscale", "deadline": None}})
+
+
+@pytest.mark.parametrize("algorithm,cut", [("sl", 1), ("sl", 2), ("sflv2", 1), ("fedavg", 2)])
+def test_fast_paths_change_no_result(monkeypatch, algorithm, cut):
+    fast = run_experiment(_cfg(algorithm, cut), write=False)
+    with monkeypatch.context() as m:
+        _plain_paths(m)
+        plain = run_experiment(_cfg(algorithm, cut), write=False)
+    assert_same_run(fast, plain)
+    assert any("sim_time" in k or "time" in k for k in fast.records[-1])
