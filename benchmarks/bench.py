@@ -38,8 +38,11 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.pfl_fedavg import LABEL as PFL_LABEL
+from benchmarks.pfl_fedavg import NAME as PFL
+from benchmarks.pfl_fedavg import run_pfl
 from benchmarks.variants import VARIANTS
-from benchmarks.workload import FASHION_DIR, Workload
+from benchmarks.workload import FASHION_DIR, MODEL_SHAPES, Workload
 
 ROOT = Path(__file__).resolve().parent.parent
 LIMITS = ("central_big", "central_big_cl")
@@ -211,7 +214,8 @@ def time_eval(w: Workload, repeats: int, log, samples: int = EVAL_SAMPLES) -> di
 def workload_args(w: Workload) -> list[str]:
     args = ["--clients", str(w.clients), "--local-steps", str(w.local_steps),
             "--batch", str(w.batch), "--lr", str(w.lr), "--seed", str(w.seed),
-            "--threads", str(torch.get_num_threads())]
+            "--threads", str(torch.get_num_threads()), "--population", str(w.population),
+            "--model", w.model_name, *(["--width", str(w.width)] if w.width else [])]
     return args + (["--real"] if w.real else [])
 
 
@@ -383,6 +387,10 @@ def table(workload: dict, results: dict[str, dict], peak: float | None = None) -
         lines.append("  ".join(cells).rstrip())
         if i == 0:
             lines.append("  ".join("-" * n for n in widths))
+    fed, pfl = results.get("splitfed_fedavg", {}), results.get(PFL, {})
+    if fed.get("samples_per_s") and pfl.get("samples_per_s"):
+        notes.append(f"splitfed_fedavg / {PFL}: "
+                     f"{fed['samples_per_s'] / pfl['samples_per_s']:.2f}x")
     return "\n".join(lines + notes)
 
 
@@ -418,7 +426,11 @@ def run_block(w: Workload, args, flower: tuple[str | None, str], log) -> dict:
     if args.memory:
         for name in names:
             results[name].update(measure_memory(w, name))
-    if FLOWER in args.variants:
+    external = w.model_name == "lenet5" and w.population == w.clients
+    if FLOWER in args.variants and not external:
+        results[FLOWER] = {"label": LABELS[FLOWER], "skipped": "LeNet-5 with every user "
+                           "training each round only (its client app's workload)"}
+    elif FLOWER in args.variants:
         python, why = flower
         if python is None:
             results[FLOWER] = {"label": LABELS[FLOWER], "skipped": why}
@@ -430,6 +442,11 @@ def run_block(w: Workload, args, flower: tuple[str | None, str], log) -> dict:
             log(f"  {FLOWER}: skipped: {why}")
         else:
             results[FLOWER] = run_flower(w, python, args.repeats, args.flower_cpus, log)
+    if PFL in args.variants:
+        if w.model_name != "lenet5":
+            results[PFL] = {"label": PFL_LABEL, "skipped": "LeNet-5 only"}
+        else:
+            results[PFL] = run_pfl(w, args.pfl_python or sys.executable, args.repeats, log)
     if args.eval:
         results.update(time_eval(w, args.repeats, log))
     block.update(add_ratios(results, w, args.peak))
@@ -450,8 +467,16 @@ def parse_args(argv=None):
     ap.add_argument("--real", action="store_true",
                     help=f"real Fashion-MNIST samples from {FASHION_DIR} (default: random)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    ap.add_argument("--variants", default=",".join([*VARIANTS, FLOWER]),
-                    help="comma-separated subset of: " + ", ".join([*VARIANTS, FLOWER]))
+    ap.add_argument("--population", "-P", type=int, default=None,
+                    help="users in all, of which a round trains C (default: C); pfl's "
+                         "shape: -P 1000 -C 50 -K 6 --batch 10")
+    ap.add_argument("--model", default="lenet5", choices=sorted(MODEL_SHAPES),
+                    help="lenet5 (1x28x28) or a deeper CIFAR-shaped model (3x32x32)")
+    ap.add_argument("--width", type=float, default=None,
+                    help="model width: resnet18's base channels (default 64), vgg11's "
+                         "channel multiplier (default 1)")
+    ap.add_argument("--variants", default=",".join([*VARIANTS, FLOWER, PFL]),
+                    help="comma-separated subset of: " + ", ".join([*VARIANTS, FLOWER, PFL]))
     ap.add_argument("--no-memory", dest="memory", action="store_false",
                     help="skip the per-variant peak-memory subprocesses")
     ap.add_argument("--no-flower", action="store_true", help="skip the Flower variant")
@@ -464,6 +489,9 @@ def parse_args(argv=None):
     ap.add_argument("--flower-cpus", type=float, default=1.0,
                     help="Ray CPUs per Flower client actor")
     ap.add_argument("--flower-max-clients", type=int, default=100)
+    ap.add_argument("--no-pfl", action="store_true", help="skip the pfl variant")
+    ap.add_argument("--pfl-python", default=None,
+                    help="interpreter with pfl[pytorch] (default: this one)")
     ap.add_argument("--scaling", action="store_true",
                     help="run C in --scaling-clients at a fixed --scaling-samples per round")
     ap.add_argument("--scaling-clients", default="10,100,1000")
@@ -477,11 +505,15 @@ def parse_args(argv=None):
     ap.add_argument("--memory-probe", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
-    unknown = set(args.variants) - {*VARIANTS, FLOWER}
+    unknown = set(args.variants) - {*VARIANTS, FLOWER, PFL}
     if unknown:
         ap.error(f"unknown variants {sorted(unknown)}")
     if args.no_flower and FLOWER in args.variants:
         args.variants.remove(FLOWER)
+    if args.no_pfl and PFL in args.variants:
+        args.variants.remove(PFL)
+    if args.population is not None and args.population < args.clients:
+        ap.error(f"--population {args.population} is below --clients {args.clients}")
     return args
 
 
@@ -489,7 +521,11 @@ def main(argv=None) -> dict | None:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    make = lambda c, k: Workload(c, k, args.batch, args.lr, args.seed, args.real)  # noqa: E731
+    def make(c, k):
+        return Workload(c, k, args.batch, args.lr, args.seed, args.real,
+                        population=max(args.population or c, c), model_name=args.model,
+                        width=args.width)
+
     if args.memory_probe:
         print(json.dumps(memory_probe(make(args.clients, args.local_steps), args.memory_probe)))
         return None

@@ -15,6 +15,12 @@ Evaluation never runs.
   and ``build_algorithm`` exactly as ``splitfed run`` builds them; a round is
   ``algo.round(env, state, t, cohort)`` as in :func:`splitfed.engine.loop.run_rounds`
   (MU-SplitFed: K such rounds, one zeroth-order step each, :class:`SplitfedMU`).
+
+With a population larger than the cohort (``Workload(population=P)``, P > C) a round
+still trains ``C * K * batch`` samples: the centralized variants draw that many of the
+``P * K * batch`` samples, the peer loop trains a random cohort of C of the P users,
+and splitfed partitions the samples among P clients and samples C of them per round
+(``participation.mode=uniform``). ``samples`` is what the last round trained.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ class Variant:
 
     def __init__(self, w: Workload):
         self.w = w
+        self.samples = 0
 
     def setup(self) -> None:
         pass
@@ -52,7 +59,7 @@ class CentralB32(Variant):
 
     def batches(self, size):
         perm = torch.randperm(len(self.w.y), generator=self.gen)
-        return perm.view(-1, size)
+        return perm[:self.w.samples_per_round].view(-1, size)
 
     def step(self, rows, channels_last=False):
         x = self.w.x[rows]
@@ -64,8 +71,10 @@ class CentralB32(Variant):
         self.opt.step()
 
     def round(self):
+        self.samples = 0
         for rows in self.batches(self.w.batch):
             self.step(rows)
+            self.samples += len(rows)
 
 
 class CentralBig(CentralB32):
@@ -78,8 +87,10 @@ class CentralBig(CentralB32):
             self.model.to(memory_format=torch.channels_last)
 
     def round(self):
+        self.samples = 0
         for rows in self.batches(self.w.batch * self.w.clients):
             self.step(rows, self.channels_last)
+            self.samples += len(rows)
 
 
 class CentralBigCL(CentralBig):
@@ -95,9 +106,17 @@ class PeerLoop(Variant):
         self.gen = torch.Generator().manual_seed(self.w.seed)
         self.parts = [torch.from_numpy(p) for p in self.w.parts]
 
+    def cohort(self) -> list[torch.Tensor]:
+        """Every user when the population is the cohort, else C of them at random."""
+        if self.w.population == self.w.clients:
+            return self.parts
+        chosen = torch.randperm(self.w.population, generator=self.gen)[:self.w.clients]
+        return [self.parts[i] for i in chosen.tolist()]
+
     def round(self):
         w, states, sizes = self.w, [], []
-        for idx in self.parts:
+        self.samples = 0
+        for idx in self.cohort():
             local = copy.deepcopy(self.model)
             opt = torch.optim.SGD(local.parameters(), lr=w.lr)
             order = idx[torch.randperm(len(idx), generator=self.gen)]
@@ -107,6 +126,7 @@ class PeerLoop(Variant):
                 loss = F.cross_entropy(local(w.x[rows]), w.y[rows])
                 loss.backward()
                 opt.step()
+                self.samples += len(rows)
             states.append(local.state_dict())
             sizes.append(len(idx))
         total = float(sum(sizes))
@@ -124,11 +144,18 @@ class Splitfed(Variant):
 
     def overrides(self) -> list[str]:
         w = self.w
+        if w.population > w.clients:
+            participation = ["participation.mode=uniform",
+                             f"participation.clients_per_round={w.clients}"]
+        else:
+            participation = ["participation.mode=full"]
         return [f"algorithm.name={self.algorithm}", f"data.name={DATASET_NAME}",
-                "partition.scheme=iid", f"partition.num_clients={w.clients}",
-                "participation.mode=full", f"train.batch_size={w.batch}",
+                "partition.scheme=iid", f"partition.num_clients={w.population}",
+                *participation, f"train.batch_size={w.batch}",
                 f"train.local_steps={w.local_steps}", "train.local_epochs=null",
-                f"train.lr={w.lr}", f"seed={w.seed}", "progress=false"]
+                f"train.lr={w.lr}", f"seed={w.seed}", "progress=false",
+                f"model.name={w.model_name}",
+                *(f"model.{k}={v}" for k, v in w.model_options.items())]
 
     def setup(self):
         register(self.w)
@@ -148,7 +175,9 @@ class Splitfed(Variant):
         cohort = env.sampler.sample(env.streams.numpy("participation"))
         if clock is not None:
             cohort = clock.begin_round(cohort)
-        self.state = self.algo.round(env, self.state, self.t, cohort).state
+        result = self.algo.round(env, self.state, self.t, cohort)
+        self.state = result.state
+        self.samples = result.samples
         if clock is not None:
             clock.end_round()
 
@@ -163,8 +192,11 @@ class SplitfedMU(Splitfed):
     label = "splitfed MU-SplitFed (ZO, tau 2; K rounds of 1 step)"
 
     def round(self):
+        samples = 0
         for _ in range(self.w.local_steps):
             super().round()
+            samples += self.samples
+        self.samples = samples
 
 
 def _splitfed(name: str, label: str) -> type[Splitfed]:

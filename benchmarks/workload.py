@@ -6,6 +6,10 @@ Fashion-MNIST with ``real=True``), so one round of any variant trains on exactly
 ``C * K * batch`` samples. ``parts`` split them evenly among the clients (K * batch each)
 for the hand-written variants; splitfed partitions them with its own ``iid`` scheme.
 
+``population=P`` (default: C) makes the data ``P * K * batch`` samples, split evenly among
+P users, of which a round trains a cohort of C: ``samples_per_round`` stays
+``C * K * batch`` and ``parts`` has P entries.
+
 :func:`register` makes the workload loadable by name (``data.name=bench_workload``) in
 splitfed's data-set registry, so splitfed variants are built by the ordinary
 ``build_environment`` / ``build_algorithm`` path from a config.
@@ -26,6 +30,8 @@ from splitfed.models import build_model
 DATASET_NAME = "bench_workload"
 FASHION_DIR = "/usr/share/datasets/fashion-mnist"
 INPUT_SHAPE = (1, 28, 28)
+#: the models the benchmark runs and their input shapes (Fashion-MNIST's, CIFAR-10's)
+MODEL_SHAPES = {"lenet5": INPUT_SHAPE, "resnet18": (3, 32, 32), "vgg11": (3, 32, 32)}
 NUM_CLASSES = 10
 TEST_SAMPLES = 64  # evaluation is excluded from the timings; a token test split
 
@@ -38,12 +44,23 @@ class Workload:
     lr: float = 0.01
     seed: int = 0
     real: bool = False
+    population: int | None = None
+    model_name: str = "lenet5"
+    width: float | None = None
     x: torch.Tensor = field(init=False, repr=False)
     y: torch.Tensor = field(init=False, repr=False)
     parts: list[np.ndarray] = field(init=False, repr=False)
 
     def __post_init__(self):
-        n = self.samples_per_round
+        if self.population is None:
+            self.population = self.clients
+        if self.population < self.clients:
+            raise ValueError(f"population {self.population} < clients {self.clients}")
+        if self.model_name not in MODEL_SHAPES:
+            raise ValueError(f"model {self.model_name!r}: one of {', '.join(MODEL_SHAPES)}")
+        if self.real and self.model_name != "lenet5":
+            raise ValueError("real Fashion-MNIST samples are 1x28x28: LeNet-5 only")
+        n = self.population * self.local_steps * self.batch
         if self.real:
             bundle = load_dataset("fashion_mnist", FASHION_DIR,
                                   rng=np.random.default_rng(self.seed), limit_train=n,
@@ -51,39 +68,55 @@ class Workload:
             self.x, self.y = bundle.train.x, bundle.train.y
         else:
             g = torch.Generator().manual_seed(self.seed)
-            self.x = torch.randn(n, *INPUT_SHAPE, generator=g)
+            self.x = torch.randn(n, *self.input_shape, generator=g)
             self.y = torch.randint(0, NUM_CLASSES, (n,), generator=g)
         perm = np.random.default_rng(self.seed).permutation(n)
-        self.parts = [np.sort(p) for p in np.array_split(perm, self.clients)]
+        self.parts = [np.sort(p) for p in np.array_split(perm, self.population)]
+
+    @property
+    def input_shape(self) -> tuple[int, int, int]:
+        return MODEL_SHAPES[self.model_name]
+
+    @property
+    def model_options(self) -> dict:
+        if self.width is None:
+            return {}
+        return {"width": int(self.width) if self.model_name == "resnet18" else self.width}
 
     @property
     def samples_per_round(self) -> int:
         return self.clients * self.local_steps * self.batch
 
     def describe(self) -> dict:
-        return {"model": "lenet5", "input_shape": list(INPUT_SHAPE), "classes": NUM_CLASSES,
+        return {"model": self.model_name, **self.model_options,
+                "input_shape": list(self.input_shape), "classes": NUM_CLASSES,
                 "data": "fashion_mnist (real subset)" if self.real else "random N(0,1)",
-                "clients": self.clients, "local_steps": self.local_steps,
+                "clients": self.clients, "population": self.population,
+                "local_steps": self.local_steps,
                 "batch": self.batch, "lr": self.lr, "optimizer": "plain SGD",
                 "seed": self.seed, "samples_per_round": self.samples_per_round}
 
     def model(self) -> torch.nn.Module:
-        """A freshly initialised LeNet-5 (the same initial weights for every variant)."""
+        """A freshly initialised model (the same initial weights for every variant)."""
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.seed)
-            return build_model("lenet5", INPUT_SHAPE, NUM_CLASSES)
+            return build_model(self.model_name, self.input_shape, NUM_CLASSES,
+                               **self.model_options)
 
     def bundle(self) -> DataBundle:
         g = torch.Generator().manual_seed(self.seed + 1)
-        test = ArrayDataset(torch.randn(TEST_SAMPLES, *INPUT_SHAPE, generator=g),
+        test = ArrayDataset(torch.randn(TEST_SAMPLES, *self.input_shape, generator=g),
                             torch.randint(0, NUM_CLASSES, (TEST_SAMPLES,), generator=g))
         return DataBundle(name=DATASET_NAME, train=ArrayDataset(self.x, self.y), test=test,
-                          num_classes=NUM_CLASSES, input_shape=INPUT_SHAPE)
+                          num_classes=NUM_CLASSES, input_shape=self.input_shape)
 
     def save(self, path: str | os.PathLike) -> None:
-        """Write the samples and parts for a variant that runs in another interpreter."""
+        """Write the samples and parts for a variant that runs in another interpreter
+        (``parts``: one index tensor per user of the population; ``clients``: the cohort
+        trained per round)."""
         torch.save({"x": self.x, "y": self.y,
                     "parts": [torch.from_numpy(p) for p in self.parts],
+                    "population": self.population, "clients": self.clients,
                     "local_steps": self.local_steps, "batch": self.batch, "lr": self.lr,
                     "seed": self.seed}, path)
 

@@ -21,7 +21,7 @@ def test_benchmark_tiny_run_reports_every_variant(tmp_path):
     out = tmp_path / "bench.json"
     # one thread: on a busy 2-core CI machine two threads per process can stall badly
     proc = _bench("--clients", "4", "--local-steps", "1", "--repeats", "1", "--threads", "1",
-                  "--no-flower", "--no-memory", "--quiet", "--out", str(out))
+                  "--no-flower", "--no-pfl", "--no-memory", "--quiet", "--out", str(out))
     assert proc.returncode == 0, proc.stderr
     report = json.loads(out.read_text())
     results = report["results"]
@@ -72,3 +72,17 @@ def test_paper_run_times_both_runs_and_counts_evaluations():
     assert res["runs"]["eval_last_only"]["evaluations"] == 2        # rounds 0 and 2
     assert res["ratio"] == round(res["median_wall_s"]["eval_every_round"]
                                  / res["median_wall_s"]["eval_last_only"], 3)
+
+
+def test_deeper_models_run_at_a_tiny_size(tmp_path):
+    out = tmp_path / "bench.json"
+    proc = _bench("--clients", "2", "--local-steps", "1", "--batch", "4", "--repeats", "1",
+                  "--threads", "1", "--model", "resnet18", "--width", "4", "--no-memory",
+                  "--no-eval", "--no-peak", "--variants", "peer_loop,splitfed_fedavg,pfl_fedavg",
+                  "--quiet", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(out.read_text())
+    assert report["workload"]["model"] == "resnet18" and report["workload"]["width"] == 4
+    assert report["workload"]["input_shape"] == [3, 32, 32]
+    assert report["results"]["splitfed_fedavg"]["x_peer"] > 0
+    assert "skipped" in report["results"]["pfl_fedavg"]
