@@ -31,6 +31,9 @@ class DeltaAccumulator:
         self.reference = dict(reference)
         self._sum = {k: torch.zeros_like(v, dtype=torch.float64 if v.is_floating_point()
                                           else v.dtype) for k, v in self.reference.items()}
+        # the reference in float64, made once for every chunk's deltas
+        self._ref64 = {k: v.to(torch.float64) for k, v in self.reference.items()
+                       if v.is_floating_point()}
         self._count = 0
         self.renormalise = renormalise
         self._offered = 0.0
@@ -53,7 +56,7 @@ class DeltaAccumulator:
         for k, ref in self.reference.items():
             x = stacked[k]
             if ref.is_floating_point():
-                delta = x.to(torch.float64) - ref.to(torch.float64)
+                delta = torch.sub(x, self._ref64[k])     # x promoted to float64 per element
                 self._sum[k] += torch.tensordot(w.to(delta.device), delta, dims=1)
             else:
                 self._sum[k] = torch.maximum(self._sum[k], x.max(dim=0).values)
