@@ -594,3 +594,13 @@ def test_study_and_sweep_never_read_metrics_csv():
     for module in (splitfed.study.analysis, splitfed.study.reuse, splitfed.study.runner,
                    splitfed.sweep):
         assert "metrics.csv" not in inspect.getsource(module), module.__name__
+
+
+def test_eval_batch_size_does_not_change_the_identity_other_engine_keys_do():
+    from splitfed.config import build_config
+    from splitfed.study import config_identity
+    base = build_config({"data": {"name": "digits"}})
+    other_eval = build_config({"data": {"name": "digits"}, "engine": {"eval_batch_size": 1000}})
+    other_chunk = build_config({"data": {"name": "digits"}, "engine": {"chunk_size": 3}})
+    assert config_identity(other_eval) == config_identity(base)
+    assert config_identity(other_chunk) != config_identity(base)

@@ -30,6 +30,9 @@ from splitfed.study.spec import StudyRun
 FINISHED = ("completed", "diverged", "no_client_trained")  # rerunning gives the same run
 #: config keys that have no effect on the numbers
 _NOT_COMPARED = ("out_dir", "progress", "checkpoint_every", "tracking")
+#: section keys that do not change a run's numbers either: evaluation's metrics are the
+#: same at every batch size (splitfed.engine.evaluate; tests/engine/test_evaluate.py)
+_NOT_COMPARED_IN = {"engine": ("eval_batch_size",)}
 
 
 # ------------------------------------------------------------------------ config
@@ -37,7 +40,8 @@ _NOT_COMPARED = ("out_dir", "progress", "checkpoint_every", "tracking")
 
 def config_identity(cfg: RunConfig | Mapping) -> dict:
     """A run's config as compared for reuse: YAML-normalised, without the keys that do
-    not change its numbers (out_dir, progress, checkpoint_every, tracking).
+    not change its numbers (out_dir, progress, checkpoint_every, tracking,
+    engine.eval_batch_size).
 
     A saved config is rebuilt first, so that fields added to the config schema since it
     was written take their defaults instead of counting as a difference.
@@ -49,7 +53,11 @@ def config_identity(cfg: RunConfig | Mapping) -> dict:
             pass
     data = to_dict(cfg) if isinstance(cfg, RunConfig) else dict(cfg)
     data = yaml.safe_load(yaml.safe_dump(data, sort_keys=False))
-    return {k: v for k, v in data.items() if k not in _NOT_COMPARED}
+    out = {k: v for k, v in data.items() if k not in _NOT_COMPARED}
+    for section, keys in _NOT_COMPARED_IN.items():
+        if isinstance(out.get(section), Mapping):
+            out[section] = {k: v for k, v in out[section].items() if k not in keys}
+    return out
 
 
 def config_hash(cfg: RunConfig | Mapping) -> str:
