@@ -471,10 +471,11 @@ def parse_args(argv=None):
                     help="users in all, of which a round trains C (default: C); pfl's "
                          "shape: -P 1000 -C 50 -K 6 --batch 10")
     ap.add_argument("--model", default="lenet5", choices=sorted(MODEL_SHAPES),
-                    help="lenet5 (1x28x28) or a deeper CIFAR-shaped model (3x32x32)")
+                    help="lenet5 or alexnet (1x28x28), or a deeper CIFAR-shaped model "
+                         "(3x32x32)")
     ap.add_argument("--width", type=float, default=None,
-                    help="model width: resnet18's base channels (default 64), vgg11's "
-                         "channel multiplier (default 1)")
+                    help="model width: resnet18's base channels (default 64), the channel "
+                         "multiplier of vgg11 and alexnet (default 1)")
     ap.add_argument("--variants", default=",".join([*VARIANTS, FLOWER, PFL]),
                     help="comma-separated subset of: " + ", ".join([*VARIANTS, FLOWER, PFL]))
     ap.add_argument("--no-memory", dest="memory", action="store_false",

@@ -31,7 +31,8 @@ DATASET_NAME = "bench_workload"
 FASHION_DIR = "/usr/share/datasets/fashion-mnist"
 INPUT_SHAPE = (1, 28, 28)
 #: the models the benchmark runs and their input shapes (Fashion-MNIST's, CIFAR-10's)
-MODEL_SHAPES = {"lenet5": INPUT_SHAPE, "resnet18": (3, 32, 32), "vgg11": (3, 32, 32)}
+MODEL_SHAPES = {"lenet5": INPUT_SHAPE, "alexnet": INPUT_SHAPE, "resnet18": (3, 32, 32),
+                "vgg11": (3, 32, 32)}
 NUM_CLASSES = 10
 TEST_SAMPLES = 64  # evaluation is excluded from the timings; a token test split
 
@@ -58,8 +59,9 @@ class Workload:
             raise ValueError(f"population {self.population} < clients {self.clients}")
         if self.model_name not in MODEL_SHAPES:
             raise ValueError(f"model {self.model_name!r}: one of {', '.join(MODEL_SHAPES)}")
-        if self.real and self.model_name != "lenet5":
-            raise ValueError("real Fashion-MNIST samples are 1x28x28: LeNet-5 only")
+        if self.real and self.input_shape != INPUT_SHAPE:
+            raise ValueError(f"real Fashion-MNIST samples are 1x28x28, not {self.model_name}'s "
+                             f"{self.input_shape}")
         n = self.population * self.local_steps * self.batch
         if self.real:
             bundle = load_dataset("fashion_mnist", FASHION_DIR,
