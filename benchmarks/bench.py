@@ -41,6 +41,7 @@ import torch
 from benchmarks.pfl_fedavg import LABEL as PFL_LABEL
 from benchmarks.pfl_fedavg import NAME as PFL
 from benchmarks.pfl_fedavg import run_pfl
+from benchmarks.procstat import vm_hwm_mb
 from benchmarks.variants import VARIANTS
 from benchmarks.workload import FASHION_DIR, MODEL_SHAPES, Workload
 
@@ -80,14 +81,11 @@ def machine_info() -> dict:
 
 
 def rss_peak_mb() -> float:
-    """This process's peak RSS (VmHWM). Not ``ru_maxrss``: Linux keeps that across
-    fork/exec, so a fresh subprocess would report its parent's peak."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024.0
-    except OSError:
-        pass
+    """This process's peak RSS (VmHWM, :func:`benchmarks.procstat.vm_hwm_mb`), or
+    ``ru_maxrss`` where /proc cannot tell."""
+    peak = vm_hwm_mb()
+    if peak is not None:
+        return peak
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
 
 

@@ -48,6 +48,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.flower_fedavg import lenet5
+from benchmarks.procstat import vm_hwm_mb
 
 ROOT = Path(__file__).resolve().parent.parent
 NAME = "pfl_fedavg"
@@ -165,16 +166,6 @@ def simulate(w: dict, rounds: int, seed: int | None = None) -> dict:
             "population": len(w["parts"])}
 
 
-def _peak_rss_mb() -> float | None:
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024.0
-    except OSError:
-        pass
-    return None
-
-
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", required=True)
@@ -189,7 +180,7 @@ def main(argv=None) -> None:
     w = torch.load(args.data)
     result = simulate(w, args.rounds)
     result.update({"pfl": pfl.version.__version__, "torch": torch.__version__,
-                   "threads": torch.get_num_threads(), "peak_mb": _peak_rss_mb(),
+                   "threads": torch.get_num_threads(), "peak_mb": vm_hwm_mb(),
                    "samples_per_round": result["cohort"] * int(w["local_steps"])
                    * int(w["batch"])})
     with open(args.out, "w") as f:
