@@ -1,9 +1,8 @@
-"""The engine's exact fast paths leave every result bit for bit as it was: pooling before
-the activation in sequential forward passes (SL's client, the single server model of SL
-and SFL-V2), evaluation's 2x2 max-pool as four strided views, and the virtual clock's
-scalar paths for one client. Each run is compared with the same run through the plain
-paths (``module(x)``, the clock's array arithmetic): models, losses, accuracies, bytes
-and simulated times all equal."""
+"""The engine's exact fast paths leave every result bit for bit as it was: evaluation's
+2x2 max-pool as four strided views (after the activation moved behind it), and the
+virtual clock's scalar paths for one client (SL's steps). Each run is compared with the
+same run through the plain paths (``model(x)``, the clock's array arithmetic): models,
+losses, accuracies, bytes and simulated times all equal."""
 
 import numpy as np
 import pytest

@@ -1,24 +1,39 @@
-"""The exact Sequential rewrites of the engine's forward passes: pooling before a monotone
-activation gives the values and the gradients of ``module(x)`` bit for bit, also where a
-window holds ties (Fashion-MNIST's background is exactly 0)."""
+"""The exact Sequential rewrites of evaluation's forward pass: a 2x2 max-pool as four
+strided views, with the activation before it moved after it (it then sees the pooled
+tensor), and nothing rewritten without ``max2x2`` (training paths keep ``max_pool2d``)."""
 
 import torch
-import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 
 from splitfed.models import build_model, sequential
 
 
-def test_pool_first_gradients_are_bit_identical_with_ties():
-    torch.manual_seed(0)
-    model = build_model("lenet5", (1, 28, 28), 10)
-    params = list(model.parameters())
-    x = torch.randn(16, 1, 28, 28)
-    x[:, :, :12] = 0.0                       # constant rows: tied windows after conv1
-    x[:4] = 0.0                              # whole images of ties
-    y = torch.randint(0, 10, (16,))
-    ref = torch.autograd.grad(F.cross_entropy(model(x), y), params)
-    out = torch.autograd.grad(F.cross_entropy(sequential.forward(model, x), y), params)
-    assert all(torch.equal(a, b) for a, b in zip(ref, out))
+class ReluShapes(TorchFunctionMode):
+    def __init__(self):
+        super().__init__()
+        self.shapes = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is torch.nn.functional.relu:
+            self.shapes.append(tuple(args[0].shape[1:]))
+        return func(*args, **(kwargs or {}))
+
+
+def _relu_shapes(model, x, **kw):
+    with torch.no_grad(), ReluShapes() as mode:
+        out = sequential.forward(model, x, **kw)
+    return out, mode.shapes
+
+
+def test_activation_runs_on_the_pooled_tensor_only_with_max2x2():
+    model = build_model("lenet5", (1, 28, 28), 10).eval()
+    x = torch.randn(4, 1, 28, 28)
+    plain, plain_shapes = _relu_shapes(model, x)
+    fast, fast_shapes = _relu_shapes(model, x, max2x2=True)
+    assert torch.equal(plain, fast)
+    assert plain_shapes[:2] == [(6, 28, 28), (16, 10, 10)]      # conv outputs
+    assert fast_shapes[:2] == [(6, 14, 14), (16, 5, 5)]         # pooled first
+    assert plain_shapes[2:] == fast_shapes[2:]                  # the fc activations
 
 
 def test_max2x2_only_changes_the_path_not_the_values():
