@@ -36,6 +36,7 @@ time, while the server keeps the updates it made with the late client. Transform
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -77,9 +78,8 @@ class SL(Algorithm):
         rnd = Round(self, env, state, t, cohort)
         if rnd.empty:
             return rnd.finish()
-        tr, parts, start = env.config.train, SplitModel.of(env), state["model"]
-        client = parts.client_module(parts.client_state(start))
-        server = parts.server_module(parts.server_state(start))
+        tr, start = env.config.train, state["model"]
+        parts, client, server = self._modules(env, start)
         client_params = list(client.parameters())
         # the client module's own tensors (parameters and buffers), in state_dict order:
         # hand-overs are copied into them in place instead of through load_state_dict
@@ -128,6 +128,27 @@ class SL(Algorithm):
         saved = server_opt.state_dict() if keep == "persistent" else None
         result = rnd.finish(state={"server_opt": saved}, samples=samples)
         return replace(result, train_loss=float(np.mean(losses)) if losses else None)
+
+
+    def _modules(self, env, start):
+        """The split parts and the trainable client and server modules holding
+        ``start``: made (deep copies of the templates) on the first round of ``env``,
+        then reused, with ``start`` copied into them in place: no round keeps a
+        reference to their tensors (the round's result is new tensors, its hand-overs
+        clones)."""
+        cached = getattr(self, "_module_cache", None)
+        if cached is not None and cached[0]() is env:
+            _, parts, client, server = cached
+            _copy_into(dict(client.state_dict(keep_vars=True)), parts.client_state(start))
+            _copy_into(dict(server.state_dict(keep_vars=True)), parts.server_state(start))
+            client.train()
+            server.train()
+            return parts, client, server
+        parts = SplitModel.of(env)
+        client = parts.client_module(parts.client_state(start))
+        server = parts.server_module(parts.server_state(start))
+        self._module_cache = (weakref.ref(env), parts, client, server)
+        return parts, client, server
 
 
 @torch.no_grad()
