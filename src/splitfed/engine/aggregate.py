@@ -56,7 +56,7 @@ class DeltaAccumulator:
         for k, ref in self.reference.items():
             x = stacked[k]
             if ref.is_floating_point():
-                delta = torch.sub(x, self._ref64[k])     # x promoted to float64 per element
+                delta = x.to(torch.float64) - self._ref64[k]
                 self._sum[k] += torch.tensordot(w.to(delta.device), delta, dims=1)
             else:
                 self._sum[k] = torch.maximum(self._sum[k], x.max(dim=0).values)
