@@ -36,7 +36,7 @@ def images(monkeypatch):
 
 
 def _plain_paths(monkeypatch):
-    monkeypatch.setattr(sequential, "forward", lambda module, x, **kw: module(x))
+    monkeypatch.setattr(sequential, "forward_eval", lambda module, x: module(x))
     V = clock_mod.VirtualClock
     monkeypatch.setattr(V, "_transfer_one", lambda self, kind, direction, c, n:
                         V._transfer_many(self, kind, direction, np.array([c]), n))

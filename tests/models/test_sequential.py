@@ -1,6 +1,6 @@
 """The exact Sequential rewrites of evaluation's forward pass: a 2x2 max-pool as four
 strided views, with the activation before it moved after it (it then sees the pooled
-tensor), and nothing rewritten without ``max2x2`` (training paths keep ``max_pool2d``)."""
+tensor); the plain forward, which training uses, keeps ``max_pool2d``)."""
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -19,17 +19,17 @@ class ReluShapes(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-def _relu_shapes(model, x, **kw):
+def _relu_shapes(forward, x):
     with torch.no_grad(), ReluShapes() as mode:
-        out = sequential.forward(model, x, **kw)
+        out = forward(x)
     return out, mode.shapes
 
 
-def test_activation_runs_on_the_pooled_tensor_only_with_max2x2():
+def test_activation_runs_on_the_pooled_tensor_only_in_evaluation():
     model = build_model("lenet5", (1, 28, 28), 10).eval()
     x = torch.randn(4, 1, 28, 28)
     plain, plain_shapes = _relu_shapes(model, x)
-    fast, fast_shapes = _relu_shapes(model, x, max2x2=True)
+    fast, fast_shapes = _relu_shapes(lambda z: sequential.forward_eval(model, z), x)
     assert torch.equal(plain, fast)
     assert plain_shapes[:2] == [(6, 28, 28), (16, 10, 10)]      # conv outputs
     assert fast_shapes[:2] == [(6, 14, 14), (16, 5, 5)]         # pooled first
@@ -41,5 +41,4 @@ def test_max2x2_only_changes_the_path_not_the_values():
     x = torch.randn(8, 1, 28, 28)
     with torch.no_grad():
         ref = model(x)
-        assert torch.equal(sequential.forward(model, x), ref)
-        assert torch.equal(sequential.forward(model, x, max2x2=True), ref)
+        assert torch.equal(sequential.forward_eval(model, x), ref)

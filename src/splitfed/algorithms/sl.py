@@ -129,7 +129,6 @@ class SL(Algorithm):
         result = rnd.finish(state={"server_opt": saved}, samples=samples)
         return replace(result, train_loss=float(np.mean(losses)) if losses else None)
 
-
     def _modules(self, env, start):
         """The split parts and the trainable client and server modules holding
         ``start``: made (deep copies of the templates) on the first round of ``env``,

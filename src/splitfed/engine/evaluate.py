@@ -16,10 +16,8 @@ from torch import nn
 
 from splitfed.models import sequential
 
-
-def forward_eval(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """The logits of ``model`` (already in eval mode) for ``x``, bit for bit ``model(x)``."""
-    return sequential.forward(model, x, max2x2=True)
+#: the logits of a model (already in eval mode), bit for bit ``model(x)``
+forward_eval = sequential.forward_eval
 
 
 @torch.no_grad()
@@ -36,7 +34,7 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
     correct = 0
     try:
         for i in range(0, n, batch_size):
-            out = forward_eval(model, x[i:i + batch_size])
+            out = sequential.forward_eval(model, x[i:i + batch_size])
             yb = y[i:i + batch_size]
             losses[i:i + len(yb)] = F.cross_entropy(out, yb, reduction="none")
             correct += int((out.argmax(1) == yb).sum())

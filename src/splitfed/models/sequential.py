@@ -1,6 +1,6 @@
-"""Exact rewrites of a plain ``nn.Sequential``'s forward pass, for the engine's own calls.
+"""Exact rewrites of a plain ``nn.Sequential``'s forward pass, for evaluation.
 
-- **2x2 max-pool as four strided views** (``max2x2=True``, inference only): a 2x2
+- **2x2 max-pool as four strided views** (inference only): a 2x2
   max-pool of stride 2 (no padding, dilation 1, floor mode) is the elementwise maximum of
   the four strided views of its input: the same maximum of the same four numbers, NaN
   propagating as in ``max_pool2d``, several times faster than ``max_pool2d`` on NCHW
@@ -64,13 +64,8 @@ def _is_plain_sequential(m: nn.Module) -> bool:
     return isinstance(m, nn.Sequential) and type(m).forward is nn.Sequential.forward
 
 
-def _swappable(a: nn.Module, b: nn.Module) -> bool:
-    return (commutes_with_max(a) and not _hooked(a) and type(b) is nn.MaxPool2d
-            and not _hooked(b) and not b.return_indices)
-
-
-def _run(m: nn.Module, x: torch.Tensor, max_views: bool) -> torch.Tensor:
-    if max_views and _is_max2x2(m):
+def _run(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    if _is_max2x2(m):
         return max2x2(x)
     if not _is_plain_sequential(m) or _hooked(m):
         return m(x)
@@ -78,20 +73,20 @@ def _run(m: nn.Module, x: torch.Tensor, max_views: bool) -> torch.Tensor:
     i = 0
     while i < len(children):
         c = children[i]
-        if (max_views and i + 1 < len(children) and _swappable(c, children[i + 1])
+        if (i + 1 < len(children) and commutes_with_max(c) and not _hooked(c)
                 and _is_max2x2(children[i + 1])):
-            x = c(_run(children[i + 1], x, max_views))
+            x = c(max2x2(x))
             i += 2
             continue
-        x = _run(c, x, max_views)
+        x = _run(c, x)
         i += 1
     return x
 
 
-def forward(module: nn.Module, x: torch.Tensor, *, max2x2: bool = False) -> torch.Tensor:
-    """``module(x)``, bit for bit, with the rewrites of the module docstring (``max2x2``
-    only where no gradient is taken)."""
+def forward_eval(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``module(x)`` (in eval mode, no gradient taken), bit for bit, with the rewrites of
+    the module docstring."""
     if (torch.nn.modules.module._global_forward_hooks
             or torch.nn.modules.module._global_forward_pre_hooks):
         return module(x)
-    return _run(module, x, max2x2)
+    return _run(module, x)
