@@ -89,17 +89,29 @@ def rss_peak_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
 
 
-def matmul_peak_gflops(n: int = 2048, repeats: int = 5) -> float:
-    """The machine's fp32 matmul rate at the current thread count: the best of
-    ``repeats`` ``n x n @ n x n`` products after a warm-up, in GFLOP/s (2 n^3 FLOP each).
-    What a dense, cache-friendly kernel reaches: the peak the rows are a fraction of."""
+def sync(device: str = "cpu") -> None:
+    """Wait for the device's queued work (a GPU runs asynchronously); nothing on the CPU."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def matmul_peak_gflops(n: int = 2048, repeats: int = 5, device: str = "cpu") -> float:
+    """The machine's fp32 matmul rate at the current thread count (or the GPU's, TF32
+    off, at n >= 8192): the best of ``repeats`` ``n x n @ n x n`` products after a
+    warm-up, in GFLOP/s
+    (2 n^3 FLOP each). What a dense, cache-friendly kernel reaches: the peak the rows are a
+    fraction of."""
+    if torch.device(device).type == "cuda":
+        n = max(n, 8192)                 # a GPU needs a larger product to reach its peak
     g = torch.Generator().manual_seed(0)
-    a, b = torch.randn(n, n, generator=g), torch.randn(n, n, generator=g)
+    a, b = (torch.randn(n, n, generator=g).to(device) for _ in range(2))
     a @ b
+    sync(device)
     best = float("inf")
     for _ in range(repeats):
         t0 = time.perf_counter()
         a @ b
+        sync(device)
         best = min(best, time.perf_counter() - t0)
     return 2.0 * n ** 3 / best / 1e9
 
@@ -122,7 +134,7 @@ def flops_per_sample(w: Workload, name: str) -> float:
 
         client, server = split(model, model.default_cut)
         tau = MUSplitFedOptions().tau    # the variant runs the algorithm's defaults
-        cut_shape = tuple(client(torch.zeros(1, *shape)).shape[1:])
+        cut_shape = tuple(client(torch.zeros(1, *shape, device=w.device)).shape[1:])
         return 2.0 * (3 * forward_macs(client, shape)
                       + (2 * tau + 2) * forward_macs(server, cut_shape))
     return 2.0 * TRAIN_FACTOR * forward_macs(model, shape)
@@ -139,6 +151,7 @@ def time_variants(w: Workload, names: list[str], repeats: int, log) -> dict[str,
         t0 = time.perf_counter()
         v.setup()
         v.round()
+        sync(w.device)
         log(f"  {name}: set up and warmed up in {time.perf_counter() - t0:.1f} s")
         variants[name] = v
     times = {name: [] for name in names}
@@ -148,6 +161,7 @@ def time_variants(w: Workload, names: list[str], repeats: int, log) -> dict[str,
             gc.collect()
             t0 = time.perf_counter()
             variants[name].round()
+            sync(w.device)
             times[name].append(time.perf_counter() - t0)
         log(f"  repeat {r + 1}/{repeats}: "
             + ", ".join(f"{n} {times[n][-1]:.2f}s" for n in names))
@@ -178,8 +192,8 @@ def time_eval(w: Workload, repeats: int, log, samples: int = EVAL_SAMPLES) -> di
 
     g = torch.Generator().manual_seed(w.seed + 2)
     shape = tuple(w.bundle().input_shape)
-    x = torch.randn(samples, *shape, generator=g)
-    y = torch.randint(0, 10, (samples,), generator=g)
+    x = torch.randn(samples, *shape, generator=g).to(w.device)
+    y = torch.randint(0, 10, (samples,), generator=g).to(w.device)
     model = w.model().eval()
 
     @torch.no_grad()
@@ -191,10 +205,12 @@ def time_eval(w: Workload, repeats: int, log, samples: int = EVAL_SAMPLES) -> di
     times = {n: [] for n in runs}
     for f in runs.values():
         f()
+    sync(w.device)
     for r in range(repeats):
         for name in list(runs)[r % 2:] + list(runs)[:r % 2]:
             t0 = time.perf_counter()
             runs[name]()
+            sync(w.device)
             times[name].append(time.perf_counter() - t0)
     log("  evaluation: " + ", ".join(f"{n} {statistics.median(t):.2f}s" for n, t in times.items()))
     out = {}
@@ -424,10 +440,11 @@ def run_block(w: Workload, args, flower: tuple[str | None, str], log) -> dict:
     if args.memory:
         for name in names:
             results[name].update(measure_memory(w, name))
-    external = w.model_name == "lenet5" and w.population == w.clients
+    external = (w.model_name == "lenet5" and w.population == w.clients
+                and w.device == "cpu")
     if FLOWER in args.variants and not external:
-        results[FLOWER] = {"label": LABELS[FLOWER], "skipped": "LeNet-5 with every user "
-                           "training each round only (its client app's workload)"}
+        results[FLOWER] = {"label": LABELS[FLOWER], "skipped": "LeNet-5 on the CPU with every "
+                           "user training each round only (its client app's workload)"}
     elif FLOWER in args.variants:
         python, why = flower
         if python is None:
@@ -441,8 +458,8 @@ def run_block(w: Workload, args, flower: tuple[str | None, str], log) -> dict:
         else:
             results[FLOWER] = run_flower(w, python, args.repeats, args.flower_cpus, log)
     if PFL in args.variants:
-        if w.model_name != "lenet5":
-            results[PFL] = {"label": PFL_LABEL, "skipped": "LeNet-5 only"}
+        if w.model_name != "lenet5" or w.device != "cpu":
+            results[PFL] = {"label": PFL_LABEL, "skipped": "LeNet-5 on the CPU only"}
         else:
             results[PFL] = run_pfl(w, args.pfl_python or sys.executable, args.repeats, log)
     if args.eval:
@@ -499,6 +516,10 @@ def parse_args(argv=None):
                     help="also time a paper-scale FedAvg run (1000 clients, 10 per round, "
                          "batch 10) of ROUNDS rounds evaluating every round against only "
                          "the last (benchmarks/paper_run.py)")
+    ap.add_argument("--device", default="cpu",
+                    help="cpu, or cuda / cuda:N: the samples, models and splitfed's engine on "
+                         "that GPU (TF32 off: fp32 arithmetic as on the CPU; implies "
+                         "--no-memory, no Flower or pfl rows)")
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     ap.add_argument("--quiet", action="store_true")
     ap.add_argument("--memory-probe", default=None, help=argparse.SUPPRESS)
@@ -511,6 +532,16 @@ def parse_args(argv=None):
         args.variants.remove(FLOWER)
     if args.no_pfl and PFL in args.variants:
         args.variants.remove(PFL)
+    if args.device != "cpu":
+        try:
+            dev = torch.device(args.device)
+        except RuntimeError as e:
+            ap.error(f"--device: {e}")
+        if dev.type != "cuda" or not torch.cuda.is_available():
+            ap.error(f"--device {args.device!r}: allowed: cpu, or cuda / cuda:N on a machine "
+                     "with a CUDA GPU")
+        args.memory = False
+        torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
     if args.population is not None and args.population < args.clients:
         ap.error(f"--population {args.population} is below --clients {args.clients}")
     return args
@@ -523,7 +554,7 @@ def main(argv=None) -> dict | None:
     def make(c, k):
         return Workload(c, k, args.batch, args.lr, args.seed, args.real,
                         population=max(args.population or c, c), model_name=args.model,
-                        width=args.width)
+                        width=args.width, device=args.device)
 
     if args.memory_probe:
         print(json.dumps(memory_probe(make(args.clients, args.local_steps), args.memory_probe)))
@@ -534,7 +565,11 @@ def main(argv=None) -> dict | None:
               "repeats": args.repeats}
     log(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {cpu_model()}, "
         f"load average {report['load_start']}")
-    args.peak = round(matmul_peak_gflops(), 1) if args.measure_peak else None
+    if args.device != "cpu":
+        log(f"device {args.device}: {torch.cuda.get_device_name(args.device)}, TF32 off")
+        report["device"] = torch.cuda.get_device_name(args.device)
+    args.peak = (round(matmul_peak_gflops(device=args.device), 1) if args.measure_peak
+                 else None)
     report["peak_gflops"] = args.peak
     if args.peak:
         log(f"fp32 matmul peak ({torch.get_num_threads()} threads): {args.peak} GFLOP/s")
@@ -554,7 +589,7 @@ def main(argv=None) -> dict | None:
     if args.paper_run:
         from benchmarks.paper_run import paper_run
 
-        report["paper_run"] = paper_run(args.paper_run, log=log)
+        report["paper_run"] = paper_run(args.paper_run, log=log, device=args.device)
     report["load_end"] = load_average()
     print()
     for b in blocks:

@@ -154,7 +154,7 @@ class Splitfed(Variant):
                 *participation, f"train.batch_size={w.batch}",
                 f"train.local_steps={w.local_steps}", "train.local_epochs=null",
                 f"train.lr={w.lr}", f"seed={w.seed}", "progress=false",
-                f"model.name={w.model_name}",
+                f"model.name={w.model_name}", f"engine.device={w.device}",
                 *(f"model.{k}={v}" for k, v in w.model_options.items())]
 
     def setup(self):

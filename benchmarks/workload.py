@@ -6,6 +6,9 @@ Fashion-MNIST with ``real=True``), so one round of any variant trains on exactly
 ``C * K * batch`` samples. ``parts`` split them evenly among the clients (K * batch each)
 for the hand-written variants; splitfed partitions them with its own ``iid`` scheme.
 
+``device="cuda"`` keeps the samples and the models on the GPU (splitfed variants run with
+``engine.device`` set to it).
+
 ``population=P`` (default: C) makes the data ``P * K * batch`` samples, split evenly among
 P users, of which a round trains a cohort of C: ``samples_per_round`` stays
 ``C * K * batch`` and ``parts`` has P entries.
@@ -48,6 +51,7 @@ class Workload:
     population: int | None = None
     model_name: str = "lenet5"
     width: float | None = None
+    device: str = "cpu"
     x: torch.Tensor = field(init=False, repr=False)
     y: torch.Tensor = field(init=False, repr=False)
     parts: list[np.ndarray] = field(init=False, repr=False)
@@ -72,6 +76,7 @@ class Workload:
             g = torch.Generator().manual_seed(self.seed)
             self.x = torch.randn(n, *self.input_shape, generator=g)
             self.y = torch.randint(0, NUM_CLASSES, (n,), generator=g)
+        self.x, self.y = self.x.to(self.device), self.y.to(self.device)
         perm = np.random.default_rng(self.seed).permutation(n)
         self.parts = [np.sort(p) for p in np.array_split(perm, self.population)]
 
@@ -96,14 +101,15 @@ class Workload:
                 "clients": self.clients, "population": self.population,
                 "local_steps": self.local_steps,
                 "batch": self.batch, "lr": self.lr, "optimizer": "plain SGD",
-                "seed": self.seed, "samples_per_round": self.samples_per_round}
+                "seed": self.seed, "samples_per_round": self.samples_per_round,
+                "device": self.device}
 
     def model(self) -> torch.nn.Module:
         """A freshly initialised model (the same initial weights for every variant)."""
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.seed)
             return build_model(self.model_name, self.input_shape, NUM_CLASSES,
-                               **self.model_options)
+                               **self.model_options).to(self.device)
 
     def bundle(self) -> DataBundle:
         g = torch.Generator().manual_seed(self.seed + 1)
@@ -116,7 +122,7 @@ class Workload:
         """Write the samples and parts for a variant that runs in another interpreter
         (``parts``: one index tensor per user of the population; ``clients``: the cohort
         trained per round)."""
-        torch.save({"x": self.x, "y": self.y,
+        torch.save({"x": self.x.cpu(), "y": self.y.cpu(),
                     "parts": [torch.from_numpy(p) for p in self.parts],
                     "population": self.population, "clients": self.clients,
                     "local_steps": self.local_steps, "batch": self.batch, "lr": self.lr,

@@ -117,9 +117,12 @@ def empty_stats(num_classes: int, dim: int, covariance: str = "diagonal") -> dic
 @torch.no_grad()
 def update_stats(stats: dict, h: torch.Tensor, y: torch.Tensor, weight: float) -> None:
     """Fold activations ``h`` [N, ...] with labels ``y`` [N], each of weight ``weight``,
-    into ``stats`` (exact pooled weighted mean and population (co)variance per class)."""
+    into ``stats`` (exact pooled weighted mean and population (co)variance per class).
+    The statistics stay on the CPU whatever the device of ``h`` (they are small, and the
+    activations generated from them then come from the same random stream on every
+    device)."""
     full = stats["var"].dim() == 3
-    flat = h.flatten(1).to(torch.float64)
+    flat, y = h.flatten(1).to("cpu", torch.float64), y.cpu()
     for k in torch.unique(y).tolist():
         f = flat[y == k]
         m = f.mean(0)

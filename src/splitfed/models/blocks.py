@@ -105,7 +105,9 @@ def output_shape(module: nn.Module, input_shape: tuple[int, ...], n: int = 2) ->
         with torch.no_grad():
             p = next(module.parameters(), None)
             dtype = p.dtype if p is not None else torch.get_default_dtype()
-            return tuple(module(torch.zeros(n, *input_shape, dtype=dtype)).shape[1:])
+            device = p.device if p is not None else None     # the module's (a GPU's)
+            return tuple(module(torch.zeros(n, *input_shape, dtype=dtype,
+                                            device=device)).shape[1:])
     finally:
         for m, mode in modes:
             m.training = mode

@@ -16,8 +16,9 @@
   batched cohort forward, :mod:`splitfed.models.cohort`, pools first in channels_last,
   where the pooling kernel is vectorised.)
 
-Everything else runs as the module itself (modules with hooks too), so results are bit for
-bit those of ``module(x)`` (tests/models/test_sequential.py).
+Everything else runs as the module itself (modules with hooks too, and every module on
+another device than the CPU, where the pooling kernels need no help), so results are bit
+for bit those of ``module(x)`` (tests/models/test_sequential.py).
 """
 
 from __future__ import annotations
@@ -85,8 +86,9 @@ def _run(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 def forward_eval(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """``module(x)`` (in eval mode, no gradient taken), bit for bit, with the rewrites of
-    the module docstring."""
-    if (torch.nn.modules.module._global_forward_hooks
+    the module docstring, on a CPU (a GPU's pooling kernel needs no help: there the
+    rewrites only add kernel launches)."""
+    if (x.device.type != "cpu" or torch.nn.modules.module._global_forward_hooks
             or torch.nn.modules.module._global_forward_pre_hooks):
         return module(x)
     return _run(module, x)
