@@ -179,12 +179,13 @@ def summarize(w: Workload, times: list[float], label: str) -> dict:
 
 EVAL_SAMPLES = 10_000
 EVAL_LABELS = {
-    "eval_splitfed": "evaluation as splitfed runs it (splitfed.engine.evaluate, batch 256)",
+    "eval_splitfed": "evaluation as splitfed runs it (splitfed.engine.evaluate, batch {b})",
     "eval_plain_b1000": "evaluation as a plain loop: model(x) under no_grad, batch 1000",
 }
 
 
-def time_eval(w: Workload, repeats: int, log, samples: int = EVAL_SAMPLES) -> dict[str, dict]:
+def time_eval(w: Workload, repeats: int, log, samples: int = EVAL_SAMPLES,
+              batch: int = 256) -> dict[str, dict]:
     """Forward-only throughput of the workload's model on ``samples`` test-shaped inputs:
     splitfed's evaluation against the plain loop it replaces, interleaved like the
     training rows (a warm-up each, then ``repeats`` round-robin passes)."""
@@ -201,7 +202,7 @@ def time_eval(w: Workload, repeats: int, log, samples: int = EVAL_SAMPLES) -> di
         for i in range(0, samples, 1000):
             model(x[i:i + 1000]).argmax(1)
 
-    runs = {"eval_splitfed": lambda: evaluate(model, x, y), "eval_plain_b1000": plain}
+    runs = {"eval_splitfed": lambda: evaluate(model, x, y, batch), "eval_plain_b1000": plain}
     times = {n: [] for n in runs}
     for f in runs.values():
         f()
@@ -216,7 +217,8 @@ def time_eval(w: Workload, repeats: int, log, samples: int = EVAL_SAMPLES) -> di
     out = {}
     for name, ts in times.items():
         med = statistics.median(ts)
-        out[name] = {"label": EVAL_LABELS[name], "round_s": [round(t, 4) for t in ts],
+        out[name] = {"label": EVAL_LABELS[name].format(b=batch),
+                     "round_s": [round(t, 4) for t in ts],
                      "median_round_s": round(med, 4), "samples": samples,
                      "samples_per_s": round(samples / med, 1)}
     return out
@@ -463,7 +465,7 @@ def run_block(w: Workload, args, flower: tuple[str | None, str], log) -> dict:
         else:
             results[PFL] = run_pfl(w, args.pfl_python or sys.executable, args.repeats, log)
     if args.eval:
-        results.update(time_eval(w, args.repeats, log))
+        results.update(time_eval(w, args.repeats, log, batch=args.eval_batch_size))
     block.update(add_ratios(results, w, args.peak))
     block["peak_gflops"] = args.peak
     block["results"] = results
@@ -516,6 +518,9 @@ def parse_args(argv=None):
                     help="also time a paper-scale FedAvg run (1000 clients, 10 per round, "
                          "batch 10) of ROUNDS rounds evaluating every round against only "
                          "the last (benchmarks/paper_run.py)")
+    ap.add_argument("--eval-batch-size", type=int, default=256,
+                    help="engine.eval_batch_size of the evaluation row and the paper-scale "
+                         "run (default 256, the config's default)")
     ap.add_argument("--device", default="cpu",
                     help="cpu, or cuda / cuda:N: the samples, models and splitfed's engine on "
                          "that GPU (TF32 off: fp32 arithmetic as on the CPU; implies "
@@ -589,7 +594,8 @@ def main(argv=None) -> dict | None:
     if args.paper_run:
         from benchmarks.paper_run import paper_run
 
-        report["paper_run"] = paper_run(args.paper_run, log=log, device=args.device)
+        report["paper_run"] = paper_run(args.paper_run, log=log, device=args.device,
+                                        eval_batch_size=args.eval_batch_size)
     report["load_end"] = load_average()
     print()
     for b in blocks:

@@ -53,22 +53,23 @@ def _register(seed: int) -> None:
 
 
 def overrides(rounds: int, every_round: bool, algorithm: str, seed: int,
-              device: str = "cpu") -> list[str]:
+              device: str = "cpu", eval_batch_size: int = 256) -> list[str]:
     return [f"algorithm.name={algorithm}", f"data.name={DATASET_NAME}", "model.name=lenet5",
             "partition.scheme=iid", "partition.num_clients=1000",
             "participation.mode=uniform", "participation.clients_per_round=10",
             "train.batch_size=10", "train.local_epochs=1", "train.lr=0.01",
             "train.momentum=0.9", "train.weight_decay=0.0001", f"rounds={rounds}",
             f"eval_every={1 if every_round else rounds}", f"seed={seed}", "progress=false",
-            f"engine.device={device}"]
+            f"engine.device={device}", f"engine.eval_batch_size={eval_batch_size}"]
 
 
 def one_run(rounds: int, every_round: bool, algorithm: str = "fedavg", seed: int = 0,
-            device: str = "cpu") -> dict:
+            device: str = "cpu", eval_batch_size: int = 256) -> dict:
     """Build and run; wall time of the rounds (building excluded) and evaluations made
     (the loop's last record, a metric, waits for a GPU's queued work)."""
     _register(seed)
-    cfg = build_config({}, overrides(rounds, every_round, algorithm, seed, device))
+    cfg = build_config({}, overrides(rounds, every_round, algorithm, seed, device,
+                                     eval_batch_size))
     env, algo = build_environment(cfg), build_algorithm(cfg)
     from splitfed.engine.loop import run_rounds
 
@@ -83,14 +84,15 @@ def one_run(rounds: int, every_round: bool, algorithm: str = "fedavg", seed: int
 
 
 def paper_run(rounds: int = 200, algorithm: str = "fedavg", repeats: int = 1,
-              log=print, device: str = "cpu") -> dict:
+              log=print, device: str = "cpu", eval_batch_size: int = 256) -> dict:
     """Both runs, alternating, ``repeats`` times each; medians and their ratio."""
     walls = {"eval_every_round": [], "eval_last_only": []}
     runs = {}
     for r in range(repeats):
         for every in ((True, False) if r % 2 == 0 else (False, True)):
             key = "eval_every_round" if every else "eval_last_only"
-            res = one_run(rounds, every, algorithm, device=device)
+            res = one_run(rounds, every, algorithm, device=device,
+                          eval_batch_size=eval_batch_size)
             walls[key].append(res["wall_s"])
             runs[key] = res
             log(f"  paper run ({algorithm}, {rounds} rounds), {key}: {res['wall_s']:.1f} s, "
@@ -102,7 +104,7 @@ def paper_run(rounds: int = 200, algorithm: str = "fedavg", repeats: int = 1,
     per_eval = (med["eval_every_round"] - med["eval_last_only"]) / max(1, rounds)
     return {"algorithm": algorithm, "rounds": rounds, "clients": 1000, "per_round": 10,
             "batch": 10, "local_steps": 6, "test_samples": TEST, "device": device,
-            "wall_s": walls,
+            "eval_batch_size": eval_batch_size, "wall_s": walls,
             "median_wall_s": med, "runs": runs,
             "ratio": round(med["eval_every_round"] / med["eval_last_only"], 3),
             "eval_s_per_round": round(per_eval, 4),
@@ -117,11 +119,13 @@ def main(argv=None) -> dict:
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    ap.add_argument("--eval-batch-size", type=int, default=256)
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    res = paper_run(args.rounds, args.algorithm, args.repeats, device=args.device)
+    res = paper_run(args.rounds, args.algorithm, args.repeats, device=args.device,
+                    eval_batch_size=args.eval_batch_size)
     print(f"{args.algorithm}, {args.rounds} rounds of 10 of 1000 clients (batch 10, 6 steps): "
           f"evaluating every round {res['median_wall_s']['eval_every_round']:.1f} s, "
           f"only the last {res['median_wall_s']['eval_last_only']:.1f} s, "

@@ -121,10 +121,11 @@ class EngineConfig:
     chunk_size: int | None = field(default=None, metadata={
         "ge": 1, "le": MAX_CLIENTS,
         "help": "clients per batched call (null: about 320 samples per call)"})
-    eval_batch_size: int = field(default=256, metadata={
+    eval_batch_size: int | None = field(default=None, metadata={
         "ge": 1, "le": MAX_BATCH_SIZE,
-        "help": "test samples per evaluation call (a value above the test set's size "
-                "evaluates it in one call)"})
+        "help": "test samples per evaluation call (null: 256 on a CPU, 2048 on a GPU; a "
+                "value above the test set's size evaluates it in one call; the metrics do "
+                "not depend on it)"})
 
 
 @dataclass
