@@ -184,11 +184,16 @@ def _cmd_study(args) -> int:
     from splitfed.configtools import load_yaml
 
     load_yaml(args.study)                      # a malformed file: answered before torch loads
+    if args.set:
+        from splitfed.configtools import parse_overrides
+
+        parse_overrides(args.set)              # a malformed KEY=VALUE too
     from splitfed.study import run_study
 
     result = run_study(args.study, out_dir=args.out_dir, progress=args.progress,
                        plugins=args.plugin, keep_stale=args.keep_stale,
-                       publish_to=args.publish, **_parallel_settings(args))
+                       publish_to=args.publish, overrides=args.set,
+                       **_parallel_settings(args))
     return 0 if result.completed else 3
 
 
@@ -351,6 +356,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "runs/studies)")
     s.add_argument("--progress", action="store_true",
                    help="show each run's progress bar (--jobs 1; else a line per run)")
+    s.add_argument("--set", action="append", default=None, metavar="KEY=VALUE",
+                   help="a config override for every run, after the file's overrides "
+                        "(repeat for several), e.g. --set engine.device=cuda; recorded "
+                        "in the results' study.yaml and command")
     _add_reuse_arguments(s)
     _add_parallel_arguments(s)
     add_plugin_argument(s)

@@ -604,3 +604,36 @@ def test_eval_batch_size_does_not_change_the_identity_other_engine_keys_do():
     other_chunk = build_config({"data": {"name": "digits"}, "engine": {"chunk_size": 3}})
     assert config_identity(other_eval) == config_identity(base)
     assert config_identity(other_chunk) != config_identity(base)
+
+
+# ------------------------------------------------------------------- --set
+
+
+def test_set_overrides_every_run_and_is_recorded(tmp_path):
+    path = _write_study(tmp_path / "spec", dict(STUDY, runs=STUDY["runs"][:1],
+                                                grid={"partition.alpha": [0.5]}))
+    result = run_study(path, out_dir=tmp_path / "out", quiet=True,
+                       overrides=["rounds=1", "train.batch_size=8"])
+    run_dir = tmp_path / "out" / "tiny_study" / "runs"
+    configs = [yaml.safe_load(p.read_text()) for p in run_dir.glob("*/config.yaml")]
+    assert len(configs) == 1 and configs[0]["rounds"] == 1
+    assert configs[0]["train"]["batch_size"] == 8
+    kept = (result.dir / "study.yaml").read_text()
+    assert kept.startswith("# study.yaml with --set rounds=1 train.batch_size=8")
+    # the kept file reruns as it ran: the file's overrides, then the command line's
+    assert yaml.safe_load(kept)["overrides"] == ["rounds=2", "rounds=1", "train.batch_size=8"]
+    record = json.loads((result.dir / "results.json").read_text())
+    assert "--set rounds=1 --set train.batch_size=8" in json.dumps(record)
+
+
+def test_set_is_checked_before_anything_runs(tmp_path, monkeypatch, capsys):
+    _forbid_runs(monkeypatch)
+    path = _write_study(tmp_path / "spec")
+    out = tmp_path / "out"
+    assert main(["study", str(path), "--out-dir", str(out), "--set", "rounds"]) == 2
+    assert "override 'rounds' must look like key.sub=value" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="unknown key 'train.nosuch'"):
+        run_study(path, out_dir=out, quiet=True, overrides=["train.nosuch=1"])
+    with pytest.raises(ConfigError, match="only with a study file"):
+        run_study(dict(STUDY), out_dir=out, quiet=True, overrides=["rounds=1"])
+    assert not out.exists()

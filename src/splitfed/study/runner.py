@@ -33,7 +33,8 @@ def run_study(study: str | Path | Mapping | Study, *, out_dir: str | Path | None
               plugins: list[str] | None = None, keep_stale: bool = False,
               publish_to: str | Path | None = None, jobs: int | None = None,
               threads: int = 1, executor: str | None = None,
-              address: str | None = None) -> StudyResult:
+              address: str | None = None, overrides: list[str] | None = None
+              ) -> StudyResult:
     """Run every run of a study not already done, then write results.md/json and plots.
 
     ``study``: a study file path, a mapping in the same format, or a loaded :class:`Study`.
@@ -41,7 +42,9 @@ def run_study(study: str | Path | Mapping | Study, *, out_dir: str | Path | None
     shows each run's progress bar (runs in this process only, see below); ``quiet``
     prints nothing (by default a line per run and the table at the end); ``plugins``
     (the command line's ``--plugin``) are added to the study's ``plugins`` (not used
-    with a loaded :class:`Study`).
+    with a loaded :class:`Study`); ``overrides`` (the command line's ``--set``,
+    ``key=value``, a study file only) apply to every run after the file's own
+    ``overrides`` (:func:`~splitfed.study.spec.load_study`).
 
     ``jobs``: how many runs go at the same time (None: the usable cores), at most the
     runs left to do; with one, the runs go one after the other in this process, else in
@@ -71,6 +74,9 @@ def run_study(study: str | Path | Mapping | Study, *, out_dir: str | Path | None
     if keep_stale and publish_to is not None:
         raise ConfigError("publish: not with keep_stale; published results come from one "
                           "code version")
+    if overrides and not isinstance(study, (str, Path)):
+        raise ConfigError("overrides: only with a study file (a mapping or a loaded study "
+                          "carries its own 'overrides')")
     if isinstance(study, Study):
         command = "run_study(...)"
     elif isinstance(study, Mapping):
@@ -82,13 +88,15 @@ def run_study(study: str | Path | Mapping | Study, *, out_dir: str | Path | None
             command += " --out-dir " + shlex.quote(str(out_dir))
         for plugin in plugins or ():
             command += " --plugin " + shlex.quote(str(plugin))
+        for item in overrides or ():
+            command += " --set " + shlex.quote(str(item))
         if keep_stale:
             command += " --keep-stale"
         if publish_to is not None:
             command += " --publish " + shlex.quote(str(publish_to))
         command += "".join(" " + shlex.join(o) for o in
                            parallel_options(jobs, threads, executor, address))
-        study = load_study(study, out_dir=out_dir, plugins=plugins)
+        study = load_study(study, out_dir=out_dir, plugins=plugins, overrides=overrides)
     if publish_to is not None:
         check_publish(publish_to, study.name)
     check_scheduler(executor, address)

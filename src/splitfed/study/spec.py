@@ -112,16 +112,25 @@ class Study:
 
 
 def load_study(path: str | Path, *, out_dir: str | Path | None = None,
-               plugins: list[str] | None = None) -> Study:
+               plugins: list[str] | None = None, overrides: list[str] | None = None
+               ) -> Study:
     """Read and validate a study file; ``out_dir`` overrides the file's ``out_dir``;
     ``plugins`` are added to the file's ``plugins`` (imported, and recorded in every
-    run's config)."""
+    run's config); ``overrides`` (``key=value``, the command line's ``--set``) are added
+    after the file's ``overrides``, so they apply to every run under each run's own
+    ``set`` and grid values. With ``overrides`` the study text kept with the results is
+    the file with them added (as YAML: its comments are not kept), so that it reruns
+    as it ran."""
     path = Path(path)
     raw = load_yaml(path)
+    text = path.read_text(encoding="utf-8")
+    if overrides:
+        raw = _with_overrides(raw, overrides)
+        text = (f"# {path.name} with --set {' '.join(overrides)} (the file's comments are "
+                "not kept)\n" + yaml.safe_dump(_plain(raw), sort_keys=False))
     try:
         return _build_study(raw, base_dir=path.parent, default_name=path.stem,
-                            out_dir=out_dir, source=path,
-                            text=path.read_text(encoding="utf-8"), plugins=plugins)
+                            out_dir=out_dir, source=path, text=text, plugins=plugins)
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}") from None
 
@@ -132,6 +141,17 @@ def study_from_mapping(data: Mapping, *, out_dir: str | Path | None = None,
     text = yaml.safe_dump(_plain(data), sort_keys=False)
     return _build_study(data, base_dir=Path(base_dir), default_name=None, out_dir=out_dir,
                         source=None, text=text, plugins=plugins)
+
+
+def _with_overrides(raw: Any, overrides: list[str]) -> Any:
+    """``raw`` with ``overrides`` appended to its ``overrides`` list (a new mapping)."""
+    if not isinstance(raw, Mapping):
+        return raw                         # from_dict reports what a study file must be
+    parse_overrides(overrides)             # a malformed KEY=VALUE: its own error
+    given = raw.get("overrides") or []
+    if not isinstance(given, list):
+        return raw
+    return {**raw, "overrides": [*given, *overrides]}
 
 
 def _plain(data: Any) -> Any:
