@@ -31,8 +31,6 @@ import resource
 import statistics
 import subprocess
 import sys
-import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -40,12 +38,12 @@ import torch
 
 from benchmarks.pfl_fedavg import LABEL as PFL_LABEL
 from benchmarks.pfl_fedavg import NAME as PFL
+from benchmarks.peers import ROOT, peer_env, probe, run_script
 from benchmarks.pfl_fedavg import run_pfl
 from benchmarks.procstat import vm_hwm_mb
 from benchmarks.variants import VARIANTS
 from benchmarks.workload import FASHION_DIR, MODEL_SHAPES, Workload
 
-ROOT = Path(__file__).resolve().parent.parent
 LIMITS = ("central_big", "central_big_cl")
 FLOWER = "flower_fedavg"
 LABELS = {FLOWER: "FedAvg, Flower simulation engine (Ray)"}
@@ -247,16 +245,10 @@ def memory_probe(w: Workload, name: str) -> dict:
 
 def measure_memory(w: Workload, name: str) -> dict:
     cmd = [sys.executable, "-m", "benchmarks.bench", "--memory-probe", name, *workload_args(w)]
-    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=_env())
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=peer_env())
     if out.returncode != 0:
         return {"error": out.stderr.strip().splitlines()[-1:] or ["failed"]}
     return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-def _env() -> dict:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
-    return env
 
 
 # ---------------------------------------------------------------- Flower
@@ -264,78 +256,27 @@ def _env() -> dict:
 
 def flower_python(choice: str | None) -> tuple[str | None, str]:
     """The interpreter to run Flower with, or None and why not."""
-    python = choice or sys.executable
-    probe = subprocess.run([python, "-c", "import flwr, ray, torch; print(flwr.__version__)"],
-                           capture_output=True, text=True, env=_env())
-    if probe.returncode != 0:
-        last = (probe.stderr.strip().splitlines() or ["unknown error"])[-1]
-        return None, (f"flwr[simulation] is not importable by {python} ({last}); install it "
-                      f"with `pip install -e .[bench]` or pass --flower-python")
-    return python, f"flwr {probe.stdout.strip()} ({python})"
-
-
-class TreeRss:
-    """Peak of the summed RSS of a process and all its descendants, sampled."""
-
-    def __init__(self, pid: int, every: float = 0.25):
-        self.pid, self.every, self.peak_kb = pid, every, 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self):
-        while not self._stop.wait(self.every):
-            self.peak_kb = max(self.peak_kb, _tree_rss_kb(self.pid))
-
-    def stop(self) -> float:
-        self._stop.set()
-        self._thread.join()
-        return self.peak_kb / 1024.0
-
-
-def _tree_rss_kb(root: int) -> int:
-    children: dict[int, list[int]] = {}
-    rss: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            status = Path(f"/proc/{entry}/status").read_text()
-        except OSError:
-            continue
-        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-        pid = int(entry)
-        children.setdefault(int(fields.get("PPid", "0").strip()), []).append(pid)
-        rss[pid] = int(fields.get("VmRSS", "0 kB").split()[0])
-    total, todo = 0, [root]
-    while todo:
-        pid = todo.pop()
-        total += rss.get(pid, 0)
-        todo.extend(children.get(pid, []))
-    return total
+    python, said = probe(choice or sys.executable,
+                         "import flwr, ray, torch; print(flwr.__version__)",
+                         "install flwr[simulation] with `pip install -e .[bench]` or pass "
+                         "--flower-python")
+    if python is None:
+        return None, f"flwr[simulation] is {said}"
+    return python, f"flwr {said} ({python})"
 
 
 def run_flower(w: Workload, python: str, repeats: int, num_cpus: float, log) -> dict:
-    with tempfile.TemporaryDirectory(prefix="splitfed-bench-") as tmp:
-        data, out = Path(tmp) / "workload.pt", Path(tmp) / "flower.json"
-        w.save(data)
-        cmd = [python, "-m", "benchmarks.flower_fedavg", "--data", str(data), "--rounds",
-               str(repeats + 1), "--num-cpus", str(num_cpus), "--out", str(out)]
-        t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
-        mem = TreeRss(proc.pid)
-        output, _ = proc.communicate()
-        peak = mem.stop()
-        if proc.returncode != 0 or not out.exists():
-            tail = " | ".join(output.strip().splitlines()[-3:])
-            return {"label": LABELS[FLOWER], "error": f"exit {proc.returncode}: {tail}"}
-        res = json.loads(out.read_text())
+    done = run_script(w, python, "benchmarks.flower_fedavg",
+                      ["--rounds", str(repeats + 1), "--num-cpus", str(num_cpus)],
+                      tree_memory=True)
+    if "error" in done:
+        return {"label": LABELS[FLOWER], "error": done["error"]}
+    res = done["result"]
     rounds = [res["round_s"][k] for k in sorted(res["round_s"], key=int)]
-    log(f"  {FLOWER}: {len(rounds)} rounds in {time.perf_counter() - t0:.1f} s "
+    log(f"  {FLOWER}: {len(rounds)} rounds in {done['wall_s']:.1f} s "
         f"(warm-up {rounds[0]:.2f} s)")
     summary = summarize(w, rounds[1:], LABELS[FLOWER])
-    summary.update({"peak_mb": round(peak, 1), "flwr": res["flwr"],
+    summary.update({"peak_mb": round(done["peak_mb"], 1), "flwr": res["flwr"],
                     "num_cpus_per_client": res["num_cpus_per_client"],
                     "note": "run after the interleaved variants; peak_mb is the process tree"})
     return summary

@@ -37,20 +37,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
-import tempfile
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from benchmarks.flower_fedavg import lenet5
+from benchmarks.peers import probe, run_script
 from benchmarks.procstat import vm_hwm_mb
 
-ROOT = Path(__file__).resolve().parent.parent
 NAME = "pfl_fedavg"
 LABEL = "FedAvg, pfl-research simulator (pfl)"
 
@@ -190,23 +186,14 @@ def main(argv=None) -> None:
 # ---------------------------------------------------------------- the benchmark side
 
 
-def _env(threads: int) -> dict:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
-    env.setdefault("OMP_NUM_THREADS", str(threads))
-    return env
-
-
 def pfl_python(python: str, threads: int = 1) -> tuple[str | None, str]:
     """``python`` if it can import pfl and torch, else None; and a description."""
-    probe = subprocess.run(
-        [python, "-c", "import pfl.version, torch; print(pfl.version.__version__)"],
-        capture_output=True, text=True, env=_env(threads))
-    if probe.returncode != 0:
-        last = (probe.stderr.strip().splitlines() or ["unknown error"])[-1]
-        return None, (f"pfl is not importable by {python} ({last}); install it in its own "
-                      f"environment (torch first, then 'pfl[pytorch]')")
-    return python, f"pfl {probe.stdout.strip()} ({python})"
+    found, said = probe(python, "import pfl.version, torch; print(pfl.version.__version__)",
+                        "install it in its own environment (torch first, then "
+                        "'pfl[pytorch]')", threads)
+    if found is None:
+        return None, f"pfl is {said}"
+    return python, f"pfl {said} ({python})"
 
 
 def run_pfl(w, python: str, repeats: int, log, threads: int | None = None) -> dict:
@@ -220,20 +207,13 @@ def run_pfl(w, python: str, repeats: int, log, threads: int | None = None) -> di
     if ok is None:
         log(f"  {NAME}: skipped: {why}")
         return {"label": LABEL, "skipped": why}
-    with tempfile.TemporaryDirectory(prefix="splitfed-bench-") as tmp:
-        data, out = Path(tmp) / "workload.pt", Path(tmp) / "pfl.json"
-        w.save(data)
-        cmd = [python, "-m", "benchmarks.pfl_fedavg", "--data", str(data), "--rounds",
-               str(repeats + 1), "--threads", str(threads), "--out", str(out)]
-        t0 = time.perf_counter()
-        proc = subprocess.run(cmd, cwd=ROOT, env=_env(threads), capture_output=True,
-                              text=True)
-        if proc.returncode != 0 or not out.exists():
-            tail = " | ".join((proc.stdout + proc.stderr).strip().splitlines()[-3:])
-            return {"label": LABEL, "error": f"exit {proc.returncode}: {tail}"}
-        res = json.loads(out.read_text())
+    done = run_script(w, python, "benchmarks.pfl_fedavg",
+                      ["--rounds", str(repeats + 1), "--threads", str(threads)], threads)
+    if "error" in done:
+        return {"label": LABEL, "error": done["error"]}
+    res = done["result"]
     rounds = res["round_s"]
-    log(f"  {NAME}: {len(rounds)} rounds in {time.perf_counter() - t0:.1f} s "
+    log(f"  {NAME}: {len(rounds)} rounds in {done['wall_s']:.1f} s "
         f"(warm-up {rounds[0]:.2f} s)")
     timed = rounds[1:]
     med = statistics.median(timed)

@@ -86,3 +86,28 @@ def test_deeper_models_run_at_a_tiny_size(tmp_path):
     assert report["workload"]["input_shape"] == [3, 32, 32]
     assert report["results"]["splitfed_fedavg"]["x_peer"] > 0
     assert "skipped" in report["results"]["pfl_fedavg"]
+
+
+def test_peer_scripts_run_in_their_own_interpreter(tmp_path, monkeypatch):
+    # a stand-in for a peer simulator's script: reads the saved workload, writes its JSON
+    from benchmarks.peers import probe, run_script
+
+    (tmp_path / "fake_peer.py").write_text(
+        "import argparse, json, torch\n"
+        "ap = argparse.ArgumentParser()\n"
+        "ap.add_argument('--data'); ap.add_argument('--out'); ap.add_argument('--fail')\n"
+        "a = ap.parse_args()\n"
+        "if a.fail: raise SystemExit('told to fail')\n"
+        "w = torch.load(a.data)\n"
+        "json.dump({'samples': len(w['y']), 'clients': w['clients']}, open(a.out, 'w'))\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    w = Workload(clients=3, local_steps=2, batch=4)
+    done = run_script(w, sys.executable, "fake_peer", [], tree_memory=True)
+    assert done["result"] == {"samples": 24, "clients": 3}
+    assert done["wall_s"] > 0 and done["peak_mb"] >= 0
+    failed = run_script(w, sys.executable, "fake_peer", ["--fail", "1"])
+    assert failed["error"].startswith("exit 1:") and "told to fail" in failed["error"]
+    assert probe(sys.executable, "print(6 * 7)", "advice") == (sys.executable, "42")
+    python, why = probe(sys.executable, "import no_such_module", "install it")
+    assert python is None and "No module named 'no_such_module'" in why
+    assert why.endswith("; install it")
