@@ -398,3 +398,22 @@ def test_resuming_with_the_same_threads_says_nothing(tmp_path, monkeypatch, caps
     capsys.readouterr()
     resume_experiment(tmp_path / "r")
     assert "warning" not in capsys.readouterr().err
+
+
+def test_restored_tensors_go_where_the_run_keeps_them():
+    # read onto the CPU, a GPU run's state goes back to the template's device, or to the
+    # run's device where the template has none (here the meta device stands in for a GPU)
+    from splitfed.checkpoint import _live
+
+    meta = torch.device("meta")
+    saved = {"model": {"w": torch.ones(2)}, "stats": {"m": torch.ones(3)},
+             "buffer": {"h": [torch.ones(1), torch.ones(1)], "n": 2}, "steps": 4}
+    template = {"model": {"w": torch.zeros(2, device=meta)}, "stats": {"m": torch.zeros(3)},
+                "buffer": None, "steps": 0}
+    live = _live(saved, template, meta)
+    assert live["model"]["w"].device == meta              # the template's device
+    assert live["stats"]["m"].device.type == "cpu"        # state the run keeps on the CPU
+    assert all(h.device == meta for h in live["buffer"]["h"]) and live["buffer"]["n"] == 2
+    assert live["steps"] == 4
+    cpu = _live(saved, {**template, "model": {"w": torch.zeros(2)}}, torch.device("cpu"))
+    assert cpu["model"]["w"] is saved["model"]["w"]       # on the CPU: no copy

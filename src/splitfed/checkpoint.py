@@ -372,7 +372,7 @@ def restore(env, ckpt: dict, template: Any = None, *, where: str | Path = CHECKP
                                   "that only the algorithm can load")
             return state
         _conform(state, template, "state", where)
-        return _live(state, template)
+        return _live(state, template, getattr(env, "device", None))
     except FormatError:
         raise
     except (KeyError, TypeError, ValueError, IndexError, AttributeError, RuntimeError,
@@ -508,9 +508,12 @@ def _conform_optimizer(sd: dict, opt: torch.optim.Optimizer, at: str, bad) -> No
                 raise bad(f"has a {name} of type {type(v).__name__}")
 
 
-def _live(saved: Any, template: Any) -> Any:
+def _live(saved: Any, template: Any, device: torch.device | None = None) -> Any:
     """``saved`` with the template's modules and optimizers loaded from their saved state
-    dicts (in the order modules first, so that optimizers see the loaded parameters)."""
+    dicts (in the order modules first, so that optimizers see the loaded parameters), and
+    its tensors (read onto the CPU) where the run keeps them: on the device of the
+    template's tensor, or, where the template has none (state that starts empty), on the
+    run's ``device`` (a GPU run's state goes back to the GPU)."""
     if isinstance(template, torch.nn.Module):
         template.load_state_dict(saved[MODULE])
         return template
@@ -518,9 +521,22 @@ def _live(saved: Any, template: Any) -> Any:
         template.load_state_dict(saved[OPTIMIZER])
         return template
     if isinstance(template, dict):
-        return {k: _live(saved[k], template[k]) for k in saved}
+        return {k: _live(saved[k], template[k], device) for k in saved}
     if isinstance(template, (list, tuple)):
-        return type(saved)(_live(s, v) for s, v in zip(saved, template))
+        return type(saved)(_live(s, v, device) for s, v in zip(saved, template))
+    if isinstance(template, torch.Tensor) and isinstance(saved, torch.Tensor):
+        return saved.to(template.device)
+    return _to(saved, device) if template is None and device is not None else saved
+
+
+def _to(saved: Any, device: torch.device) -> Any:
+    """``saved`` with every tensor in it on ``device``."""
+    if isinstance(saved, torch.Tensor):
+        return saved.to(device)
+    if isinstance(saved, dict):
+        return {k: _to(v, device) for k, v in saved.items()}
+    if isinstance(saved, (list, tuple)):
+        return type(saved)(_to(v, device) for v in saved)
     return saved
 
 

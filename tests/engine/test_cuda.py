@@ -8,7 +8,9 @@
   bound of :func:`helpers.float_tolerance` (a CPU float32 and a CPU float64 run as the
   two references), and charge exactly the same bytes;
 - the batched client executor (convolutions included) and evaluation's forward pass
-  agree with plain float32 / float64 references on the CPU.
+  agree with plain float32 / float64 references on the CPU;
+- a run stopped after a checkpoint and resumed on the GPU ends bit for bit where the
+  uninterrupted run does.
 
 TF32 (on by default for cuDNN convolutions on recent GPUs) is switched off here: with it a
 convolution rounds its inputs to 10 mantissa bits and no float32 bound applies.
@@ -161,3 +163,17 @@ def test_evaluation_forward_on_cuda_matches_cpu_references(name, shape, opts):
         ref32 = model(x)
         ref64 = copy.deepcopy(model).double()(x.double())
     assert_float_close(got, ref32, ref64, terms=x[0].numel(), what=name)
+
+
+@pytest.mark.parametrize("name", ["fedavg", "scaffold", "sl", "sflv2", "gas", "musplitfed"])
+def test_resume_on_cuda_is_bit_identical(tmp_path, monkeypatch, name):
+    # the checkpoint is read onto the CPU; the state must go back to the GPU (the model,
+    # the controls, the server optimizer, GAS's buffered activations) or stay on the CPU
+    # (GAS's class statistics), and the run go on as if never stopped
+    from helpers import digits_config
+    from test_checkpoint import MOVING, SPLIT, check_resume
+
+    over = {} if name in ("fedavg", "scaffold") else SPLIT
+    cfg = digits_config(algorithm={"name": name}, rounds=6, checkpoint_every=2,
+                        engine={"device": "cuda"}, **over, **MOVING)
+    check_resume(tmp_path, monkeypatch, cfg, 3)
