@@ -103,6 +103,42 @@ def _finite_pair(ref32, ref64):
     return ref64[keep], ref32.detach().to(torch.float64)[keep]
 
 
+def reference_local_sgd(model, x, y, plan, lr):
+    """A copy of ``model`` trained by plain ``torch.optim.SGD`` on the batches of ``plan``
+    (rows of ``x``, ``y``); its state dict: the per-client loop the executor replaces."""
+    import copy
+
+    import torch.nn.functional as F
+
+    m = copy.deepcopy(model)
+    opt = torch.optim.SGD(m.parameters(), lr=lr)
+    for rows in plan:
+        opt.zero_grad()
+        F.cross_entropy(m(x[rows]), y[rows]).backward()
+        opt.step()
+    return m.state_dict()
+
+
+def assert_clients_match_loop(got, model, x, y, plans, lr, name=""):
+    """Each client's trained state ``got[slot]`` (on the CPU) equals the per-client loop
+    (:func:`reference_local_sgd` on ``plans[slot]``) within :func:`float_tolerance` of
+    its float32 and float64 runs; integer buffers exactly."""
+    import copy
+
+    model32, model64 = copy.deepcopy(model).float(), copy.deepcopy(model).double()
+    for s in range(len(plans)):
+        plan = torch.from_numpy(plans[s])
+        want32 = reference_local_sgd(model32, x.float(), y, plan, lr)
+        want64 = reference_local_sgd(model64, x.double(), y, plan, lr)
+        for k, v in want64.items():
+            if not v.is_floating_point():
+                assert torch.equal(got[s][k], v), (name, s, k)
+                continue
+            # weight gradients sum over the batch and the input positions
+            assert_float_close(got[s][k], want32[k], v, terms=4 * x[0].numel(),
+                               what=f"{name} client {s} {k}")
+
+
 def interrupt_round(monkeypatch, name: str, stop: int) -> None:
     """Ctrl-C in the middle of round ``stop`` of the next run of algorithm ``name``."""
     from splitfed.algorithms import get_algorithm

@@ -21,7 +21,6 @@ import copy
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 
 from splitfed import experiment, testing
 from splitfed.algorithms import ALGORITHMS
@@ -30,7 +29,7 @@ from splitfed.engine.evaluate import forward_eval
 from splitfed.engine.executor import ClientExecutor
 from splitfed.models import build_model
 
-from helpers import assert_float_close
+from helpers import assert_clients_match_loop, assert_float_close
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 
@@ -113,16 +112,6 @@ def test_two_rounds_on_cuda_match_the_cpu_run(name):
                            what=f"{name} {k}")
 
 
-def _reference_local_sgd(model, x, y, plan, lr):
-    m = copy.deepcopy(model)
-    opt = torch.optim.SGD(m.parameters(), lr=lr)
-    for rows in plan:
-        opt.zero_grad()
-        F.cross_entropy(m(x[rows]), y[rows]).backward()
-        opt.step()
-    return m.state_dict()
-
-
 @pytest.mark.parametrize("name,shape", [("lenet5", (1, 28, 28)), ("mlp", (1, 8, 8))])
 def test_executor_on_cuda_matches_cpu_references(name, shape):
     torch.manual_seed(0)
@@ -139,16 +128,7 @@ def test_executor_on_cuda_matches_cpu_references(name, shape):
     for r in ex.train(start, ids, steps, lr=0.05, rng=np.random.default_rng(1)):
         for j, s in enumerate(r.slots):
             got[int(s)] = {k: v[j].cpu() for k, v in r.state.items()}
-    for s in range(3):
-        plan = torch.from_numpy(plans[s])
-        want32 = _reference_local_sgd(model.float(), x, y, plan, 0.05)
-        want64 = _reference_local_sgd(copy.deepcopy(model).double(), x.double(), y, plan, 0.05)
-        for k, v in want64.items():
-            if not v.is_floating_point():
-                assert torch.equal(got[s][k], v), (name, s, k)
-                continue
-            assert_float_close(got[s][k], want32[k], v, terms=4 * x[0].numel(),
-                               what=f"{name} client {s} {k}")
+    assert_clients_match_loop(got, model, x, y, plans, 0.05, name)
 
 
 @pytest.mark.parametrize("name,shape,opts", [("lenet5", (1, 28, 28), {}),

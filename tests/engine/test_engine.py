@@ -1,11 +1,9 @@
 """The engine's pieces against plain references: stacked SGD, aggregation, executor."""
 
-import copy
 
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 from torch.func import functional_call
 
 from splitfed.engine.aggregate import DeltaAccumulator
@@ -14,7 +12,7 @@ from splitfed.engine.executor import ClientExecutor
 from splitfed.engine.optim import StackedSGD
 from splitfed.models import build_model
 
-from helpers import assert_float_close
+from helpers import assert_clients_match_loop, assert_float_close
 
 
 def test_local_step_counts_epochs_and_steps():
@@ -71,16 +69,6 @@ def test_delta_accumulator_hand_case():
     assert torch.equal(DeltaAccumulator(ref).result()["w"], ref["w"])   # empty: keep
 
 
-def _reference_local_sgd(model, x, y, plan, lr):
-    m = copy.deepcopy(model)
-    opt = torch.optim.SGD(m.parameters(), lr=lr)
-    for rows in plan:
-        opt.zero_grad()
-        F.cross_entropy(m(x[rows]), y[rows]).backward()
-        opt.step()
-    return m.state_dict()
-
-
 # ResNet-18 in float64: in float32 a pre-activation within rounding error of zero can flip
 # sides of the ReLU between channels_last and NCHW kernels, and SGD amplifies it.
 @pytest.mark.numerics
@@ -105,18 +93,7 @@ def test_executor_matches_per_client_loop(name, shape, dtype):
     for r in results:
         for j, s in enumerate(r.slots):
             got[int(s)] = {k: v[j] for k, v in r.state.items()}
-    model32, model64 = copy.deepcopy(model).float(), copy.deepcopy(model).double()
-    for s in range(3):
-        plan = torch.from_numpy(plans[s])
-        want32 = _reference_local_sgd(model32, x.float(), y, plan, 0.05)
-        want64 = _reference_local_sgd(model64, x.double(), y, plan, 0.05)
-        for k, v in want64.items():
-            if not v.is_floating_point():
-                assert torch.equal(got[s][k], v), (name, s, k)
-                continue
-            # weight gradients sum over the batch and the input positions
-            assert_float_close(got[s][k], want32[k], v, terms=4 * x[0].numel(),
-                               what=f"{name} client {s} {k}")
+    assert_clients_match_loop(got, model, x, y, plans, 0.05, name)
 
 
 def test_executor_functional_call_forward_unchanged():
