@@ -77,3 +77,30 @@ def test_the_commit_is_read_when_the_run_starts_not_when_it_ends(tmp_path, monke
         assert summary["provenance"]["commit"] == "a" * 40
     finally:
         prov.git_commit.cache_clear()
+
+
+def test_the_source_digest_is_the_package_files():
+    from splitfed.provenance import source_digest, tree_digest
+
+    assert provenance([])["source"] == source_digest()
+    assert len(source_digest()) == 64 and int(source_digest(), 16) >= 0
+    assert tree_digest(Path(splitfed.__file__).resolve().parent) == source_digest()
+
+
+def test_the_source_digest_follows_code_not_caches(tmp_path):
+    from splitfed.provenance import tree_digest
+
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "a.py").write_text("x = 1\n")
+    (pkg / "sub" / "c.yaml").write_text("k: v\n")
+    first = tree_digest(pkg)
+    (pkg / "__pycache__").mkdir()
+    (pkg / "__pycache__" / "a.cpython-311.pyc").write_bytes(b"\0")
+    (pkg / "notes.txt").write_text("not code")
+    assert tree_digest(pkg) == first                       # caches and other files: no
+    (pkg / "a.py").write_text("x = 2\n")
+    assert tree_digest(pkg) != first                       # a code change: yes
+    (pkg / "a.py").write_text("x = 1\n")
+    (pkg / "sub" / "c.yaml").rename(pkg / "c.yaml")
+    assert tree_digest(pkg) != first                       # a moved file: yes

@@ -2,7 +2,8 @@
 
 Every ``summary.json`` (``splitfed run``, ``splitfed launch``) carries
 ``provenance()``: splitfed's version, the git commit of the source tree when splitfed runs
-from a checkout (and whether it had uncommitted changes), the versions of Python, PyTorch
+from a checkout (and whether it had uncommitted changes), a digest of the package's own
+files (``source``: the code that ran, with or without git), the versions of Python, PyTorch
 and numpy, torch's thread count and CPU kernel set (they decide the last bits of float
 results), the platform and the command line. Two results can be compared, or a finished
 run reused, only when their provenance says the same code made them.
@@ -11,6 +12,7 @@ run reused, only when their provenance says the same code made them.
 from __future__ import annotations
 
 import functools
+import hashlib
 import platform
 import subprocess
 import sys
@@ -42,6 +44,30 @@ def git_commit() -> tuple[str | None, bool | None]:
     return commit.stdout.strip(), bool(status.stdout.strip()) if status.returncode == 0 else None
 
 
+#: the package files whose bytes make up the source digest (code, shipped configs, catalog)
+SOURCE_SUFFIXES = (".py", ".yaml", ".json")
+
+
+@functools.lru_cache(maxsize=1)
+def source_digest() -> str:
+    """SHA-256 (hex) of the files of the imported splitfed package (``SOURCE_SUFFIXES``),
+    each hashed with its path relative to the package, in sorted order: the same code gives
+    the same digest on any machine, from a checkout, a copy without git metadata or an
+    installed wheel; any change to the code or a shipped config changes it."""
+    return tree_digest(Path(splitfed.__file__).resolve().parent)
+
+
+def tree_digest(root: Path) -> str:
+    """The digest :func:`source_digest` takes of the package, of any directory ``root``."""
+    h = hashlib.sha256()
+    files = sorted(p for p in root.rglob("*") if p.suffix in SOURCE_SUFFIXES
+                   and p.is_file() and "__pycache__" not in p.parts)
+    for p in files:
+        h.update(p.relative_to(root).as_posix().encode() + b"\0")
+        h.update(p.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
 def cpu_capability() -> str:
     """The CPU kernels PyTorch dispatches to here (``AVX2``, ``AVX512``, ``DEFAULT``...)."""
     try:
@@ -55,6 +81,7 @@ def provenance(command: list[str] | None = None) -> dict:
     commit, dirty = git_commit()
     argv = sys.argv if command is None else command
     return {"splitfed": splitfed.__version__, "commit": commit, "dirty": dirty,
+            "source": source_digest(),
             "python": platform.python_version(), "torch": torch.__version__,
             "numpy": np.__version__, "threads": torch.get_num_threads(),
             "cpu_capability": cpu_capability(), "platform": platform.platform(),

@@ -43,7 +43,8 @@ from splitfed.metrics import csv_text, is_finite_number, read_records, record_su
 OPEN_SECTIONS = ("data", "partition", "model", "algorithm", "clock")
 #: provenance keys of summary.json -> column names
 PROVENANCE_COLUMNS = {"splitfed": "splitfed_version", "commit": "git_commit",
-                      "dirty": "git_dirty", "python": "python_version",
+                      "dirty": "git_dirty", "source": "source_digest",
+                      "python": "python_version",
                       "torch": "torch_version", "numpy": "numpy_version",
                       "threads": "threads", "cpu_capability": "cpu_capability",
                       "platform": "platform", "command": "command"}

@@ -398,7 +398,6 @@ def test_a_run_file_that_is_a_directory_is_refused_before_any_run(done, tmp_path
 from pathlib import Path  # noqa: E402
 
 import splitfed  # noqa: E402
-from splitfed.provenance import git_commit  # noqa: E402
 from splitfed.study import compare_code, publish  # noqa: E402
 from splitfed.study.__main__ import main as study_main  # noqa: E402
 
@@ -444,23 +443,41 @@ def test_compare_code_needs_the_version_and_the_commit_when_both_are_known():
     assert not same and note.startswith("recorded with an unknown code version")
 
 
+def test_compare_code_goes_by_the_source_digest_when_both_have_one():
+    now = {"splitfed": "1.2.0", "commit": "a" * 40, "dirty": False, "source": "c" * 64}
+    # another commit, the same package files (a change to docs only): the same code
+    assert compare_code(dict(now, commit="b" * 40), now) == (True, None)
+    assert compare_code(dict(now, commit=None), now) == (True, None)
+    # the same commit, other files (uncommitted changes to the code): other code
+    same, note = compare_code(dict(now, dirty=True, source="d" * 64), now)
+    assert not same and note == (f"recorded with splitfed 1.2.0 (commit {'a' * 10}, "
+                                 f"uncommitted changes, source {'d' * 10}), now splitfed "
+                                 f"1.2.0 (commit {'a' * 10}, source {'c' * 10})")
+    # a record without a digest: the commits decide, as before
+    old = {k: v for k, v in now.items() if k != "source"}
+    assert compare_code(old, now) == (True, None)
+    assert not compare_code(dict(old, commit="b" * 40), now)[0]
+
+
 def test_a_run_recorded_by_another_version_is_rerun_not_reused(done, tmp_path, monkeypatch,
                                                                  capsys):
     path, out = _copy(done, tmp_path)
     runs = out / "tiny_study" / "runs"
     _set_provenance(runs / "fl-partition.alpha-inf-s0", splitfed="0.0.1")
-    _set_provenance(runs / "central-partition.alpha-0.5-s0", commit="0" * 40)
+    # other package files (the digest decides, whatever git knows)
+    _set_provenance(runs / "central-partition.alpha-0.5-s0", commit="0" * 40,
+                    source="0" * 64)
     _set_provenance(runs / "central-partition.alpha-inf-s0", drop=True)
     calls = _counting(monkeypatch)
     result = run_study(path, out_dir=out, jobs=1)
     printed = capsys.readouterr().out
-    git = git_commit()[0] is not None       # else only the versions can be compared
-    assert calls == ["central-partition.alpha-0.5-s0"] * git + [
-        "fl-partition.alpha-inf-s0", "central-partition.alpha-inf-s0"]
-    assert [o.skipped for o in result.outcomes] == [True, not git, False, False]
+    assert calls == ["central-partition.alpha-0.5-s0", "fl-partition.alpha-inf-s0",
+                     "central-partition.alpha-inf-s0"]
+    assert [o.skipped for o in result.outcomes] == [True, False, False, False]
     assert ("[3/4] FL (partition.alpha=inf) (seed 0): stale: recorded with splitfed 0.0.1 "
             "(commit ") in printed and f"now splitfed {splitfed.__version__}" in printed
-    assert printed.count("; rerunning") == 2 + git
+    assert printed.count("; rerunning") == 3
+    assert f"source {'0' * 10}), now splitfed" in printed
     assert "recorded with an unknown code version" in printed
     assert "stale" not in (out / "tiny_study" / "results.md").read_text().split("```")[0]
     prov = json.loads((runs / "fl-partition.alpha-inf-s0" / "summary.json").read_text())
@@ -498,7 +515,9 @@ def test_keep_stale_keeps_and_marks_the_run_and_publishing_refuses_it(done, tmp_
 def test_a_recorded_run_without_commit_is_reused_by_version_and_says_so(done, tmp_path,
                                                                          monkeypatch, capsys):
     path, out = _copy(done, tmp_path)
-    _set_provenance(out / "tiny_study" / "runs" / "fl-partition.alpha-0.5-s0", commit=None)
+    # recorded without a commit and without the digest of the package files
+    _set_provenance(out / "tiny_study" / "runs" / "fl-partition.alpha-0.5-s0", commit=None,
+                    source=None)
     _forbid_runs(monkeypatch)
     result = run_study(path, out_dir=out)
     assert result.outcomes[0].note == ("compared the splitfed version only: the git commit "

@@ -19,7 +19,8 @@ from splitfed.study.reuse import config_hash, read_json
 from splitfed.study.spec import Study
 
 #: the provenance fields whose values over the runs results.json lists (``runs``)
-PROVENANCE_FIELDS = ("splitfed", "commit", "dirty", "torch", "threads", "cpu_capability")
+PROVENANCE_FIELDS = ("splitfed", "commit", "dirty", "source", "torch", "threads",
+                     "cpu_capability")
 #: the files :func:`publish` copies, besides the plots
 _UMASK = os.umask(0o022)                 # read once, at import (setting it is the only way)
 os.umask(_UMASK)
@@ -92,7 +93,9 @@ def provenance_line(prov: Mapping) -> str:
 
     commit = show("commit", lambda c: c[:10] if c else "unknown")
     dirty = " (uncommitted changes)" if any(v is True for v in values("dirty")) else ""
-    text = (f"Provenance: splitfed {show('splitfed')}, commit {commit}{dirty}, "
+    source = (f", source {show('source', lambda s: s[:10])}"
+              if any(v is not None for v in values("source")) else "")
+    text = (f"Provenance: splitfed {show('splitfed')}, commit {commit}{dirty}{source}, "
             f"torch {show('torch')}, {show('threads')} threads, "
             f"CPU {show('cpu_capability')}")
     if prov.get("unrecorded"):

@@ -1,6 +1,7 @@
 """Reusing finished runs: a run directory is reused only when it holds a finished run of
 the identical config (:func:`config_identity`) made by the same code
-(:func:`compare_code`: the splitfed version, and the git commit when both sides know it).
+(:func:`compare_code`: the splitfed version, and the digest of the package's files or,
+where a side has none, the git commit when both sides know it).
 
 :func:`run_dir_state` says what a run directory holds: ``new`` (absent or empty),
 ``done`` (reusable), ``unfinished`` (the identical config, not finished: resumed from
@@ -98,21 +99,34 @@ def code_version(prov: Mapping | None) -> str:
     where = f"commit {commit[:10]}" if commit else "commit unknown"
     if commit and prov.get("dirty"):
         where += ", uncommitted changes"
+    source = _source(prov)
+    if source:
+        where += f", source {source[:10]}"
     return f"splitfed {prov['splitfed']} ({where})"
+
+
+def _source(prov: Mapping) -> str | None:
+    source = prov.get("source")
+    return source if isinstance(source, str) and source else None
 
 
 def compare_code(recorded: Mapping | None, current: Mapping) -> tuple[bool, str | None]:
     """(same code, note). Not the same: the note reads ``recorded with <code_version>,
-    now <code_version>``. The same code: the same splitfed version, and the same git
-    commit when both provenances name one; when either commit is unknown (an installed
-    wheel, no git) only the versions are compared and the note says so. Uncommitted
-    changes (``dirty``) are not compared. No recorded provenance is never the same."""
+    now <code_version>``. The same code: the same splitfed version and, when both
+    provenances hold the digest of the package's files (``source``), the same digest
+    (whatever the commits: a commit that changed only documentation keeps the runs, an
+    uncommitted change to the code does not); else the same git commit when both name
+    one; when either commit is unknown too (an installed wheel, no git) only the versions
+    are compared and the note says so. No recorded provenance is never the same."""
     now = code_version(current)
     if not isinstance(recorded, Mapping) or not isinstance(recorded.get("splitfed"), str):
         return False, f"recorded with {code_version(recorded)}, now {now}"
     then = code_version(recorded)
     if recorded["splitfed"] != current.get("splitfed"):
         return False, f"recorded with {then}, now {now}"
+    if _source(recorded) and _source(current):
+        return (True, None) if _source(recorded) == _source(current) else (
+            False, f"recorded with {then}, now {now}")
     old, new = _commit(recorded), _commit(current)
     if old and new:
         return (True, None) if old == new else (
