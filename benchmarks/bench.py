@@ -96,9 +96,8 @@ def sync(device: str = "cpu") -> None:
 def matmul_peak_gflops(n: int = 2048, repeats: int = 5, device: str = "cpu") -> float:
     """The machine's fp32 matmul rate at the current thread count (or the GPU's, TF32
     off, at n >= 8192): the best of ``repeats`` ``n x n @ n x n`` products after a
-    warm-up, in GFLOP/s
-    (2 n^3 FLOP each). What a dense, cache-friendly kernel reaches: the peak the rows are a
-    fraction of."""
+    warm-up, in GFLOP/s (2 n^3 FLOP each). What a dense, cache-friendly kernel reaches:
+    the peak the rows are a fraction of."""
     if torch.device(device).type == "cuda":
         n = max(n, 8192)                 # a GPU needs a larger product to reach its peak
     g = torch.Generator().manual_seed(0)
@@ -183,12 +182,13 @@ EVAL_LABELS = {
 
 
 def time_eval(w: Workload, repeats: int, log, samples: int = EVAL_SAMPLES,
-              batch: int = 256) -> dict[str, dict]:
+              batch: int | None = None) -> dict[str, dict]:
     """Forward-only throughput of the workload's model on ``samples`` test-shaped inputs:
     splitfed's evaluation against the plain loop it replaces, interleaved like the
     training rows (a warm-up each, then ``repeats`` round-robin passes)."""
-    from splitfed.engine.evaluate import evaluate
+    from splitfed.engine.evaluate import default_batch, evaluate
 
+    batch = batch or default_batch(w.device)       # the engine's default, as a run has it
     g = torch.Generator().manual_seed(w.seed + 2)
     shape = tuple(w.bundle().input_shape)
     x = torch.randn(samples, *shape, generator=g).to(w.device)
@@ -459,9 +459,10 @@ def parse_args(argv=None):
                     help="also time a paper-scale FedAvg run (1000 clients, 10 per round, "
                          "batch 10) of ROUNDS rounds evaluating every round against only "
                          "the last (benchmarks/paper_run.py)")
-    ap.add_argument("--eval-batch-size", type=int, default=256,
+    ap.add_argument("--eval-batch-size", type=int, default=None,
                     help="engine.eval_batch_size of the evaluation row and the paper-scale "
-                         "run (default 256, the config's default)")
+                         "run (default: the engine's for the device, 256 on a CPU, 2048 "
+                         "on a GPU)")
     ap.add_argument("--device", default="cpu",
                     help="cpu, or cuda / cuda:N: the samples, models and splitfed's engine on "
                          "that GPU (TF32 off: fp32 arithmetic as on the CPU; implies "
@@ -479,13 +480,13 @@ def parse_args(argv=None):
     if args.no_pfl and PFL in args.variants:
         args.variants.remove(PFL)
     if args.device != "cpu":
+        from splitfed.errors import ConfigError
+        from splitfed.experiment import _device
+
         try:
-            dev = torch.device(args.device)
-        except RuntimeError as e:
+            _device(args.device)             # the engine's own check and message
+        except ConfigError as e:
             ap.error(f"--device: {e}")
-        if dev.type != "cuda" or not torch.cuda.is_available():
-            ap.error(f"--device {args.device!r}: allowed: cpu, or cuda / cuda:N on a machine "
-                     "with a CUDA GPU")
         args.memory = False
         torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
     if args.population is not None and args.population < args.clients:

@@ -24,6 +24,7 @@ import torch
 from splitfed.config import build_config
 from splitfed.data import DATASETS
 from splitfed.data.datasets import ArrayDataset, DataBundle
+from splitfed.engine.evaluate import default_batch
 from splitfed.engine.flops import forward_macs
 from splitfed.experiment import build_algorithm, build_environment
 
@@ -53,18 +54,19 @@ def _register(seed: int) -> None:
 
 
 def overrides(rounds: int, every_round: bool, algorithm: str, seed: int,
-              device: str = "cpu", eval_batch_size: int = 256) -> list[str]:
+              device: str = "cpu", eval_batch_size: int | None = None) -> list[str]:
     return [f"algorithm.name={algorithm}", f"data.name={DATASET_NAME}", "model.name=lenet5",
             "partition.scheme=iid", "partition.num_clients=1000",
             "participation.mode=uniform", "participation.clients_per_round=10",
             "train.batch_size=10", "train.local_epochs=1", "train.lr=0.01",
             "train.momentum=0.9", "train.weight_decay=0.0001", f"rounds={rounds}",
             f"eval_every={1 if every_round else rounds}", f"seed={seed}", "progress=false",
-            f"engine.device={device}", f"engine.eval_batch_size={eval_batch_size}"]
+            f"engine.device={device}",
+            *([f"engine.eval_batch_size={eval_batch_size}"] if eval_batch_size else [])]
 
 
 def one_run(rounds: int, every_round: bool, algorithm: str = "fedavg", seed: int = 0,
-            device: str = "cpu", eval_batch_size: int = 256) -> dict:
+            device: str = "cpu", eval_batch_size: int | None = None) -> dict:
     """Build and run; wall time of the rounds (building excluded) and evaluations made
     (the loop's last record, a metric, waits for a GPU's queued work)."""
     _register(seed)
@@ -84,7 +86,7 @@ def one_run(rounds: int, every_round: bool, algorithm: str = "fedavg", seed: int
 
 
 def paper_run(rounds: int = 200, algorithm: str = "fedavg", repeats: int = 1,
-              log=print, device: str = "cpu", eval_batch_size: int = 256) -> dict:
+              log=print, device: str = "cpu", eval_batch_size: int | None = None) -> dict:
     """Both runs, alternating, ``repeats`` times each; medians and their ratio."""
     walls = {"eval_every_round": [], "eval_last_only": []}
     runs = {}
@@ -104,7 +106,7 @@ def paper_run(rounds: int = 200, algorithm: str = "fedavg", repeats: int = 1,
     per_eval = (med["eval_every_round"] - med["eval_last_only"]) / max(1, rounds)
     return {"algorithm": algorithm, "rounds": rounds, "clients": 1000, "per_round": 10,
             "batch": 10, "local_steps": 6, "test_samples": TEST, "device": device,
-            "eval_batch_size": eval_batch_size, "wall_s": walls,
+            "eval_batch_size": eval_batch_size or default_batch(device), "wall_s": walls,
             "median_wall_s": med, "runs": runs,
             "ratio": round(med["eval_every_round"] / med["eval_last_only"], 3),
             "eval_s_per_round": round(per_eval, 4),
@@ -119,7 +121,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
-    ap.add_argument("--eval-batch-size", type=int, default=256)
+    ap.add_argument("--eval-batch-size", type=int, default=None,
+                    help="engine.eval_batch_size (default: the engine's for the device)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     if args.threads:

@@ -36,12 +36,11 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA d
 CUDA = {"engine": {"device": "cuda"}}
 NAMES = sorted(ALGORITHMS)
 #: not compared with a CPU run parameter by parameter: MU-SplitFed and GAS draw their
-#: perturbation directions (GAS: its generated activations too) from generators whose
-#: streams depend on the device or the dtype, CSE-FSL and FedLoRA build their auxiliary head
-#: and adapters from the default dtype's random stream (so the float64 reference starts
-#: elsewhere), and
-#: ``centralized`` keeps a module rather than a state dict. The conformance checks above
-#: still run them on the GPU.
+#: perturbation directions from generators whose streams depend on the device or the
+#: dtype, CSE-FSL and FedLoRA build their auxiliary head and adapters from the default
+#: dtype's random stream (so the float64 reference starts elsewhere), and ``centralized``
+#: keeps a module rather than a state dict. The conformance checks still run them on the
+#: GPU.
 NOT_COMPARED = {"musplitfed", "gas", "csefsl", "fedlora", "centralized"}
 
 

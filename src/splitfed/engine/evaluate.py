@@ -26,6 +26,12 @@ forward_eval = sequential.forward_eval
 DEFAULT_BATCH = {"cpu": 256, "cuda": 2048}
 
 
+def default_batch(device: torch.device | str) -> int:
+    """Evaluation's samples per call on ``device`` (:data:`DEFAULT_BATCH`; a GPU's for
+    any other accelerator)."""
+    return DEFAULT_BATCH.get(torch.device(device).type, DEFAULT_BATCH["cuda"])
+
+
 @torch.no_grad()
 def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
              batch_size: int | None = None) -> dict[str, float]:
@@ -35,7 +41,7 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
     neither metric depends on ``batch_size`` (the logits of a sample do not either).
     ``batch_size`` None: :data:`DEFAULT_BATCH` for the device of ``x``."""
     if batch_size is None:
-        batch_size = DEFAULT_BATCH.get(x.device.type, DEFAULT_BATCH["cuda"])
+        batch_size = default_batch(x.device)
     was_training = model.training
     model.eval()
     n = len(y)
