@@ -7,7 +7,8 @@ Every number is read from docs/results/paper004_*/results.json (the per-seed cur
 rounds are multiples of the study's eval_every); with several seeds, accuracies are means
 and rounds are means over the seeds that reached the target.
 
-The Table I analogue (table1_tuning.yaml, then table1.yaml) gets two more tables:
+The Table I analogue (table1_tuning.yaml, then table1.yaml; the finer FedCLG grid
+table1_fine_tuning.yaml, then table1_fine.yaml) gets two more tables each:
 
 - tuning: per method and (eta, gamma), the rounds to the target over the tuning seeds, and
   the rates chosen per method (every tuning seed reached the target, fewest mean rounds;
@@ -236,25 +237,31 @@ def main(argv: list[str]) -> None:
         print(table(summary) + "\n")
         if study in ("participation", "client_lr"):
             print(speedups(summary) + "\n")
-    summary = load(results_dir, "table1_tuning")
-    if summary is None:
+    tunings = [(study, summary) for study in ("table1_tuning", "table1_fine_tuning")
+               if (summary := load(results_dir, study)) is not None]
+    if not tunings:
         print("## table1_tuning: no results yet\n")
-    else:
+    for study, summary in tunings:
         text, chosen = tuning(summary)
-        print(f"## table1_tuning (target {summary['target_accuracy']:g})\n\n{text}\n")
+        print(f"## {study} (target {summary['target_accuracy']:g})\n\n{text}\n")
+        print(f"Chosen rates on {study} alone:\n\n```yaml\n" + chosen_runs(chosen)
+              + "\n```\n")
         missing = sorted(set(ALGORITHM) - set(chosen))
-        print("Chosen rates (the runs of table1.yaml):\n\n```yaml\n"
-              + chosen_runs(chosen) + "\n```\n")
         if missing:
             print(f"No rate reached the target in every tuning seed: {', '.join(missing)}\n")
-    summary = load(results_dir, "table1")
-    if summary is None:
-        print("## table1: no results yet\n")
-    else:
-        print(f"## table1 (target in the study table: {summary['target_accuracy']})\n")
+    if len(tunings) > 1:
+        merged = {**tunings[0][1], "runs": [r for _, s in tunings for r in s["runs"]]}
+        _, chosen = tuning(merged)
+        print("Chosen rates over both tuning grids (the FedCLG runs of table1_fine.yaml):"
+              "\n\n```yaml\n" + chosen_runs(chosen) + "\n```\n")
+    for study in ("table1", "table1_fine"):
+        summary = load(results_dir, study)
+        if summary is None:
+            print(f"## {study}: no results yet\n")
+            continue
+        print(f"## {study} (target in the study table: {summary['target_accuracy']})\n")
         print(table(summary, TABLE1_TARGETS) + "\n")
         print(table1(summary) + "\n")
-
 
 if __name__ == "__main__":
     main(sys.argv)
