@@ -10,7 +10,8 @@ many CPU minutes). docs/results/paper001_llm.md adds the analytic accounting for
 
 writes ``DIR/paper001_llm_memory_<preset>_<dtype>_b<batch>.json`` (default
 ``runs/studies/paper001_llm``; the committed files in ``docs/results`` were made with
-``--out-dir docs/results``).
+``--out-dir docs/results``). Each record carries the provenance of the code that measured
+it (splitfed.provenance; the committed files predate it).
 """
 
 import json
@@ -20,6 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))    # the repository root
 from benchmarks.client_memory import client_peak_memory  # noqa: E402
+from splitfed.provenance import provenance  # noqa: E402
 
 import argparse
 
@@ -50,6 +52,7 @@ def main():
                                cut=cut,
                                steps=1, zo_mode=zo_mode)
         r["wall_s"] = round(time.time() - t, 1)
+        r["provenance"] = provenance()
         print(json.dumps(r), flush=True, file=sys.stderr)
         results.append(r)
         OUT.write_text(json.dumps(results, indent=1) + "\n")

@@ -21,15 +21,26 @@ def rounds_to(curve, target):
     return next((r for r, acc in curve if acc >= target), None)
 
 
+def made_by(records) -> str:
+    """Which code made ``records`` (provenance records, None where a run has none)."""
+    seen = sorted({f"commit {p.get('commit') or 'unknown'}, source {p.get('source')}"
+                   + (" (uncommitted changes)" if p.get("dirty") else "")
+                   if p else "no provenance recorded" for p in records})
+    return "Made by: " + "; ".join(seen) + "."
+
+
 def tau_cut_table(target=0.85, final=True, plot=True) -> str:
     path = RESULTS / "paper001_llm_tau_cut.json"
     if not path.exists():
         return ""
-    res = json.loads(path.read_text())
+    raw = json.loads(path.read_text())
+    res = raw.get("runs", raw)                # the first format held the curves alone
     keys = [tuple(int(v) for v in k.split(",")) for k in res]
     cuts, taus = sorted({k[0] for k in keys}), sorted({k[1] for k in keys})
     seeds = sorted({k[2] for k in keys})
-    lines = [f"Rounds to {target:.0%} test accuracy (mean over seeds {seeds}; '-' not reached "
+    prov = raw.get("provenance", {}) if "runs" in raw else {}
+    lines = [made_by([prov.get(k) for k in res]), "",
+             f"Rounds to {target:.0%} test accuracy (mean over seeds {seeds}; '-' not reached "
              f"in 150 rounds by any seed; a seed that never reaches it counts as 150; "
              f"per seed in brackets)", "",
              "| Lc | " + " | ".join(f"tau={t}" for t in taus) + " |",
@@ -84,7 +95,8 @@ def memory_table() -> str:
         base = next((r["peak_mb"] for r in rows if r["method"] == "fedavg"), None)
         r0 = rows[0]
         lines += [f"{r0['options']['preset']}, {r0['options']['dtype']}, batch "
-                  f"{r0['batch_size']} x {r0['seq_len']} tokens ({path.name})", "",
+                  f"{r0['batch_size']} x {r0['seq_len']} tokens ({path.name}). "
+                  + made_by([r.get("provenance") for r in rows]), "",
                   "| method | client holds | params MB | grads MB | other MB | peak MB "
                   "| / FedAvg | paper / FedAvg |", "|---|---|---|---|---|---|---|---|"]
         for r in rows:

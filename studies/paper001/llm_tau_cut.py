@@ -9,7 +9,9 @@ the task, to about 70% test accuracy, saved with ``save_pretrained`` and loaded 
 ``model.pretrained``. MU-Split then fine-tunes it with zeroth order on both sides and
 paper 001's Table 6 rates (eta_c 0.005, eta_s 0.01, eta_g 0.3, lambda 0.005), batch 32,
 150 rounds, test accuracy every 5 rounds, seeds 0, 1, 2 (results are
-resumed from the JSON file).
+resumed from the JSON file: ``runs`` maps "cut,tau,seed" to the (round, test accuracy)
+curve, ``provenance`` the same keys to the record of the code that made each run,
+splitfed.provenance).
 
     OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python studies/paper001/llm_tau_cut.py [OUT_DIR]
 
@@ -31,6 +33,7 @@ from splitfed.data import load_dataset
 from splitfed.experiment import run_experiment
 from splitfed.models import build_model
 from splitfed.models.transformer import save_pretrained
+from splitfed.provenance import provenance
 
 OUT = Path(sys.argv[1] if len(sys.argv) > 1 else "runs/studies/paper001_llm") / \
     "paper001_llm_tau_cut.json"
@@ -74,18 +77,20 @@ def main():
         pretrain()
     OUT.parent.mkdir(parents=True, exist_ok=True)
     results = json.loads(OUT.read_text()) if OUT.exists() else {}
+    if "runs" not in results:                 # the first format: the curves alone
+        results = {"runs": results, "provenance": {}}
+    made_by = provenance()
     for seed in SEEDS:
         for cut in CUTS:
             for tau in TAUS:
                 key = f"{cut},{tau},{seed}"
-                if key in results:
+                if key in results["runs"]:
                     continue
                 res = run_experiment(config(cut, tau, seed), write=False)
-                results[key] = [(r["round"], r["test_acc"]) for r in res.records
-                                if "test_acc" in r]
-                print(key, res.status, results[key][-1], file=sys.stderr, flush=True)
+                curve = [(r["round"], r["test_acc"]) for r in res.records if "test_acc" in r]
+                results["runs"][key], results["provenance"][key] = curve, made_by
+                print(key, res.status, curve[-1], file=sys.stderr, flush=True)
                 OUT.write_text(json.dumps(results) + "\n")
-
 
 if __name__ == "__main__":
     main()

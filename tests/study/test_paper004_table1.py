@@ -4,6 +4,7 @@ and studies/paper004/tables.py computes speed-ups and chooses rates as specified
 hand-made results."""
 
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -148,3 +149,26 @@ def test_first_round_is_the_first_evaluation_at_or_above_the_target():
     curve = {"round": [0, 2, 4, 6], "test_acc": [0.1, 0.79, 0.8, 0.7]}
     assert t.first_round(curve, 0.8) == 4
     assert t.first_round(curve, 0.81) is None
+
+
+def test_rates_are_chosen_over_both_tuning_grids(tmp_path, capsys):
+    # the fine grid's FedCLG-C point is faster than the coarse grid's: the choice over
+    # both is the fine one, while each study's own choice is printed too
+    t = tables()
+    coarse = {"target_accuracy": 0.8, "runs": [
+        run_of("CLG-SGD (train.lr=0.25, algorithm.server_lr=0.25)", "clgsgd", [50, 70]),
+        run_of("FedCLG-C (train.lr=0.25, algorithm.server_lr=0.05)", "fedclg_c", [60, 80])]}
+    fine = {"target_accuracy": 0.8, "runs": [
+        run_of("FedCLG-C (train.lr=0.15, algorithm.server_lr=0.1)", "fedclg_c", [40, 50]),
+        run_of("FedCLG-C (train.lr=0.25, algorithm.server_lr=0.25)", "fedclg_c",
+               [20, None])]}
+    for name, summary in (("table1_tuning", coarse), ("table1_fine_tuning", fine)):
+        (tmp_path / f"paper004_{name}").mkdir()
+        (tmp_path / f"paper004_{name}" / "results.json").write_text(json.dumps(summary))
+    t.main(["tables.py", str(tmp_path)])
+    out = capsys.readouterr().out
+    both = out.split("Chosen rates over both tuning grids")[1]
+    assert ("{label: FedCLG-C, set: [algorithm.name=fedclg_c, train.lr=0.15, "
+            "algorithm.server_lr=0.1, algorithm.server_gradient=full]}") in both
+    assert "train.lr=0.25, algorithm.server_lr=0.25]}" in both          # CLG-SGD's
+    assert "## table1_fine: no results yet" in out
