@@ -4,7 +4,8 @@
 
 reads the run directories of ``studies/paper003/table8_e1.yaml`` (``STUDY_DIR/runs/``,
 named ``<fl|sl>-<partition>-train.lr-<lr>-s<seed>``; the runs finished so far, so it
-also reports a study still running) and prints two markdown tables:
+also reports a study still running) or of ``table8_e1_threshold.yaml`` (``...-lr-<lr>-s<seed>``,
+three seeds) and prints two markdown tables, and a third for cells with several seeds:
 
 1. every cell: the paper's test accuracy and ours, both the mean over the last 100
    rounds (``splitfed.study.analysis.last_rounds_accuracy``), in %, and the difference;
@@ -48,13 +49,17 @@ PAPER = {
     "c2": {"fl": (50.9, 62.6, 77.5, 76.5, 81.1, 83.0),
            "sl": (80.4, 83.9, 87.3, 86.6, 10.0, 10.0)},
 }
-_NAME = re.compile(r"(fl|sl)-(iid|dir0\.5|dir0\.2|c5|c2)-train\.lr-([0-9.e-]+)-s([0-9]+)")
+#: run directory names of table8_e1.yaml (grid: "train.lr-0.05") and
+#: table8_e1_threshold.yaml (labels: "lr-0.05")
+_NAME = re.compile(
+    r"(fl|sl)-(iid|dir0\.5|dir0\.2|c5|c2)-(?:train\.)?lr-([0-9.e-]+)-s([0-9]+)")
 
 
 def read_cells(study_dir: Path) -> dict[tuple[str, str, float], dict]:
     """(method, partition, lr) -> {"acc": last-100 mean or None, "diverged": round or
-    None, "seeds": n} of the finished runs (several seeds: the mean of the seeds' means;
-    a cell is diverged only when every seed diverged)."""
+    None, "seeds": n, "per_seed": {seed: {"acc", "diverged"}}} of the finished runs
+    (several seeds: the mean of the seeds' means; a cell is diverged only when every
+    seed diverged)."""
     found: dict[tuple[str, str, float], list[dict]] = {}
     for run in sorted((study_dir / "runs").glob("*")):
         m = _NAME.fullmatch(run.name)
@@ -69,7 +74,8 @@ def read_cells(study_dir: Path) -> dict[tuple[str, str, float], dict]:
         got = last_rounds_accuracy(records, LAST, rounds, info["status"])
         diverged = record_summary(records, info["status"])["diverged_round"]
         key = (m.group(1), m.group(2), float(m.group(3)))
-        found.setdefault(key, []).append({"acc": got["mean"], "diverged": diverged})
+        found.setdefault(key, []).append({"acc": got["mean"], "diverged": diverged,
+                                          "seed": int(m.group(4))})
     cells = {}
     for key, seeds in found.items():
         accs = [s["acc"] for s in seeds if s["acc"] is not None]
@@ -77,7 +83,9 @@ def read_cells(study_dir: Path) -> dict[tuple[str, str, float], dict]:
                       "diverged": (min(s["diverged"] for s in seeds)
                                    if all(s["diverged"] is not None for s in seeds)
                                    else None),
-                      "seeds": len(seeds)}
+                      "seeds": len(seeds),
+                      "per_seed": {x["seed"]: {"acc": x["acc"], "diverged": x["diverged"]}
+                                   for x in seeds}}
     return cells
 
 
@@ -147,6 +155,36 @@ def summary_table(cells: dict) -> str:
     return "\n".join(lines)
 
 
+def _seed_value(seed: dict) -> float:
+    """One seed's accuracy in %: a diverged or dead seed reads 10.0, as the paper's dead
+    cells do."""
+    return 10.0 if _dead({**seed, "seeds": 1}) else 100 * seed["acc"]
+
+
+def seed_table(cells: dict) -> str:
+    """The cells run with several seeds (table8_e1_threshold.yaml): the paper's accuracy,
+    ours as mean +- sample std over the seeds, each seed's, and how many seeds died."""
+    lines = ["| method | partition | lr | paper | ours (mean ± std) | per seed | seeds dead |",
+             "|---|---|--:|--:|--:|---|--:|"]
+    for part, name in PARTITIONS.items():
+        for method in ("sl", "fl"):
+            for i, lr in enumerate(LRS):
+                cell = cells.get((method, part, lr))
+                if cell is None or cell["seeds"] < 2:
+                    continue
+                seeds = dict(sorted(cell["per_seed"].items()))
+                values = [_seed_value(x) for x in seeds.values()]
+                n = len(values)
+                mean = sum(values) / n
+                std = (sum((v - mean) ** 2 for v in values) / (n - 1)) ** 0.5
+                per = ", ".join(f"{v:.1f} (s{k})" for k, v in zip(seeds, values))
+                dead = sum(_dead({**x, "seeds": 1}) for x in seeds.values())
+                lines.append(f"| {method.upper()} | {name} | {lr:g} | "
+                             f"{PAPER[part][method][i]:.1f} | {mean:.1f} ± {std:.1f} | {per} | "
+                             f"{dead}/{n} |")
+    return "\n".join(lines) if len(lines) > 2 else ""
+
+
 def main(argv: list[str]) -> int:
     study_dir = Path(argv[0] if argv else "runs/studies/paper003_table8_e1")
     if not (study_dir / "runs").is_dir():
@@ -159,6 +197,9 @@ def main(argv: list[str]) -> int:
     print(cell_table(cells))
     print()
     print(summary_table(cells))
+    seeds = seed_table(cells)
+    if seeds:
+        print(f"\nCells with several seeds (a dead seed reads 10.0):\n\n{seeds}")
     return 0
 
 

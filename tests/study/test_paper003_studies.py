@@ -66,3 +66,35 @@ def test_threshold_cells_run_three_seeds():
     assert cells == {("sl", "iid"): {0.05, 0.1}, ("sl", "dir0.5"): {0.05, 0.1},
                      ("sl", "dir0.2"): {0.01, 0.05}, ("sl", "C5"): {0.01, 0.05},
                      ("sl", "C2"): {0.01, 0.05}, ("fedavg", "dir0.2"): {0.05, 0.1}}
+
+
+def report():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "table8_report", Path(__file__).resolve().parents[2] / "studies" / "paper003"
+        / "table8_report.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_report_reads_both_studies_run_names():
+    name = report()._NAME
+    assert name.fullmatch("sl-iid-train.lr-0.05-s1234").groups() == ("sl", "iid", "0.05", "1234")
+    assert name.fullmatch("fl-dir0.2-lr-0.1-s2").groups() == ("fl", "dir0.2", "0.1", "2")
+
+
+def test_seed_table_by_hand():
+    # two seeds alive at 80% and 84%, one diverged: it reads 10.0, as the paper's dead cells
+    r = report()
+    seeds = {0: {"acc": 0.80, "diverged": None}, 1: {"acc": 0.84, "diverged": None},
+             2: {"acc": None, "diverged": 312}}
+    cells = {("sl", "iid", 0.05): {"acc": 0.82, "diverged": None, "seeds": 3,
+                                   "per_seed": seeds},
+             ("sl", "iid", 0.1): {"acc": 0.1, "diverged": None, "seeds": 1,
+                                  "per_seed": {0: {"acc": 0.1, "diverged": None}}}}
+    lines = r.seed_table(cells).splitlines()
+    # mean (80 + 84 + 10) / 3 = 58.0; sample std of (80, 84, 10) = 41.6
+    assert lines[2:] == ["| SL | IID | 0.05 | 82.4 | 58.0 ± 41.6 | "
+                         "80.0 (s0), 84.0 (s1), 10.0 (s2) | 1/3 |"]
+    assert r.seed_table({}) == ""
