@@ -8,7 +8,8 @@ rounds are multiples of the study's eval_every); with several seeds, accuracies 
 and rounds are means over the seeds that reached the target.
 
 The Table I analogue (table1_tuning.yaml, then table1.yaml; the finer FedCLG grid
-table1_fine_tuning.yaml, then table1_fine.yaml) gets two more tables each:
+table1_fine_tuning.yaml, then a study named paper004_table1_fine with its chosen rates)
+gets two more tables each:
 
 - tuning: per method and (eta, gamma), the rounds to the target over the tuning seeds, and
   the rates chosen per method (every tuning seed reached the target, fewest mean rounds;
@@ -252,7 +253,7 @@ def main(argv: list[str]) -> None:
     if len(tunings) > 1:
         merged = {**tunings[0][1], "runs": [r for _, s in tunings for r in s["runs"]]}
         _, chosen = tuning(merged)
-        print("Chosen rates over both tuning grids (the FedCLG runs of table1_fine.yaml):"
+        print("Chosen rates over both tuning grids (the FedCLG runs of paper004_table1_fine):"
               "\n\n```yaml\n" + chosen_runs(chosen) + "\n```\n")
     for study in ("table1", "table1_fine"):
         summary = load(results_dir, study)
