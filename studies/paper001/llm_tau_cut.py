@@ -92,5 +92,6 @@ def main():
                 print(key, res.status, curve[-1], file=sys.stderr, flush=True)
                 OUT.write_text(json.dumps(results) + "\n")
 
+
 if __name__ == "__main__":
     main()
