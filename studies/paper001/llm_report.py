@@ -13,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
+from splitfed.study import provenance_line, recorded_provenance
+
 RESULTS = Path(sys.argv[1] if len(sys.argv) > 1 else "runs/studies/paper001_llm")
 PAPER_GB = {"fedavg": 8.02, "fedlora": 5.64, "musplitfed": 1.05}
 
@@ -22,11 +24,9 @@ def rounds_to(curve, target):
 
 
 def made_by(records) -> str:
-    """Which code made ``records`` (provenance records, None where a run has none)."""
-    seen = sorted({f"commit {p.get('commit') or 'unknown'}, source {p.get('source')}"
-                   + (" (uncommitted changes)" if p.get("dirty") else "")
-                   if p else "no provenance recorded" for p in records})
-    return "Made by: " + "; ".join(seen) + "."
+    """Which code made ``records`` (provenance records, None where a run has none), as
+    a study table says it."""
+    return provenance_line(recorded_provenance(records))
 
 
 def tau_cut_table(target=0.85, final=True, plot=True) -> str:

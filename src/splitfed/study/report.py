@@ -68,6 +68,15 @@ def provenance_summary(command: str, recorded: list[Mapping | None]) -> dict:
 
     table = provenance()
     table["command"] = command
+    return {**table, **recorded_provenance(recorded)}
+
+
+def recorded_provenance(recorded: list[Mapping | None]) -> dict:
+    """What runs recorded: ``runs``, the distinct values of each of
+    :data:`PROVENANCE_FIELDS` over the provenance records ``recorded``, and
+    ``unrecorded``, how many of them are None (made before provenance was recorded).
+    :func:`provenance_line` reads it alone too (a field no run recorded reads
+    ``unknown``)."""
     runs: dict[str, list] = {key: [] for key in PROVENANCE_FIELDS}
     for prov in recorded:
         if not isinstance(prov, Mapping):
@@ -75,8 +84,7 @@ def provenance_summary(command: str, recorded: list[Mapping | None]) -> dict:
         for key in PROVENANCE_FIELDS:
             if prov.get(key) not in runs[key]:
                 runs[key].append(prov.get(key))
-    return {**table, "runs": runs,
-            "unrecorded": sum(not isinstance(p, Mapping) for p in recorded)}
+    return {"runs": runs, "unrecorded": sum(not isinstance(p, Mapping) for p in recorded)}
 
 
 def provenance_line(prov: Mapping) -> str:
