@@ -481,10 +481,10 @@ def parse_args(argv=None):
         args.variants.remove(PFL)
     if args.device != "cpu":
         from splitfed.errors import ConfigError
-        from splitfed.experiment import _device
+        from splitfed.experiment import resolve_device
 
         try:
-            _device(args.device)             # the engine's own check and message
+            resolve_device(args.device)      # the engine's own check and message
         except ConfigError as e:
             ap.error(f"--device: {e}")
         args.memory = False

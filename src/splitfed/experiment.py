@@ -101,7 +101,10 @@ def summary_line(cfg: RunConfig, result: RunResult) -> str:
             f"{n['rounds']} rounds, {wall}")
 
 
-def _device(name: str) -> torch.device:
+def resolve_device(name: str) -> torch.device:
+    """``engine.device`` checked: the torch device, or a one-line ConfigError naming the
+    field and the allowed values (the config check, studies' preflight and the benchmark
+    all use it)."""
     try:
         dev = torch.device(name)
     except RuntimeError as e:
@@ -213,7 +216,7 @@ def build_environment(cfg: RunConfig) -> Environment:
     from splitfed.config import check_against_data, check_model_size
 
     streams = RandomStreams(cfg.seed)
-    device = _device(cfg.engine.device)
+    device = resolve_device(cfg.engine.device)
     bundle = load_data(cfg, streams, device)
     server = _server_data(cfg, bundle, streams)
     pool = server.pool if server is not None and cfg.server_data.disjoint else None

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 import sys
 from pathlib import Path
 
@@ -158,7 +159,7 @@ def summary_table(cells: dict) -> str:
 def _seed_value(seed: dict) -> float:
     """One seed's accuracy in %: a diverged or dead seed reads 10.0, as the paper's dead
     cells do."""
-    return 10.0 if _dead({**seed, "seeds": 1}) else 100 * seed["acc"]
+    return 10.0 if _dead(seed) else 100 * seed["acc"]
 
 
 def seed_table(cells: dict) -> str:
@@ -174,14 +175,11 @@ def seed_table(cells: dict) -> str:
                     continue
                 seeds = dict(sorted(cell["per_seed"].items()))
                 values = [_seed_value(x) for x in seeds.values()]
-                n = len(values)
-                mean = sum(values) / n
-                std = (sum((v - mean) ** 2 for v in values) / (n - 1)) ** 0.5
                 per = ", ".join(f"{v:.1f} (s{k})" for k, v in zip(seeds, values))
-                dead = sum(_dead({**x, "seeds": 1}) for x in seeds.values())
+                dead = sum(_dead(x) for x in seeds.values())
                 lines.append(f"| {method.upper()} | {name} | {lr:g} | "
-                             f"{PAPER[part][method][i]:.1f} | {mean:.1f} ± {std:.1f} | {per} | "
-                             f"{dead}/{n} |")
+                             f"{PAPER[part][method][i]:.1f} | {statistics.mean(values):.1f} ± "
+                             f"{statistics.stdev(values):.1f} | {per} | {dead}/{len(values)} |")
     return "\n".join(lines) if len(lines) > 2 else ""
 
 

@@ -327,11 +327,11 @@ def preflight(cfg: RunConfig) -> None:
 
     from splitfed.data import dataset_options
     from splitfed.data.partition import PARTITIONERS
-    from splitfed.experiment import _device, build_algorithm
+    from splitfed.experiment import build_algorithm, resolve_device
     from splitfed.models import MODELS, model_names, model_options
 
     build_algorithm(cfg)
-    _device(cfg.engine.device)
+    resolve_device(cfg.engine.device)
     allowed = dataset_options(cfg.data.name)
     _unknown_options("data", cfg.data.options, allowed)
     if cfg.model.name not in MODELS:
