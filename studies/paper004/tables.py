@@ -201,9 +201,12 @@ def tuning(summary: dict, target: float | None = None) -> tuple[str, dict]:
         seeds = run["per_seed"]
         final = _mean([s["final_test_acc"] for s in seeds])
         best = sum(s["best_test_acc"] for s in seeds) / len(seeds)
+        dead = sum(s.get("status") == "diverged" for s in seeds)
+        final_cell = "diverged" if final is None else f"{final:.4f}"
+        if final is not None and dead:
+            final_cell += f" ({len(seeds) - dead}/{len(seeds)} seeds; {dead} diverged)"
         lines.append("| " + " | ".join([
-            method, eta, gamma, rounds_cell(rounds),
-            "diverged" if final is None else f"{final:.4f}", f"{best:.4f}"]) + " |")
+            method, eta, gamma, rounds_cell(rounds), final_cell, f"{best:.4f}"]) + " |")
         if all(r is not None for r in rounds.values()):
             key = (sum(rounds.values()) / len(rounds), -best)
             if method not in chosen or key < chosen[method][0]:

@@ -144,6 +144,17 @@ def test_tuning_chooses_per_method_the_fastest_rates_every_seed_reached():
         "algorithm.server_lr=0.05, algorithm.server_gradient=full]}"]
 
 
+def test_tuning_row_says_how_many_seeds_diverged():
+    t = tables()
+    run = run_of("FedCLG-S (train.lr=0.25, algorithm.server_lr=0.25)", "fedclg_s", [None, 40])
+    run["per_seed"][0].update(status="diverged", final_test_acc=None, best_test_acc=0.1)
+    run["per_seed"][1].update(status="completed")
+    text, chosen = t.tuning({"target_accuracy": 0.8, "runs": [run]})
+    assert chosen == {}
+    assert ("| FedCLG-S | 0.25 | 0.25 | 40 (1/2 seeds) | 0.8500 (1/2 seeds; 1 diverged) "
+            "| 0.5000 |") in text
+
+
 def test_first_round_is_the_first_evaluation_at_or_above_the_target():
     t = tables()
     curve = {"round": [0, 2, 4, 6], "test_acc": [0.1, 0.79, 0.8, 0.7]}
