@@ -1,6 +1,6 @@
 """Tables of the paper 001 image studies (table1.yaml, tau_lr.yaml, cut_tau.yaml,
-adaptive_tau.yaml)
-from the runs' metrics: what docs/results/paper001.md quotes.
+adaptive_tau.yaml, table1_scaled.yaml) from the runs' metrics: what
+docs/results/paper001.md quotes.
 
     .venv/bin/python studies/paper001/image_report.py [STUDIES_DIR] > /tmp/paper001_tables.md
 
@@ -83,6 +83,7 @@ def pretty(label: str) -> str:
              "adaptive-tau-eta_s-tau": "adaptive tau, eta_s / tau"}
     if label in fixed:
         return fixed[label]
+    label = label.replace("-eta_s-tau", ", eta_s / tau")
     label = label.replace("mu-splitfed-", "MU-SplitFed ").replace("model.cut-", "Lc = ")
     label = label.replace("-algorithm.tau-", ", tau = ").replace("-eta_s-", ", eta_s = ")
     return label.replace("tau-", "tau = ")
@@ -140,6 +141,10 @@ def main() -> None:
           file=out)
     print("", file=out)
     print(tau_histogram("paper001_adaptive_tau"), file=out)
+    scaled = order + [f"mu-splitfed-tau-{t}-eta_s-tau" for t in (2, 3, 4)]
+    print("\n## Table 1 at width 0.125, all of Fashion-MNIST (paper001_table1_scaled)\n",
+          file=out)
+    print(table("paper001_table1_scaled", scaled), file=out)
 
 
 if __name__ == "__main__":
