@@ -1,6 +1,6 @@
 """studies/paper001/llm_report.py reads both formats of llm_tau_cut.py's results (the
-curves alone, and the curves with each run's provenance) and says which code made them, in a study table's
-provenance line."""
+curves alone, and the curves with each run's provenance) and says which code made them,
+in a study table's provenance line."""
 
 import importlib.util
 import json

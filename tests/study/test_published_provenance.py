@@ -1,6 +1,7 @@
-"""docs/results: every published study's ``results.json`` carries the provenance of the
-code that made it, except those that reproductions.md lists as made before provenance was
-recorded; that list names exactly those, and its count is right."""
+"""docs/results: every published study is linked from the index (README.md), and its
+``results.json`` carries the provenance of the code that made it, except those that
+reproductions.md lists as made before provenance was recorded; that list names exactly
+those, and its count is right."""
 
 import json
 import re
@@ -31,10 +32,18 @@ def test_the_list_of_studies_without_provenance_is_exact():
     assert set(names) == missing
 
 
-@pytest.mark.parametrize("path", sorted(RESULTS.glob("*/results.json")), ids=lambda p: p.parent.name)
+@pytest.mark.parametrize("path", sorted(RESULTS.glob("*/results.json")),
+                         ids=lambda p: p.parent.name)
 def test_a_provenance_record_names_the_code(path):
     prov = json.loads(path.read_text()).get("provenance")
     if prov is None:
         pytest.skip("made before provenance was recorded (listed in reproductions.md)")
     # the digest of the package's files (``source``) came later than the git commit
     assert isinstance(prov.get("splitfed"), str) and (prov.get("source") or prov.get("commit"))
+
+
+def test_every_published_study_is_linked_from_the_results_index():
+    index = (RESULTS / "README.md").read_text()
+    unlinked = [p.parent.name for p in sorted(RESULTS.glob("*/results.md"))
+                if f"({p.parent.name}/results.md)" not in index]
+    assert not unlinked, f"docs/results/README.md does not link: {unlinked}"
