@@ -20,43 +20,39 @@ from pathlib import Path
 
 import numpy as np
 
+from splitfed.study import (diverged_round, read_records, rounds_to_target, sim_time,
+                            time_to_target)
+
 RESULTS = Path(sys.argv[1] if len(sys.argv) > 1 else "runs/studies")
 TARGET = 0.5
 LAST = 5
 
 
-def load(study: str) -> dict[str, dict[int, list[dict]]]:
-    """label -> seed -> records, for every finished run of ``study``; a run that
-    diverged has a last record ``{"diverged": round}``."""
-    runs: dict[str, dict[int, list[dict]]] = defaultdict(dict)
+def load(study: str) -> dict[str, dict[int, tuple[list[dict], str]]]:
+    """label -> seed -> (records, status), for every finished run of ``study``."""
+    runs: dict[str, dict[int, tuple[list[dict], str]]] = defaultdict(dict)
     for d in sorted((RESULTS / study / "runs").glob("*-s*")):
         summary = d / "summary.json"
         if not summary.is_file():
             continue
         label, seed = d.name.rsplit("-s", 1)
-        records = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines() if x]
-        info = json.loads(summary.read_text())
-        if info["status"] == "diverged":
-            records.append({"diverged": info.get("diverged_round") or info["rounds"]})
-        runs[label][int(seed)] = records
+        status = json.loads(summary.read_text())["status"]
+        runs[label][int(seed)] = (read_records(d / "metrics.jsonl"), status)
     return runs
 
 
-def evals(records):
-    return [r for r in records if "test_acc" in r]
-
-
-def stats(records) -> dict:
-    ev = evals(records)
+def stats(run: tuple[list[dict], str]) -> dict:
+    """One run's numbers; the round it diverged at by the project's one definition
+    (:func:`splitfed.study.diverged_round`)."""
+    records, status = run
+    ev = [r for r in records if "test_acc" in r]
     acc = [r["test_acc"] for r in ev]
-    times = {r["round"]: r.get("sim_time_s", 0.0) for r in records if "round" in r}
-    hit = next((r["round"] for r in ev if r["test_acc"] >= TARGET), None)
-    last_round = max(r["round"] for r in records if "round" in r)
     return {"final": acc[-1], "last": float(np.mean(acc[-LAST:])), "best": max(acc),
-            "diverged": records[-1].get("diverged"),
-            "to_target": hit, "time_to_target": None if hit is None else times[hit],
-            "loss": ev[-1]["test_loss"], "rounds": last_round,
-            "sim_s": max(r.get("sim_time_s", 0.0) for r in records),
+            "diverged": diverged_round(records, status),
+            "to_target": rounds_to_target(ev, TARGET),
+            "time_to_target": time_to_target(ev, TARGET),
+            "loss": ev[-1]["test_loss"], "rounds": max(r["round"] for r in records),
+            "sim_s": sim_time(records) or 0.0,
             "taus": [r["tau"] for r in records if "tau" in r]}
 
 
@@ -115,8 +111,8 @@ def table(study: str, order=None) -> str:
 def tau_histogram(study: str) -> str:
     lines = []
     for label, seeds in sorted(load(study).items()):
-        for seed, records in sorted(seeds.items()):
-            taus = stats(records)["taus"]
+        for seed, run in sorted(seeds.items()):
+            taus = stats(run)["taus"]
             if taus and len(set(taus)) > 1:
                 values, counts = np.unique(taus, return_counts=True)
                 lines.append(f"- {label} (seed {seed}): tau " + ", ".join(

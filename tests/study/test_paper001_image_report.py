@@ -16,11 +16,15 @@ def report():
 
 
 def write_run(root: Path, name: str, accs, *, diverged_at=None):
-    """A run directory evaluated every 100 rounds (1.5 simulated s a round)."""
+    """A run directory evaluated every 100 rounds (1.5 simulated s a round); a diverged
+    one ends with a non-finite training loss at round ``diverged_at``."""
     d = root / "runs" / name
     d.mkdir(parents=True)
     lines = [{"round": 100 * i, "sim_time_s": 150.0 * i, "test_acc": a, "test_loss": 2.0 - a}
              for i, a in enumerate(accs)]
+    if diverged_at:
+        lines.append({"round": diverged_at, "sim_time_s": 1.5 * diverged_at,
+                      "train_loss": float("nan")})
     (d / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     status = "diverged" if diverged_at else "completed"
     (d / "summary.json").write_text(json.dumps({
