@@ -42,3 +42,20 @@ def test_max2x2_only_changes_the_path_not_the_values():
     with torch.no_grad():
         ref = model(x)
         assert torch.equal(sequential.forward_eval(model, x), ref)
+
+
+def test_max2x2_is_max_pool2d_bit_for_bit():
+    # odd sizes (floor mode drops the last row and column), NaN (propagates), ties,
+    # infinities and a channels_last input
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 4, 9, 7, generator=g)
+    x[0, 0, 0, 0] = float("nan")
+    x[1, 2, 4:6, 2:4] = 1.5                       # a window of four equal values
+    x[2, 1, 0:2, 0:2] = float("-inf")
+    x[2, 3, 2, 2] = float("inf")
+    for inp in (x, x.contiguous(memory_format=torch.channels_last)):
+        ref = torch.nn.functional.max_pool2d(inp, 2)
+        out = sequential.max2x2(inp)
+        assert out.shape == ref.shape == (3, 4, 4, 3)
+        assert torch.equal(out.isnan(), ref.isnan())
+        assert torch.equal(torch.nan_to_num(out), torch.nan_to_num(ref))
