@@ -11,7 +11,7 @@ many CPU minutes). docs/results/paper001_llm.md adds the analytic accounting for
 writes ``DIR/paper001_llm_memory_<preset>_<dtype>_b<batch>.json`` (default
 ``runs/studies/paper001_llm``; the committed files in ``docs/results`` were made with
 ``--out-dir docs/results``). Each record carries the provenance of the code that measured
-it (splitfed.provenance; the committed files predate it).
+it (splitfed.provenance).
 """
 
 import json
