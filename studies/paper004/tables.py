@@ -9,7 +9,7 @@ and rounds are means over the seeds that reached the target.
 
 The Table I analogue (table1_tuning.yaml, then table1.yaml; the finer FedCLG grid
 table1_fine_tuning.yaml, then a study named paper004_table1_fine with its chosen rates at
-M = 4 and paper004_table1_fine_m with them at M = 6 and 24)
+M = 4 and paper004_table1_fine_m with them at M = 6)
 gets two more tables each:
 
 - tuning: per method and (eta, gamma), the rounds to the target over the tuning seeds, and
