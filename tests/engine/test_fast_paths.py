@@ -1,8 +1,10 @@
 """The engine's exact fast paths leave every result bit for bit as it was: evaluation's
-2x2 max-pool as four strided views (after the activation moved behind it), and the
-virtual clock's scalar paths for one client (SL's steps). Each run is compared with the
-same run through the plain paths (``model(x)``, the clock's array arithmetic): models,
-losses, accuracies, bytes and simulated times all equal."""
+2x2 max-pool as four strided views (after the activation moved behind it), training's
+max-pooling by the channels_last kernel (SL's client, the single server model,
+centralized training), and the virtual clock's scalar paths for one client (SL's
+steps). Each run is compared with the same run through the plain paths (``model(x)``,
+the clock's array arithmetic): models, losses, accuracies, bytes and simulated times all
+equal."""
 
 import numpy as np
 import pytest
@@ -37,6 +39,7 @@ def images(monkeypatch):
 
 def _plain_paths(monkeypatch):
     monkeypatch.setattr(sequential, "forward_eval", lambda module, x: module(x))
+    monkeypatch.setattr(sequential, "forward_train", lambda module, x: module(x))
     V = clock_mod.VirtualClock
     monkeypatch.setattr(V, "_transfer_one", lambda self, kind, direction, c, n:
                         V._transfer_many(self, kind, direction, np.array([c]), n))
@@ -56,7 +59,8 @@ def _cfg(algorithm, cut):
         "clock": {"profile": "fedscale", "deadline": None}})
 
 
-@pytest.mark.parametrize("algorithm,cut", [("sl", 1), ("sl", 2), ("sflv2", 1), ("fedavg", 2)])
+@pytest.mark.parametrize("algorithm,cut", [("sl", 1), ("sl", 2), ("sflv2", 1), ("fedavg", 2),
+                                           ("centralized", 2)])
 def test_fast_paths_change_no_result(monkeypatch, algorithm, cut):
     fast = run_experiment(_cfg(algorithm, cut), write=False)
     with monkeypatch.context() as m:

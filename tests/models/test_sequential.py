@@ -1,8 +1,14 @@
-"""The exact Sequential rewrites of evaluation's forward pass: a 2x2 max-pool as four
+"""The exact Sequential rewrites of the forward pass. Evaluation: a 2x2 max-pool as four
 strided views, with the activation before it moved after it (it then sees the pooled
-tensor); the plain forward, which training uses, keeps ``max_pool2d``)."""
+tensor). Training: max-pooling by the channels_last kernel on the batch's planes, with a
+ReLU before it moved after it; outputs and gradients bit for bit those of the module."""
 
+import copy
+
+import pytest
 import torch
+import torch.nn.functional as F
+from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from splitfed.models import build_model, sequential
@@ -59,3 +65,108 @@ def test_max2x2_is_max_pool2d_bit_for_bit():
         assert out.shape == ref.shape == (3, 4, 4, 3)
         assert torch.equal(out.isnan(), ref.isnan())
         assert torch.equal(torch.nan_to_num(out), torch.nan_to_num(ref))
+
+
+def _with_ties(shape, gen, dtype=torch.float32):
+    """Inputs as a convolution sees Fashion-MNIST: exact zeros (ties in every window of
+    the background) and a few NaN and infinities."""
+    x = torch.randn(*shape, generator=gen, dtype=dtype) * 3
+    x[:, :, : shape[2] // 3] = 0.0
+    x[0, 0, -1, -1] = float("nan")
+    x[1, 1, -2, -3] = float("-inf")
+    x[1, 0, -3, -2] = float("inf")
+    return x
+
+
+def _same(a, b):
+    return torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("args", [(2, 2), (3, 2, 1, 1, True), (2, 1, 0, 2, False),
+                                  (3, 3, 1, 1, False), ((2, 3), (2, 1), (1, 0), 1, True)])
+def test_max_pool2d_cl_is_max_pool2d_bit_for_bit(args, dtype):
+    # padding, dilation, ceil mode, overlapping windows, odd sizes; ties, NaN, infinities
+    g = torch.Generator().manual_seed(1)
+    x = _with_ties((12, 11, 17, 15), g, dtype).requires_grad_(True)
+    assert sequential._planes_help(x)           # the channels_last path is the one tested
+    ref = F.max_pool2d(x, *args)
+    out = sequential.max_pool2d_cl(x, *args)
+    assert out.shape == ref.shape and out.is_contiguous() and _same(out, ref)
+    grad = torch.randn(ref.shape, generator=g, dtype=dtype)
+    (g_ref,) = torch.autograd.grad(ref, x, grad)
+    (g_out,) = torch.autograd.grad(out, x, grad)
+    assert g_out.is_contiguous() and torch.equal(g_out, g_ref)
+
+
+def test_max_pool2d_cl_leaves_small_and_other_inputs_to_max_pool2d():
+    small = torch.randn(2, 3, 8, 8)                    # too few planes and elements
+    cl = torch.randn(8, 16, 32, 32).contiguous(memory_format=torch.channels_last)
+    assert not sequential._planes_help(small) and not sequential._planes_help(cl)
+    for x in (small, cl):
+        assert torch.equal(sequential.max_pool2d_cl(x, 2, 2), F.max_pool2d(x, 2))
+
+
+def _train_step(forward, model, x, y):
+    model.zero_grad(set_to_none=True)
+    out = forward(x)
+    F.cross_entropy(out, y).backward()
+    return out.detach(), [p.grad.clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("act", [nn.ReLU(inplace=True), nn.ReLU6(), nn.LeakyReLU(0.1),
+                                 nn.LeakyReLU(0.2, inplace=True)])
+@pytest.mark.parametrize("pool", [nn.MaxPool2d(2), nn.MaxPool2d(3, 2, 1, ceil_mode=True),
+                                  nn.MaxPool2d(2, 1)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_forward_train_gives_the_modules_outputs_and_gradients(act, pool, dtype):
+    # a LeakyReLU stays before overlapping windows (its slope would be summed in another
+    # order); a ReLU / ReLU6 moves behind every pool
+    g = torch.Generator().manual_seed(2)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), act, pool),
+                          nn.Flatten(), nn.LazyLinear(5)).to(dtype)
+    x = _with_ties((16, 3, 20, 20), g, dtype)
+    model(x)
+    y = torch.randint(0, 5, (16,), generator=g)
+    for inp in (x, x.nan_to_num()):
+        out, grads = _train_step(model, model, inp, y)
+        fast, fast_grads = _train_step(lambda z: sequential.forward_train(model, z), model,
+                                       inp, y)
+        assert _same(out, fast)
+        assert all(_same(a, b) for a, b in zip(grads, fast_grads))
+
+
+@pytest.mark.parametrize("name,options", [("lenet5", {}), ("alexnet", {"width": 0.0625}),
+                                          ("vgg11", {"width": 0.125})])
+def test_forward_train_is_the_model_bit_for_bit_over_steps(name, options):
+    # three SGD steps of each zoo model with pools, through module(x) and forward_train
+    shape = (3, 32, 32) if name == "vgg11" else (1, 28, 28)
+    g = torch.Generator().manual_seed(3)
+    torch.manual_seed(0)
+    a = build_model(name, shape, 10, **options).train()
+    b = copy.deepcopy(a)
+    for _ in range(3):
+        x = torch.randn(32, *shape, generator=g).clamp_min(0)
+        y = torch.randint(0, 10, (32,), generator=g)
+        for model, forward in ((a, a), (b, lambda z: sequential.forward_train(b, z))):
+            torch.manual_seed(7)                       # the same dropout masks
+            _train_step(forward, model, x, y)
+            with torch.no_grad():
+                for p in model.parameters():
+                    p -= 0.05 * p.grad
+    assert all(torch.equal(p, q) for p, q in zip(a.state_dict().values(),
+                                                 b.state_dict().values()))
+
+
+def test_forward_train_pools_through_the_channels_last_kernel_with_relu_after():
+    model = build_model("lenet5", (1, 28, 28), 10).train()
+    x = torch.randn(32, 1, 28, 28)
+    plain, plain_shapes = _relu_shapes(model, x)
+    fast, fast_shapes = _relu_shapes(lambda z: sequential.forward_train(model, z), x)
+    assert torch.equal(plain, fast)
+    # the first pool's input [32, 6, 28, 28] is large enough: the ReLU runs behind it; the
+    # second's [32, 16, 10, 10] too
+    assert fast_shapes[:2] == [(6, 14, 14), (16, 5, 5)]
+    small, small_shapes = _relu_shapes(lambda z: sequential.forward_train(model, z), x[:2])
+    assert small_shapes[:2] == [(6, 28, 28), (16, 10, 10)]     # max_pool2d, order kept

@@ -22,6 +22,7 @@ from splitfed.engine.batches import batch_plan, local_step_counts
 from splitfed.engine.clock import SERVER
 from splitfed.engine.flops import TRAIN_FACTOR
 from splitfed.engine.rounds import RoundResult
+from splitfed.models import sequential
 
 
 class Centralized(Algorithm):
@@ -53,7 +54,7 @@ class Centralized(Algorithm):
         for rows in torch.from_numpy(plan).to(x.device):
             env.clock.charge(SERVER, model, None, x[rows], passes=TRAIN_FACTOR, stacked=False)
             opt.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(model(x[rows]), y[rows])
+            loss = F.cross_entropy(sequential.forward_train(model, x[rows]), y[rows])
             loss.backward()
             opt.step()
             total += float(loss.detach())

@@ -26,7 +26,7 @@ from splitfed.engine import placement
 from splitfed.engine.clock import CLIENT as CLOCK_CLIENT
 from splitfed.engine.clock import SERVER as CLOCK_SERVER
 from splitfed.engine.flops import TRAIN_FACTOR
-from splitfed.models import split
+from splitfed.models import sequential, split
 
 
 @dataclass
@@ -96,7 +96,7 @@ def server_step(env, server: nn.Module, opt: torch.optim.Optimizer, h: torch.Ten
     if place is not None and not place.serves(client_id):   # a client rank, or lost
         return torch.zeros((), dtype=h.dtype), torch.zeros_like(h)
     h = h.detach().requires_grad_(True)
-    loss = F.cross_entropy(server(h), y)
+    loss = F.cross_entropy(sequential.forward_train(server, h), y)
     params = list(server.parameters())
     *g_params, g_h = torch.autograd.grad(loss, params + [h])
     sgd_step(opt, params, g_params, lr)
@@ -142,7 +142,7 @@ def client_forward(env, module: nn.Module, client_id: int, x: torch.Tensor) -> t
     client_compute(env, module, client_id, x)
     if placement.hosted(env.placement, CLOCK_CLIENT, [client_id]) is not None:
         return placement.placeholder(module, x, stacked=False)
-    return module(x)
+    return sequential.forward_train(module, x)
 
 
 def client_backward(env, module: nn.Module, opt: torch.optim.Optimizer,
