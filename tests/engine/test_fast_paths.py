@@ -45,9 +45,15 @@ def _plain_paths(monkeypatch):
                         V._transfer_many(self, kind, direction, np.array([c]), n))
     monkeypatch.setattr(V, "_compute_one", lambda self, c, macs: clock_mod._add_at(
         self._t, np.array([c]), macs * self._scale[[c]] / self.profiles.compute[[c]]))
+    monkeypatch.setattr(V, "_serve_one", lambda self, c, macs: V.compute(
+        self, clock_mod.SERVER, np.array([c]), macs))
 
 
-def _cfg(algorithm, cut):
+#: a server a thousand times slower than the fedscale clients: its lane decides the times
+SLOW_SERVER = {"profile": "fixed", "deadline": None, "options": {"server_compute": 1e6}}
+
+
+def _cfg(algorithm, cut, clock=None):
     return build_config({
         "name": "t", "rounds": 2, "progress": False, "seed": 5,
         "algorithm": {"name": algorithm}, "data": {"name": NAME},
@@ -56,15 +62,16 @@ def _cfg(algorithm, cut):
         "train": {"batch_size": 8, "local_steps": 3, "local_epochs": None, "lr": 0.05,
                   "momentum": 0.5},
         "participation": {"mode": "uniform", "clients_per_round": 3},
-        "clock": {"profile": "fedscale", "deadline": None}})
+        "clock": clock or {"profile": "fedscale", "deadline": None}})
 
 
-@pytest.mark.parametrize("algorithm,cut", [("sl", 1), ("sl", 2), ("sflv2", 1), ("fedavg", 2),
-                                           ("centralized", 2)])
-def test_fast_paths_change_no_result(monkeypatch, algorithm, cut):
-    fast = run_experiment(_cfg(algorithm, cut), write=False)
+@pytest.mark.parametrize("algorithm,cut,clock", [
+    ("sl", 1, None), ("sl", 2, None), ("sflv2", 1, None), ("fedavg", 2, None),
+    ("centralized", 2, None), ("sl", 2, SLOW_SERVER), ("sflv2", 2, SLOW_SERVER)])
+def test_fast_paths_change_no_result(monkeypatch, algorithm, cut, clock):
+    fast = run_experiment(_cfg(algorithm, cut, clock), write=False)
     with monkeypatch.context() as m:
         _plain_paths(m)
-        plain = run_experiment(_cfg(algorithm, cut), write=False)
+        plain = run_experiment(_cfg(algorithm, cut, clock), write=False)
     assert_same_run(fast, plain)
     assert any("sim_time" in k or "time" in k for k in fast.records[-1])

@@ -191,7 +191,15 @@ class VirtualClock:
         return macs
 
     def compute(self, role: str, ids, macs) -> None:
-        """Charge ``macs`` MACs (per id) of ``role`` work done for the clients ``ids``."""
+        """Charge ``macs`` MACs (per id) of ``role`` work done for the clients ``ids``
+        (an array, a list, or one client's int id)."""
+        if type(ids) is int and type(macs) is int:   # one sequential client, on scalars
+            if role == CLIENT:
+                self._compute_one(ids, macs)
+                return
+            if role == SERVER:
+                self._serve_one(ids, macs)
+                return
         ids = _ids(ids)
         if role == CLIENT:
             p = self.profiles
@@ -246,6 +254,13 @@ class VirtualClock:
         """:meth:`compute` of client work for the single client ``c``, on scalars (the
         same float64 arithmetic as the array path)."""
         self._t[c] += macs * self._scale[c] / self.profiles.compute[c]
+
+    def _serve_one(self, c: int, macs: int) -> None:
+        """:meth:`compute` of work on the shared server lane for the single client ``c``,
+        on scalars (the same float64 arithmetic as the array path)."""
+        dt = macs / self.profiles.server_compute
+        self._shared = max(self._shared, float(self._arrival[c])) + dt
+        self._reply[c] = self._shared
 
     def _transfer_one(self, kind: str, direction: str, c: int, nbytes: int) -> None:
         """:meth:`transfer` for the single client ``c``, on scalars."""

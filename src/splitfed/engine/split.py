@@ -90,7 +90,7 @@ def server_step(env, server: nn.Module, opt: torch.optim.Optimizer, h: torch.Ten
     Charged to the shared server lane: it starts when both the lane is free and
     ``client_id``'s upload has arrived, and costs a forward and a backward pass.
     """
-    env.clock.charge(CLOCK_SERVER, server, [client_id], h, passes=TRAIN_FACTOR,
+    env.clock.charge(CLOCK_SERVER, server, int(client_id), h, passes=TRAIN_FACTOR,
                      stacked=False)
     place = env.placement
     if place is not None and not place.serves(client_id):   # a client rank, or lost
@@ -132,7 +132,7 @@ def client_compute(env, module: nn.Module, client_id: int, x: torch.Tensor,
                    passes: int = 1) -> None:
     """Charge ``passes`` forward passes of a single client's ``module`` over its batch
     ``x`` [B, ...] to that client's timeline (SL: 1 for a forward, 2 for a backward)."""
-    env.clock.charge(CLOCK_CLIENT, module, [client_id], x, passes=passes, stacked=False)
+    env.clock.charge(CLOCK_CLIENT, module, int(client_id), x, passes=passes, stacked=False)
 
 
 def client_forward(env, module: nn.Module, client_id: int, x: torch.Tensor) -> torch.Tensor:

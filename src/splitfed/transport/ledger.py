@@ -25,16 +25,20 @@ class Ledger:
         self.round = 0
 
     def record(self, kind: str, direction: str, client_ids, nbytes) -> None:
-        ids = np.asarray(client_ids, dtype=np.int64).reshape(-1)
         table = self._rounds[self.round]
         key = (kind, direction)
-        if key not in table:
-            table[key] = np.zeros(self.num_clients, dtype=np.int64)
-        if ids.size == 1 and np.ndim(nbytes) == 0:     # one client: the common SL step
-            table[key][ids[0]] += int(nbytes)
+        arr = table.get(key)
+        if arr is None:
+            arr = table[key] = np.zeros(self.num_clients, dtype=np.int64)
+        if (type(nbytes) is int and type(client_ids) is np.ndarray and client_ids.size == 1
+                and client_ids.dtype == np.int64):      # one client: the common SL step
+            arr[client_ids.item()] += nbytes
             return
-        np.add.at(table[key], ids, np.broadcast_to(np.asarray(nbytes, dtype=np.int64),
-                                                   ids.shape))
+        ids = np.asarray(client_ids, dtype=np.int64).reshape(-1)
+        if ids.size == 1 and np.ndim(nbytes) == 0:
+            arr[ids[0]] += int(nbytes)
+            return
+        np.add.at(arr, ids, np.broadcast_to(np.asarray(nbytes, dtype=np.int64), ids.shape))
 
     def round_totals(self, t: int) -> dict[str, int]:
         """``{"bytes_up/activations": n, ..., "bytes_up": total, "bytes_down": total}``."""
