@@ -14,6 +14,7 @@ sequential client's passes (:func:`client_compute`) on its own timeline, and an 
 from __future__ import annotations
 
 import copy
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -40,8 +41,20 @@ class SplitModel:
 
     @classmethod
     def of(cls, env) -> SplitModel:
-        client, server = split(env.model, env.cut)
-        return cls(client, server, list(client.state_dict()), list(server.state_dict()))
+        """The parts of ``env.model`` at ``env.cut``: the same objects every round while
+        the model's blocks are the same, so what is cached per module (the clock's MACs
+        from a dry run, the batched forward's plan) is computed once per run, not once
+        per round."""
+        model = env.model
+        blocks = tuple(id(m) for m in model.children())
+        per_model = _PARTS.setdefault(model, {})
+        cached = per_model.get(env.cut)
+        if cached is not None and cached[0] == blocks:
+            return cached[1]
+        client, server = split(model, env.cut)
+        parts = cls(client, server, list(client.state_dict()), list(server.state_dict()))
+        per_model[env.cut] = (blocks, parts)
+        return parts
 
     def client_state(self, full: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {k: full[k] for k in self.client_keys}
@@ -56,6 +69,10 @@ class SplitModel:
     def server_module(self, state: Mapping[str, torch.Tensor]) -> nn.Module:
         """A trainable copy of the server side holding ``state``."""
         return _trainable_copy(self.server, state)
+
+
+#: SplitModel.of's parts per model and cut (weak: a model's entry goes with the model)
+_PARTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _trainable_copy(template: nn.Module, state: Mapping[str, torch.Tensor]) -> nn.Module:
