@@ -111,3 +111,15 @@ def test_peer_scripts_run_in_their_own_interpreter(tmp_path, monkeypatch):
     python, why = probe(sys.executable, "import no_such_module", "install it")
     assert python is None and "No module named 'no_such_module'" in why
     assert why.endswith("; install it")
+
+
+def test_sl_overhead_probe_runs_and_restores_the_bookkeeping():
+    from benchmarks import sl_overhead
+    from splitfed.engine.clock import VirtualClock
+    from splitfed.transport.ledger import Ledger
+
+    real = (Ledger.record, VirtualClock.transfer, VirtualClock.charge)
+    res = sl_overhead.run(clients=2, local_steps=1, batch=8, repeats=1)
+    assert set(res) == {"central", "split_loop", "splitfed_sl", "sl_no_accounting"}
+    assert all(v > 0 for v in res.values())
+    assert (Ledger.record, VirtualClock.transfer, VirtualClock.charge) == real
