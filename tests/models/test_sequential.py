@@ -170,3 +170,18 @@ def test_forward_train_pools_through_the_channels_last_kernel_with_relu_after():
     assert fast_shapes[:2] == [(6, 14, 14), (16, 5, 5)]
     small, small_shapes = _relu_shapes(lambda z: sequential.forward_train(model, z), x[:2])
     assert small_shapes[:2] == [(6, 28, 28), (16, 10, 10)]     # max_pool2d, order kept
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_forward_train_with_an_in_place_relu_behind_a_one_by_one_pool(size):
+    # the pool's 1 x 1 output must be a tensor of its own: an in-place ReLU on a view made
+    # inside the autograd function would be refused
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 256, 1), nn.ReLU(inplace=True), nn.MaxPool2d(2),
+                          nn.Flatten(), nn.Linear(256, 4))
+    x = torch.randn(32, 3, size, size)
+    assert sequential._planes_help(torch.empty(32, 256, size, size))
+    y = torch.randint(0, 4, (32,))
+    out, grads = _train_step(model, model, x, y)
+    fast, fast_grads = _train_step(lambda z: sequential.forward_train(model, z), model, x, y)
+    assert torch.equal(out, fast) and all(torch.equal(a, b) for a, b in zip(grads, fast_grads))
