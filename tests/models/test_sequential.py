@@ -31,15 +31,21 @@ def _relu_shapes(forward, x):
     return out, mode.shapes
 
 
-def test_activation_runs_on_the_pooled_tensor_only_in_evaluation():
-    model = build_model("lenet5", (1, 28, 28), 10).eval()
-    x = torch.randn(4, 1, 28, 28)
+@pytest.mark.parametrize("mode", ["eval", "train"])
+def test_the_activation_runs_on_the_pooled_tensor(mode):
+    model = build_model("lenet5", (1, 28, 28), 10).train(mode == "train")
+    forward = sequential.forward_eval if mode == "eval" else sequential.forward_train
+    x = torch.randn(32, 1, 28, 28)
     plain, plain_shapes = _relu_shapes(model, x)
-    fast, fast_shapes = _relu_shapes(lambda z: sequential.forward_eval(model, z), x)
+    fast, fast_shapes = _relu_shapes(lambda z: forward(model, z), x)
     assert torch.equal(plain, fast)
     assert plain_shapes[:2] == [(6, 28, 28), (16, 10, 10)]      # conv outputs
     assert fast_shapes[:2] == [(6, 14, 14), (16, 5, 5)]         # pooled first
     assert plain_shapes[2:] == fast_shapes[2:]                  # the fc activations
+    if mode == "train":
+        # pools too small for the channels_last kernel keep max_pool2d, and the order
+        _, small_shapes = _relu_shapes(lambda z: forward(model, z), x[:2])
+        assert small_shapes == plain_shapes
 
 
 def test_max2x2_only_changes_the_path_not_the_values():
@@ -157,19 +163,6 @@ def test_forward_train_is_the_model_bit_for_bit_over_steps(name, options):
                     p -= 0.05 * p.grad
     assert all(torch.equal(p, q) for p, q in zip(a.state_dict().values(),
                                                  b.state_dict().values()))
-
-
-def test_forward_train_pools_through_the_channels_last_kernel_with_relu_after():
-    model = build_model("lenet5", (1, 28, 28), 10).train()
-    x = torch.randn(32, 1, 28, 28)
-    plain, plain_shapes = _relu_shapes(model, x)
-    fast, fast_shapes = _relu_shapes(lambda z: sequential.forward_train(model, z), x)
-    assert torch.equal(plain, fast)
-    # the first pool's input [32, 6, 28, 28] is large enough: the ReLU runs behind it; the
-    # second's [32, 16, 10, 10] too
-    assert fast_shapes[:2] == [(6, 14, 14), (16, 5, 5)]
-    small, small_shapes = _relu_shapes(lambda z: sequential.forward_train(model, z), x[:2])
-    assert small_shapes[:2] == [(6, 28, 28), (16, 10, 10)]     # max_pool2d, order kept
 
 
 @pytest.mark.parametrize("size", [2, 3])

@@ -163,25 +163,6 @@ def _is_plain_sequential(m: nn.Module) -> bool:
     return isinstance(m, nn.Sequential) and type(m).forward is nn.Sequential.forward
 
 
-def _run(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    if _is_max2x2(m):
-        return max2x2(x)
-    if not _is_plain_sequential(m) or _hooked(m):
-        return m(x)
-    children = list(m)
-    i = 0
-    while i < len(children):
-        c = children[i]
-        if (i + 1 < len(children) and commutes_with_max(c) and not _hooked(c)
-                and _is_max2x2(children[i + 1])):
-            x = c(max2x2(x))
-            i += 2
-            continue
-        x = _run(c, x)
-        i += 1
-    return x
-
-
 def _grad_commutes(act: nn.Module, pool: nn.MaxPool2d) -> bool:
     """Whether ``act`` then ``pool`` equals ``pool`` then ``act`` in gradients too, bit
     for bit: ReLU and ReLU6 pass a gradient times exactly 1 or 0; a LeakyReLU's slope
@@ -195,23 +176,48 @@ def _grad_commutes(act: nn.Module, pool: nn.MaxPool2d) -> bool:
     return all(si >= (ki - 1) * di + 1 for ki, si, di in zip(k, s, d))
 
 
-def _run_train(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    if _is_max_pool(m):
-        return max_pool2d_cl(x, *_pool_args(m))
+def _walk(m: nn.Module, x: torch.Tensor, pool, first) -> torch.Tensor:
+    """``m(x)`` through plain Sequentials with their pools rewritten: ``pool(child)`` is
+    the exact function computing a pooling child (None for any other child), and
+    ``first(activation, pool_child, x)`` says whether the activation directly before it
+    runs behind it."""
+    rewritten = pool(m)
+    if rewritten is not None:
+        return rewritten(x)
     if not _is_plain_sequential(m) or _hooked(m):
         return m(x)
     children = list(m)
     i = 0
     while i < len(children):
         c = children[i]
-        if (i + 1 < len(children) and _is_max_pool(children[i + 1])
-                and _grad_commutes(c, children[i + 1]) and _planes_help(x)):
-            x = c(max_pool2d_cl(x, *_pool_args(children[i + 1])))   # pool first
-            i += 2
-            continue
-        x = _run_train(c, x)
+        if i + 1 < len(children):
+            rewritten = pool(children[i + 1])
+            if rewritten is not None and first(c, children[i + 1], x):
+                x = c(rewritten(x))                                 # pool first
+                i += 2
+                continue
+        x = _walk(c, x, pool, first)
         i += 1
     return x
+
+
+def _eval_pool(m: nn.Module):
+    return max2x2 if _is_max2x2(m) else None
+
+
+def _eval_first(act: nn.Module, pool: nn.Module, x: torch.Tensor) -> bool:
+    return commutes_with_max(act) and not _hooked(act)
+
+
+def _train_pool(m: nn.Module):
+    if not _is_max_pool(m):
+        return None
+    args = _pool_args(m)
+    return lambda x: max_pool2d_cl(x, *args)
+
+
+def _train_first(act: nn.Module, pool: nn.Module, x: torch.Tensor) -> bool:
+    return _planes_help(x) and _grad_commutes(act, pool)
 
 
 def _global_hooks() -> bool:
@@ -225,7 +231,7 @@ def forward_train(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     kept for a backward pass either way."""
     if x.device.type != "cpu" or _global_hooks():
         return module(x)
-    return _run_train(module, x)
+    return _walk(module, x, _train_pool, _train_first)
 
 
 def forward_eval(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -234,4 +240,4 @@ def forward_eval(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     rewrites only add kernel launches)."""
     if x.device.type != "cpu" or _global_hooks():
         return module(x)
-    return _run(module, x)
+    return _walk(module, x, _eval_pool, _eval_first)
