@@ -84,7 +84,13 @@ def zo_gradient(loss_fn, params: Sequence[torch.Tensor], lam: float, seeds: Sequ
                                   loss_fn(perturb(params, u, -lam)), lam)
         g = scale_directions(coef, u)
         total = g if total is None else torch._foreach_add(total, g)
-    return torch._foreach_div(total, float(len(seeds)))
+    return _mean(total, len(seeds))
+
+
+def _mean(total: list[torch.Tensor], q: int) -> list[torch.Tensor]:
+    """``total / q``; one direction's estimate as it is (x / 1 is x in IEEE arithmetic,
+    so skipping that pass over every parameter changes no bit)."""
+    return total if q == 1 else torch._foreach_div(total, float(q))
 
 
 # ---------------------------------------------------------------- in place, chunked
@@ -179,4 +185,4 @@ def descend_(params: Sequence[torch.Tensor], seeds: Sequence[int], coefs: torch.
     for j, seed in enumerate(seeds):
         g = scale_directions(coefs[:, j], directions(seed, params, kind))
         total = g if total is None else torch._foreach_add(total, g)
-    torch._foreach_add_(list(params), torch._foreach_div(total, float(q)), alpha=-lr)
+    torch._foreach_add_(list(params), _mean(total, q), alpha=-lr)
