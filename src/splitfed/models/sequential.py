@@ -78,12 +78,25 @@ def _pair(v) -> tuple:
     return tuple(v) if isinstance(v, (tuple, list)) else (v, v)
 
 
+def _is_max_pool(m: nn.Module) -> bool:
+    """A plain MaxPool2d (no hooks, no indices returned): the pools the rewrites compute."""
+    return type(m) is nn.MaxPool2d and not _hooked(m) and not m.return_indices
+
+
+def _pool_args(m: nn.MaxPool2d) -> tuple:
+    """(kernel, stride, padding, dilation, ceil_mode) as pairs, as ``max_pool2d`` reads them."""
+    return (_pair(m.kernel_size), _pair(m.stride or m.kernel_size), _pair(m.padding),
+            _pair(m.dilation), bool(m.ceil_mode))
+
+
 def _is_max2x2(m: nn.Module) -> bool:
     """A MaxPool2d that is exactly the max of the four 2x2-strided views of its input."""
-    return (type(m) is nn.MaxPool2d and not _hooked(m) and not m.return_indices
-            and not m.ceil_mode and _pair(m.kernel_size) == (2, 2)
-            and _pair(m.stride) == (2, 2) and _pair(m.padding) == (0, 0)
-            and _pair(m.dilation) == (1, 1))
+    return _is_max_pool(m) and _pool_args(m) == ((2, 2), (2, 2), (0, 0), (1, 1), False)
+
+
+def _moves_behind_max(act: nn.Module) -> bool:
+    """An activation that may run behind a max-pool instead of before it (same values)."""
+    return commutes_with_max(act) and not _hooked(act)
 
 
 def max2x2(x: torch.Tensor) -> torch.Tensor:
@@ -97,16 +110,6 @@ def max2x2(x: torch.Tensor) -> torch.Tensor:
     x = x[..., :h, :w]
     rows = torch.maximum(x[..., 0::2, :], x[..., 1::2, :])
     return torch.maximum(rows[..., 0::2], rows[..., 1::2])
-
-
-def _pool_args(m: nn.MaxPool2d) -> tuple:
-    stride = m.stride if m.stride not in (None, (), []) else m.kernel_size   # as max_pool2d
-    return m.kernel_size, stride, m.padding, m.dilation, m.ceil_mode
-
-
-def _is_max_pool(m: nn.Module) -> bool:
-    """A MaxPool2d that :func:`max_pool2d_cl` computes exactly."""
-    return type(m) is nn.MaxPool2d and not _hooked(m) and not m.return_indices
 
 
 class _ChannelsLastMaxPool(torch.autograd.Function):
@@ -154,7 +157,7 @@ def max_pool2d_cl(x: torch.Tensor, kernel, stride, padding=(0, 0), dilation=(1, 
     ``F.max_pool2d``. It differentiates once (no gradient of its gradient)."""
     if not _planes_help(x):
         return F.max_pool2d(x, kernel, stride, padding, dilation, ceil_mode)
-    return _ChannelsLastMaxPool.apply(x, list(_pair(kernel)), list(_pair(stride)),
+    return _ChannelsLastMaxPool.apply(x, list(_pair(kernel)), list(_pair(stride or kernel)),
                                       list(_pair(padding)), list(_pair(dilation)),
                                       bool(ceil_mode))
 
@@ -168,11 +171,11 @@ def _grad_commutes(act: nn.Module, pool: nn.MaxPool2d) -> bool:
     for bit: ReLU and ReLU6 pass a gradient times exactly 1 or 0; a LeakyReLU's slope
     multiplies, so a sum over overlapping windows would round differently in the two
     orders, and it is moved only over windows that do not overlap."""
-    if _hooked(act) or not commutes_with_max(act):
+    if not _moves_behind_max(act):
         return False
     if type(act) in (nn.ReLU, nn.ReLU6):
         return True
-    k, s, _, d, _ = (_pair(v) for v in _pool_args(pool))
+    k, s, _, d, _ = _pool_args(pool)
     return all(si >= (ki - 1) * di + 1 for ki, si, di in zip(k, s, d))
 
 
@@ -206,7 +209,7 @@ def _eval_pool(m: nn.Module):
 
 
 def _eval_first(act: nn.Module, pool: nn.Module, x: torch.Tensor) -> bool:
-    return commutes_with_max(act) and not _hooked(act)
+    return _moves_behind_max(act)
 
 
 def _train_pool(m: nn.Module):

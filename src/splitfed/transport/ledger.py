@@ -35,9 +35,6 @@ class Ledger:
             arr[client_ids.item()] += nbytes
             return
         ids = np.asarray(client_ids, dtype=np.int64).reshape(-1)
-        if ids.size == 1 and np.ndim(nbytes) == 0:
-            arr[ids[0]] += int(nbytes)
-            return
         np.add.at(arr, ids, np.broadcast_to(np.asarray(nbytes, dtype=np.int64), ids.shape))
 
     def round_totals(self, t: int) -> dict[str, int]:
