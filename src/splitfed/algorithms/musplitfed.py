@@ -40,7 +40,10 @@ noise chunk and its activations, nothing of the size of a second model (what
 ``benchmarks/client_memory.py --zo-mode inplace`` measures); the numbers drawn differ from the
 default's, the distribution does not. BatchNorm
 buffers are not perturbed; running statistics are updated only by the unperturbed client
-forward pass. The whole cohort perturbs and evaluates in batched passes (no autograd).
+forward pass. The whole cohort perturbs and evaluates in batched passes (no autograd), in
+calls of about ``engine.chunk_size`` clients (default: about 512 samples per call on a
+CPU, at least 8 clients per call; the values of one call, bit for bit:
+``cohort_forward_chunked``).
 
 Simulated time (docs/clock.md): every forward pass is charged (B x forward MACs per copy;
 a first-order ablation's backward 2 x more), the clients' on their timelines and the
@@ -118,11 +121,12 @@ class MUSplitFed(Algorithm):
         rows = torch.from_numpy(rows[:, 0]).to(env.device)
         x, y = env.data.train.x[rows], env.data.train.y[rows]
         start = rnd.send(parts.client_state(state["model"]))
+        chunk = env.config.engine.chunk_size
         client = ForwardCopies(parts.client, start, n, clock=env.clock, role=CLIENT, ids=ids,
-                               placement=env.placement)
+                               placement=env.placement, chunk_size=chunk)
         server = ForwardCopies(parts.server, parts.server_state(state["model"]), n,
                                clock=env.clock, role=SERVER_COPY, ids=ids,
-                               placement=env.placement)
+                               placement=env.placement, chunk_size=chunk)
         lam, c_seeds = o.smoothing, self._seeds(base, "client", 0)
         h = client.forward(x, update_stats=True)
         sent, scales = [h], []

@@ -25,8 +25,9 @@ from torch import nn
 from splitfed.engine.batches import batch_plan
 from splitfed.engine.placement import Placement
 from splitfed.engine.stacked import GradHook, placed_stacked
+from splitfed.models.cohort import SAMPLES_PER_CALL
 
-DEFAULT_SAMPLES_PER_CALL = 320
+DEFAULT_SAMPLES_PER_CALL = SAMPLES_PER_CALL
 
 
 @dataclass

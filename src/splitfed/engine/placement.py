@@ -39,7 +39,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from splitfed.models.cohort import cohort_forward
+from splitfed.models.cohort import cohort_forward_chunked
 
 class Placement(Protocol):
     def local_slots(self, role: str, ids: np.ndarray) -> np.ndarray:
@@ -80,21 +80,22 @@ def hosted(place: Placement | None, role: str, ids) -> np.ndarray | None:
 
 def cohort_forward_here(place: Placement | None, role: str, ids, module: nn.Module,
                         state: Mapping[str, torch.Tensor], x: torch.Tensor, *,
-                        training: bool = True,
-                        write_back: Sequence[str] = ()) -> torch.Tensor:
+                        training: bool = True, write_back: Sequence[str] = (),
+                        chunk: int | None = None) -> torch.Tensor:
     """:func:`~splitfed.models.cohort.cohort_forward` over the copies computed in this
     process under ``place`` (``role`` work for the clients ``ids``, one per leading row
     of ``state`` and ``x``); the other rows of the output are zeros. ``write_back``:
     tensors of ``state`` the pass updates in place (BatchNorm statistics), copied back to
-    their rows."""
+    their rows. ``chunk``: copies per call (:func:`~splitfed.models.cohort.
+    cohort_forward_chunked`; the same values; None: one call)."""
     rows = hosted(place, role, ids)
     if rows is None:
-        return cohort_forward(module, state, x, training=training)
+        return cohort_forward_chunked(module, state, x, training=training, chunk=chunk)
     idx = torch.from_numpy(rows).to(x.device)
     if not len(rows):
         return placeholder(module, x)
     sub = {k: v[idx] for k, v in state.items()}
-    out = cohort_forward(module, sub, x[idx], training=training)
+    out = cohort_forward_chunked(module, sub, x[idx], training=training, chunk=chunk)
     with torch.no_grad():
         for k in write_back:
             state[k][idx] = sub[k]

@@ -33,7 +33,7 @@ from splitfed.engine.flops import TRAIN_FACTOR
 from splitfed.engine.optim import StackedSGD
 from splitfed.engine.placement import Placement, cohort_forward_here
 from splitfed.engine.split import per_client_loss
-from splitfed.models.cohort import cohort_forward
+from splitfed.models.cohort import FORWARD_SAMPLES_PER_CALL, cohort_forward
 
 #: ``hook(names, params, grads, slots) -> grads``: a correction of the stacked gradients of
 #: the active copies before the optimizer step (a gradient transform's ``update``,
@@ -144,13 +144,19 @@ class ForwardCopies:
     statistics) change only in a pass with ``update_stats`` (the unperturbed client pass);
     every other pass reads a copy of them. Under a ``placement`` (the multi-process
     runtime's ``env.placement``; None: everything here) copies hosted in other processes
-    are not computed here (engine/placement.py).
+    are not computed here (engine/placement.py). A pass over every copy runs in calls of
+    about ``chunk_size`` copies (``engine.chunk_size``; None: on a CPU, calls of about
+    ``FORWARD_SAMPLES_PER_CALL`` = 512 samples, one call for fewer; on a GPU one call;
+    never fewer than 8 copies per call), with the values of one call
+    (:func:`~splitfed.models.cohort.cohort_forward_chunked`); passes under autograd
+    (first-order ablations) run in one call.
     """
 
     def __init__(self, module: nn.Module, start: Mapping[str, torch.Tensor], n: int, *,
-                 clock, role: str, ids, placement: Placement | None = None) -> None:
+                 clock, role: str, ids, placement: Placement | None = None,
+                 chunk_size: int | None = None) -> None:
         self.module, self.clock, self.role = module, clock, role
-        self.placement = placement
+        self.placement, self.chunk_size = placement, chunk_size
         self.ids = np.atleast_1d(np.asarray(ids, dtype=np.int64))
         self.names = [k for k, _ in module.named_parameters()]
         self.state = stack_copies({k: start[k] for k in module.state_dict()}, n, ())
@@ -180,7 +186,18 @@ class ForwardCopies:
         return cohort_forward_here(
             self.placement, self.role, who, self.module,
             {**dict(zip(self.names, params)), **bufs}, x,
-            write_back=self.buffers if update_stats else ())
+            write_back=self.buffers if update_stats else (), chunk=self._chunk(x))
+
+    def _chunk(self, x: torch.Tensor) -> int | None:
+        """Copies per call for ``x`` [C, B, ...] (class doc); None (one call) while
+        autograd records (the first-order ablations: module doc of ``cohort_forward_chunked``)."""
+        if torch.is_grad_enabled():
+            return None
+        if self.chunk_size is not None or x.device.type != "cpu":
+            return self.chunk_size
+        n = x.shape[0]
+        calls = max(1, round(n * x.shape[1] / FORWARD_SAMPLES_PER_CALL))
+        return -(-n // calls)
 
     def first_order_grads(self, x: torch.Tensor, y: torch.Tensor | None = None,
                           grad_out: torch.Tensor | None = None, *, slot: int | None = None,

@@ -41,9 +41,12 @@ LeNet-5 cohort training (docs/performance.md).
 Dispatch: ``nn.Sequential`` runs its children; known leaf layers use the rules above; a
 composite module may define ``forward_cohort(self, ctx, x)`` that mirrors its ``forward``
 but calls ``ctx.run(self.child, x)`` for each child and works on folded / stacked
-tensors (residual additions need nothing special). Any other module, and inputs of other
-ranks than ``[C, B, F]`` / ``[C, B, Ch, H, W]``, fall back to ``torch.func.vmap`` of
-``functional_call`` with ``randomness="different"``: correct but slow. A template with any
+tensors (residual additions need nothing special); one that draws random numbers
+itself (other than through dropout children) sets ``cohort_draws_random = True`` on its
+class, so that :func:`cohort_forward_chunked` keeps it in one call. Any other module,
+and inputs of other ranks than ``[C, B, F]`` / ``[C, B, Ch, H, W]``, fall back to
+``torch.func.vmap`` of ``functional_call`` with ``randomness="different"``: correct but
+slow. A template with any
 submodule whose class sets ``cohort_per_client = True`` (transformer blocks) runs as one
 ``functional_call`` per client on views of the stacked state.
 
@@ -64,6 +67,18 @@ from torch.func import functional_call, vmap
 
 from splitfed.errors import SplitfedError
 from splitfed.models.sequential import commutes_with_max
+
+#: Samples per batched call where a 2-core CPU is fastest (about 160-640; docs/design.md,
+#: Speed): the default number of clients per call is this over the batch size.
+SAMPLES_PER_CALL = 320
+#: The same for forward passes without autograd (zeroth-order copies): one call up to
+#: about this many samples, then calls of about this many (LeNet-5 and AlexNet client
+#: parts, docs/performance.md: a grouped convolution over 100 clients of 32 samples is
+#: about 2x slower in one call than in calls of 16-32 clients; splitting 500 samples
+#: costs more per call than it saves).
+FORWARD_SAMPLES_PER_CALL = 512
+#: The fewest clients in one call of :func:`cohort_forward_chunked` (its docstring: why).
+MIN_CLIENTS_PER_CALL = 8
 
 
 class CohortStateError(SplitfedError, ValueError):
@@ -106,6 +121,52 @@ def cohort_forward(
     return _unfold(y, ctx.n) if y.dim() == 4 else y
 
 
+def cohort_forward_chunked(
+    module: nn.Module, state: Mapping[str, Tensor], x: Tensor, *, training: bool,
+    chunk: int | None,
+) -> Tensor:
+    """:func:`cohort_forward` in calls of about ``chunk`` clients each (None: one call).
+
+    The same values as one call, bit for bit: every client's arithmetic is its own (its
+    groups of the grouped convolutions, its matrices of the batched products, its
+    channels of the norms), and the calls are balanced so that each holds at least
+    ``MIN_CLIENTS_PER_CALL`` = 8 clients. Fewer groups can round differently: oneDNN's
+    convolution for one client (an ungrouped one) differs in the last bits from the
+    grouped one with AVX2 kernels, and with AVX kernels any call of fewer than 8 input
+    channels in all (LeNet-5's conv1 for 1-7 clients) does; with 8 or more clients the
+    outputs equalled one call's for every group count tried, with AVX-512, AVX2, AVX and
+    SSE4.1 kernels (``ONEDNN_MAX_CPU_ISA``; LeNet-5, AlexNet, VGG-11, ResNet-18 client
+    parts). Passes that build an autograd graph are not chunked by the callers: the
+    backward of a grouped convolution rounded differently for other group counts with
+    AVX2 kernels. A template that may draw random numbers in this
+    mode (dropout with p > 0 in training, modules run by ``vmap`` or per client) runs in
+    one call, so that its random numbers are drawn as before. Running statistics update
+    in place as in one call.
+    """
+    n = x.shape[0]
+    plan = _plan(module)
+    bounds = balanced_chunks(n, chunk) if chunk is not None else [(0, n)]
+    if len(bounds) == 1 or plan.draws_random(training):
+        return cohort_forward(module, state, x, training=training)
+    plan.check(state, n)
+    return torch.cat([cohort_forward(module, {k: state[k][a:b] for k in plan.shapes},
+                                     x[a:b], training=training) for a, b in bounds])
+
+
+def balanced_chunks(n: int, chunk: int) -> list[tuple[int, int]]:
+    """``[start, stop)`` of ceil(n / chunk) nearly equal runs covering ``range(n)``, fewer
+    where that would leave a run of less than ``MIN_CLIENTS_PER_CALL`` (one run for
+    n < 16)."""
+    k = max(1, min(-(-n // max(chunk, 1)), n // MIN_CLIENTS_PER_CALL))
+    base, extra = divmod(n, k)
+    bounds, start = [], 0
+    for i in range(k):
+        stop = start + base + (i < extra)
+        bounds.append((start, stop))
+        start = stop
+    return bounds
+
+
 class CohortContext:
     """Per-call context handed to ``forward_cohort``: ``run`` a child, ``get`` a tensor."""
 
@@ -137,6 +198,16 @@ class _Plan:
                 self.pool_first[id(m)] = _pool_first(self.children[id(m)])
         self.shapes = {k: v.shape for k, v in module.state_dict(keep_vars=True).items()}
         self.per_client = any(getattr(m, "cohort_per_client", False) for m in module.modules())
+        self._dropout = any(self.handler[id(m)] is _dropout and m.p > 0
+                            for m in module.modules())
+        self._opaque = self.per_client or any(
+            self.handler[id(m)] is _fallback or getattr(m, "cohort_draws_random", False)
+            for m in module.modules())
+
+    def draws_random(self, training: bool) -> bool:
+        """Whether a pass may draw random numbers: dropout with p > 0 in training, or any
+        module run as its own code (``vmap`` fallback, per client), which might."""
+        return self._opaque or (training and self._dropout)
 
     def check(self, state: Mapping[str, Tensor], n: int) -> None:
         missing = [k for k in self.shapes if k not in state]
