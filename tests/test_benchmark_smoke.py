@@ -123,3 +123,16 @@ def test_sl_overhead_probe_runs_and_restores_the_bookkeeping():
     assert set(res) == {"central", "split_loop", "splitfed_sl", "sl_no_accounting"}
     assert all(v > 0 for v in res.values())
     assert (Ledger.record, VirtualClock.transfer, VirtualClock.charge) == real
+
+
+def test_zo_chunks_probe_runs_and_restores_the_default_calls():
+    from benchmarks import zo_chunks
+    from splitfed.engine.stacked import ForwardCopies
+
+    real = ForwardCopies._chunk
+    times = zo_chunks.forward("lenet5", clients=16, batch=2, chunks=(0, 8), repeats=1)
+    assert set(times) == {0, 8} and all(v > 0 for v in times.values())
+    # 16 clients of 48 samples: two calls of 8 by default (about 512 samples per call)
+    times, same = zo_chunks.musplitfed(clients=16, local_steps=1, batch=48, repeats=1)
+    assert same and set(times) == {"default calls", "one call"}
+    assert ForwardCopies._chunk is real

@@ -120,7 +120,8 @@ class EngineConfig:
     device: str = field(default="cpu", metadata={"help": "cpu, cuda, cuda:0, ..."})
     chunk_size: int | None = field(default=None, metadata={
         "ge": 1, "le": MAX_CLIENTS,
-        "help": "clients per batched call (null: about 320 samples per call)"})
+        "help": "clients per batched call (null: about 320 samples per call in training, "
+                "512 in MU-SplitFed's forward-only passes)"})
     eval_batch_size: int | None = field(default=None, metadata={
         "ge": 1, "le": MAX_BATCH_SIZE,
         "help": "test samples per evaluation call (null: 256 on a CPU, 2048 on a GPU; a "
