@@ -85,8 +85,29 @@ def test_default_copies_per_call_on_a_cpu():
         assert copies._chunk(torch.empty(n, b, 0)) == want, (n, b)
     copies.chunk_size = 4
     assert copies._chunk(torch.empty(100, 32, 0)) == 4
-    with torch.enable_grad():                 # a graph is recorded: one call
-        assert copies._chunk(torch.empty(100, 32, 0)) is None
+
+
+def test_a_pass_under_autograd_stays_in_one_call(monkeypatch):
+    torch.manual_seed(0)
+    client, _ = split(build_model("lenet5", (1, 28, 28), 10), 2)
+    g = torch.Generator().manual_seed(3)
+    state = _stacked(client, 16, g)
+    x = torch.randn(16, 2, 1, 28, 28, generator=g)
+    sizes = []
+    real = cohort.cohort_forward
+
+    def counting(module, state, x, *, training):
+        sizes.append(x.shape[0])
+        return real(module, state, x, training=training)
+    monkeypatch.setattr(cohort, "cohort_forward", counting)
+    with torch.no_grad():
+        cohort_forward_chunked(client, state, x, training=True, chunk=8)
+    assert sizes == [8, 8]
+    sizes.clear()
+    params = {k: v.requires_grad_(True) if v.is_floating_point() else v
+              for k, v in state.items()}
+    out = cohort_forward_chunked(client, params, x, training=True, chunk=8)
+    assert sizes == [16] and out.requires_grad
 
 
 NAME = "chunked_forward_images"

@@ -148,8 +148,8 @@ class ForwardCopies:
     about ``chunk_size`` copies (``engine.chunk_size``; None: on a CPU, calls of about
     ``FORWARD_SAMPLES_PER_CALL`` = 512 samples, one call for fewer; on a GPU one call;
     never fewer than 8 copies per call), with the values of one call
-    (:func:`~splitfed.models.cohort.cohort_forward_chunked`); passes under autograd
-    (first-order ablations) run in one call.
+    (:func:`~splitfed.models.cohort.cohort_forward_chunked`, which keeps passes under
+    autograd, the first-order ablations, in one call).
     """
 
     def __init__(self, module: nn.Module, start: Mapping[str, torch.Tensor], n: int, *,
@@ -189,10 +189,8 @@ class ForwardCopies:
             write_back=self.buffers if update_stats else (), chunk=self._chunk(x))
 
     def _chunk(self, x: torch.Tensor) -> int | None:
-        """Copies per call for ``x`` [C, B, ...] (class doc); None (one call) while
-        autograd records (the first-order ablations: module doc of ``cohort_forward_chunked``)."""
-        if torch.is_grad_enabled():
-            return None
+        """Copies per call for ``x`` [C, B, ...] (class doc; ``cohort_forward_chunked``
+        keeps one call while autograd records: the first-order ablations)."""
         if self.chunk_size is not None or x.device.type != "cpu":
             return self.chunk_size
         n = x.shape[0]

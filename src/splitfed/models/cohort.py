@@ -136,17 +136,16 @@ def cohort_forward_chunked(
     channels in all (LeNet-5's conv1 for 1-7 clients) does; with 8 or more clients the
     outputs equalled one call's for every group count tried, with AVX-512, AVX2, AVX and
     SSE4.1 kernels (``ONEDNN_MAX_CPU_ISA``; LeNet-5, AlexNet, VGG-11, ResNet-18 client
-    parts). Passes that build an autograd graph are not chunked by the callers: the
-    backward of a grouped convolution rounded differently for other group counts with
-    AVX2 kernels. A template that may draw random numbers in this
-    mode (dropout with p > 0 in training, modules run by ``vmap`` or per client) runs in
-    one call, so that its random numbers are drawn as before. Running statistics update
-    in place as in one call.
+    parts). One call is kept while autograd records (the backward of a grouped
+    convolution rounded differently for other group counts with AVX2 kernels) and for a
+    template that may draw random numbers in this mode (dropout with p > 0 in training,
+    modules run by ``vmap`` or per client), so that its random numbers are drawn as
+    before. Running statistics update in place as in one call.
     """
     n = x.shape[0]
     plan = _plan(module)
     bounds = balanced_chunks(n, chunk) if chunk is not None else [(0, n)]
-    if len(bounds) == 1 or plan.draws_random(training):
+    if len(bounds) == 1 or torch.is_grad_enabled() or plan.draws_random(training):
         return cohort_forward(module, state, x, training=training)
     plan.check(state, n)
     return torch.cat([cohort_forward(module, {k: state[k][a:b] for k in plan.shapes},
