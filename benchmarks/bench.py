@@ -140,6 +140,28 @@ def flops_per_sample(w: Workload, name: str) -> float:
 # ---------------------------------------------------------------- timing
 
 
+def interleaved(runs: dict, repeats: int, device: str = "cpu", *, collect: bool = False,
+                log=None) -> dict[str, list[float]]:
+    """Seconds of each of ``repeats`` calls of every function in ``runs`` (warmed up by
+    the caller), called round robin with the first one rotating every repeat, so that
+    machine noise hits them alike; ``collect``: a garbage collection before each call;
+    ``log``: a line per repeat."""
+    names = list(runs)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(repeats):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            if collect:
+                gc.collect()
+            t0 = time.perf_counter()
+            runs[name]()
+            sync(device)
+            times[name].append(time.perf_counter() - t0)
+        if log is not None:
+            log(f"  repeat {r + 1}/{repeats}: "
+                + ", ".join(f"{n} {times[n][-1]:.2f}s" for n in names))
+    return times
+
+
 def time_variants(w: Workload, names: list[str], repeats: int, log) -> dict[str, dict]:
     """Warm-up round each, then ``repeats`` round-robin rounds; per-variant round times."""
     variants = {}
@@ -151,17 +173,8 @@ def time_variants(w: Workload, names: list[str], repeats: int, log) -> dict[str,
         sync(w.device)
         log(f"  {name}: set up and warmed up in {time.perf_counter() - t0:.1f} s")
         variants[name] = v
-    times = {name: [] for name in names}
-    for r in range(repeats):
-        order = names[r % len(names):] + names[:r % len(names)]
-        for name in order:
-            gc.collect()
-            t0 = time.perf_counter()
-            variants[name].round()
-            sync(w.device)
-            times[name].append(time.perf_counter() - t0)
-        log(f"  repeat {r + 1}/{repeats}: "
-            + ", ".join(f"{n} {times[n][-1]:.2f}s" for n in names))
+    times = interleaved({name: variants[name].round for name in names}, repeats, w.device,
+                        collect=True, log=log)
     del variants
     gc.collect()
     return {name: summarize(w, ts, VARIANTS[name].label) for name, ts in times.items()}
@@ -201,16 +214,10 @@ def time_eval(w: Workload, repeats: int, log, samples: int = EVAL_SAMPLES,
             model(x[i:i + 1000]).argmax(1)
 
     runs = {"eval_splitfed": lambda: evaluate(model, x, y, batch), "eval_plain_b1000": plain}
-    times = {n: [] for n in runs}
     for f in runs.values():
         f()
     sync(w.device)
-    for r in range(repeats):
-        for name in list(runs)[r % 2:] + list(runs)[:r % 2]:
-            t0 = time.perf_counter()
-            runs[name]()
-            sync(w.device)
-            times[name].append(time.perf_counter() - t0)
+    times = interleaved(runs, repeats, w.device)
     log("  evaluation: " + ", ".join(f"{n} {statistics.median(t):.2f}s" for n, t in times.items()))
     out = {}
     for name, ts in times.items():

@@ -22,11 +22,11 @@ from __future__ import annotations
 import argparse
 import copy
 import statistics
-import time
 
 import torch
 import torch.nn.functional as F
 
+from benchmarks.bench import interleaved
 from benchmarks.variants import VARIANTS
 from benchmarks.workload import Workload, register
 from splitfed.engine.clock import VirtualClock
@@ -80,12 +80,7 @@ def run(clients: int = 10, local_steps: int = 6, batch: int = 10, repeats: int =
 
     ways = {"central": central.round, "split_loop": loop, "splitfed_sl": sl.round,
             "sl_no_accounting": no_accounting}
-    times: dict[str, list[float]] = {k: [] for k in ways}
-    for _ in range(repeats):
-        for name, f in ways.items():
-            t = time.perf_counter()
-            f()
-            times[name].append(time.perf_counter() - t)
+    times = interleaved(ways, repeats)
     return {k: w.samples_per_round / statistics.median(v) for k, v in times.items()}
 
 

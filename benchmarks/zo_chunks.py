@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import torch
 
+from benchmarks.bench import interleaved
 from benchmarks.variants import VARIANTS
 from benchmarks.workload import Workload, register
 from splitfed.engine import stacked
@@ -32,16 +32,11 @@ SHAPES = {"lenet5": (1, 28, 28), "alexnet": (1, 28, 28), "resnet18": (3, 32, 32)
           "vgg11": (3, 32, 32)}
 
 
-def _timed(fns: dict, repeats: int) -> dict[str, float]:
-    times: dict = {k: [] for k in fns}
+def _timed(fns: dict, repeats: int) -> dict:
+    """Median seconds of each function after a warm-up call each, interleaved."""
     for f in fns.values():
-        f()                                   # warm-up
-    for _ in range(repeats):
-        for name, f in fns.items():
-            t = time.perf_counter()
-            f()
-            times[name].append(time.perf_counter() - t)
-    return {k: statistics.median(v) for k, v in times.items()}
+        f()
+    return {k: statistics.median(v) for k, v in interleaved(fns, repeats).items()}
 
 
 @torch.no_grad()

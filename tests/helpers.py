@@ -185,3 +185,22 @@ def bn_mlp():
         out=torch.nn.Linear(16, 10))
     return BlockModel(blocks, name="bn_mlp", cut_descriptions={1: "after fc1"},
                       default_cut=1)
+
+
+def register_images(monkeypatch, name: str) -> None:
+    """Register data set ``name`` for this test: 96 training and 40 test 1x28x28 images
+    whose top rows are exactly 0, as Fashion-MNIST's background (ties in every pooling
+    window there), 10 classes; seeded."""
+    from splitfed.data import DATASETS
+    from splitfed.data.datasets import ArrayDataset, DataBundle
+
+    g = torch.Generator().manual_seed(0)
+
+    def make(n):
+        x = torch.randn(n, 1, 28, 28, generator=g).clamp_min(0)
+        x[:, :, :8] = 0.0
+        return ArrayDataset(x, torch.randint(0, 10, (n,), generator=g))
+
+    bundle = DataBundle(name=name, train=make(96), test=make(40), num_classes=10,
+                        input_shape=(1, 28, 28))
+    monkeypatch.setitem(DATASETS, name, lambda data_dir, rng: bundle)

@@ -8,14 +8,12 @@ import torch
 from torch import nn
 
 from splitfed.config import build_config
-from splitfed.data import DATASETS
-from splitfed.data.datasets import ArrayDataset, DataBundle
 from splitfed.engine import stacked
 from splitfed.experiment import build_algorithm, build_environment, run_experiment
 from splitfed.models import build_model, cohort, split
 from splitfed.models.cohort import (MIN_CLIENTS_PER_CALL, balanced_chunks, cohort_forward,
                                     cohort_forward_chunked)
-from tests.helpers import assert_same_run, bn_mlp
+from tests.helpers import assert_same_run, bn_mlp, register_images
 
 
 @pytest.mark.parametrize("n,chunk", [(1, 1), (2, 1), (15, 1), (16, 1), (17, 3), (100, 17),
@@ -115,15 +113,7 @@ NAME = "chunked_forward_images"
 
 @pytest.fixture
 def images(monkeypatch):
-    g = torch.Generator().manual_seed(0)
-
-    def make(n):
-        x = torch.randn(n, 1, 28, 28, generator=g).clamp_min(0)
-        return ArrayDataset(x, torch.randint(0, 10, (n,), generator=g))
-
-    bundle = DataBundle(name=NAME, train=make(96), test=make(40), num_classes=10,
-                        input_shape=(1, 28, 28))
-    monkeypatch.setitem(DATASETS, NAME, lambda data_dir, rng: bundle)
+    register_images(monkeypatch, NAME)
 
 
 def _mu(data, model, **algorithm):

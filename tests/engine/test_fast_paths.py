@@ -8,33 +8,19 @@ equal."""
 
 import numpy as np
 import pytest
-import torch
 
 from splitfed.config import build_config
-from splitfed.data import DATASETS
-from splitfed.data.datasets import ArrayDataset, DataBundle
 from splitfed.engine import clock as clock_mod
 from splitfed.experiment import run_experiment
 from splitfed.models import sequential
-from tests.helpers import assert_same_run
+from tests.helpers import assert_same_run, register_images
 
 NAME = "fast_path_images"
 
 
 @pytest.fixture(autouse=True)
 def images(monkeypatch):
-    """1x28x28 images whose top rows are exactly 0, as Fashion-MNIST's background: ties
-    in every pooling window there."""
-    g = torch.Generator().manual_seed(0)
-
-    def make(n):
-        x = torch.randn(n, 1, 28, 28, generator=g).clamp_min(0)
-        x[:, :, :8] = 0.0
-        return ArrayDataset(x, torch.randint(0, 10, (n,), generator=g))
-
-    bundle = DataBundle(name=NAME, train=make(96), test=make(40), num_classes=10,
-                        input_shape=(1, 28, 28))
-    monkeypatch.setitem(DATASETS, NAME, lambda data_dir, rng: bundle)
+    register_images(monkeypatch, NAME)
 
 
 def _plain_paths(monkeypatch):

@@ -80,9 +80,9 @@ from splitfed.algorithms.fedavg import FedAvg
 from splitfed.algorithms.server_only import ServerTrain
 from splitfed.engine.algorithm import variant
 from splitfed.engine.batches import batch_plan
-from splitfed.engine.executor import DEFAULT_SAMPLES_PER_CALL
 from splitfed.engine.stacked import StackedModel
 from splitfed.engine.transforms import GradientRound, GradientTransform
+from splitfed.models.cohort import SAMPLES_PER_CALL
 
 
 @dataclass
@@ -176,7 +176,7 @@ class CLGCorrection(GradientTransform):
             rows = [env.client_indices[c] for c in ids]
             extra = int(sum(len(r) for r in rows))
             width = max(len(r) for r in rows)
-            chunk = env.config.engine.chunk_size or max(1, DEFAULT_SAMPLES_PER_CALL // width)
+            chunk = env.config.engine.chunk_size or max(1, SAMPLES_PER_CALL // width)
         grads = stacked_gradients(env.model, x_t, env.data.train.x, env.data.train.y,
                                   rows, chunk)
         return grads, extra

@@ -27,8 +27,6 @@ from splitfed.engine.placement import Placement
 from splitfed.engine.stacked import GradHook, placed_stacked
 from splitfed.models.cohort import SAMPLES_PER_CALL
 
-DEFAULT_SAMPLES_PER_CALL = SAMPLES_PER_CALL
-
 
 @dataclass
 class ChunkResult:
@@ -58,7 +56,7 @@ class ClientExecutor:
         self.x, self.y = x, y
         self.client_indices = [np.asarray(i, dtype=np.int64) for i in client_indices]
         self.batch_size = int(batch_size)
-        self.chunk_size = int(chunk_size or max(1, DEFAULT_SAMPLES_PER_CALL // self.batch_size))
+        self.chunk_size = int(chunk_size or max(1, SAMPLES_PER_CALL // self.batch_size))
         self.param_names = [n for n, _ in module.named_parameters()]
         self.buffer_names = [n for n, _ in module.named_buffers()]
 
