@@ -68,15 +68,16 @@ def run(clients: int = 10, local_steps: int = 6, batch: int = 10, repeats: int =
         v.round()
     loop = _split_loop(w)
     loop()
-    real = (Ledger.record, VirtualClock.transfer, VirtualClock.charge)
+    real = (Ledger.record, VirtualClock.transfer, VirtualClock.charge, VirtualClock.replay_one)
 
     def no_accounting():
-        Ledger.record = VirtualClock.transfer = lambda *a, **k: None
+        Ledger.record = VirtualClock.transfer = VirtualClock.replay_one = lambda *a, **k: None
         VirtualClock.charge = lambda *a, **k: 0
         try:
             sl.round()
         finally:
-            Ledger.record, VirtualClock.transfer, VirtualClock.charge = real
+            (Ledger.record, VirtualClock.transfer, VirtualClock.charge,
+             VirtualClock.replay_one) = real
 
     ways = {"central": central.round, "split_loop": loop, "splitfed_sl": sl.round,
             "sl_no_accounting": no_accounting}

@@ -1,16 +1,19 @@
 """The engine's exact fast paths leave every result bit for bit as it was: evaluation's
 2x2 max-pool as four strided views (after the activation moved behind it), training's
 max-pooling by the channels_last kernel (SL's client, the single server model,
-centralized training), and the virtual clock's scalar paths for one client (SL's
-steps). Each run is compared with the same run through the plain paths (``model(x)``,
-the clock's array arithmetic): models, losses, accuracies, bytes and simulated times all
-equal."""
+centralized training), the virtual clock's scalar paths for one client (SL's steps),
+and SL's turns settled once per turn in one process (``split.sequential_turn``). Each
+run is compared with the same run through the plain paths (``model(x)``, the clock's
+array arithmetic, every SL step through the transport and the clock): models, losses,
+accuracies, bytes and simulated times all equal."""
 
 import numpy as np
 import pytest
+import torch
 
 from splitfed.config import build_config
 from splitfed.engine import clock as clock_mod
+from splitfed.engine import split
 from splitfed.experiment import run_experiment
 from splitfed.models import sequential
 from tests.helpers import assert_same_run, register_images
@@ -24,6 +27,7 @@ def images(monkeypatch):
 
 
 def _plain_paths(monkeypatch):
+    monkeypatch.setattr(split, "SETTLE_TURNS", False)
     monkeypatch.setattr(sequential, "forward_eval", lambda module, x: module(x))
     monkeypatch.setattr(sequential, "forward_train", lambda module, x: module(x))
     V = clock_mod.VirtualClock
@@ -40,7 +44,11 @@ SLOW_SERVER = {"profile": "fixed", "deadline": None, "options": {"server_compute
 
 
 def _cfg(algorithm, cut, clock=None):
-    return build_config({
+    return build_config(_raw(algorithm, cut, clock))
+
+
+def _raw(algorithm, cut, clock=None):
+    return {
         "name": "t", "rounds": 2, "progress": False, "seed": 5,
         "algorithm": {"name": algorithm}, "data": {"name": NAME},
         "partition": {"scheme": "iid", "num_clients": 4},
@@ -48,7 +56,7 @@ def _cfg(algorithm, cut, clock=None):
         "train": {"batch_size": 8, "local_steps": 3, "local_epochs": None, "lr": 0.05,
                   "momentum": 0.5},
         "participation": {"mode": "uniform", "clients_per_round": 3},
-        "clock": clock or {"profile": "fedscale", "deadline": None}})
+        "clock": clock or {"profile": "fedscale", "deadline": None}}
 
 
 @pytest.mark.parametrize("algorithm,cut,clock", [
@@ -61,3 +69,65 @@ def test_fast_paths_change_no_result(monkeypatch, algorithm, cut, clock):
         plain = run_experiment(_cfg(algorithm, cut, clock), write=False)
     assert_same_run(fast, plain)
     assert any("sim_time" in k or "time" in k for k in fast.records[-1])
+
+
+def _sl_cfg(deadline, momentum, options):
+    cfg = _raw("sl", 2, {"profile": "fedscale", "deadline": deadline})
+    cfg["train"]["momentum"] = momentum
+    cfg["algorithm"]["options"] = options
+    cfg["rounds"] = 3
+    return build_config(cfg)
+
+
+@pytest.mark.parametrize("momentum,options", [
+    (0.5, {}), (0.0, {"server_optimizer": "per_client", "global_lr": 0.5}),
+    (0.9, {"server_optimizer": "per_round"})])
+def test_settled_sl_turns_equal_step_by_step(monkeypatch, momentum, options):
+    """SL's turns settled once per turn against every step through the transport and the
+    clock as it happens, with a deadline that skips late turns and drops late hand-overs:
+    the same models, losses, ledger bytes, simulated times and drops."""
+    free = run_experiment(_sl_cfg(None, momentum, options), write=False)
+    deadline = 0.5 * min(r["sim_round_s"] for r in free.records if "sim_round_s" in r)
+    settled = run_experiment(_sl_cfg(deadline, momentum, options), write=False)
+    calls = []
+    with monkeypatch.context() as m:
+        m.setattr(split, "SETTLE_TURNS", False)
+        m.setattr(split.InProcessTransport, "settle", lambda *a: calls.append(a))
+        stepped = run_experiment(_sl_cfg(deadline, momentum, options), write=False)
+    assert not calls
+    assert_same_run(settled, stepped)
+    rounds = [r for r in settled.records if "sim_round_s" in r]
+    assert len(rounds) == 3
+    assert sum(r["clients_used"] for r in rounds) < 3 * 3        # the deadline bit
+    assert all(r["bytes_up/activations"] > 0 for r in rounds)
+
+
+def test_settle_records_and_charges_in_order():
+    """``Transport.settle`` puts each kind's bytes in the ledger and charges the clock
+    event by event: the same state as the calls one at a time."""
+    from splitfed.engine.clock import CLIENT, SERVER, VirtualClock
+    from splitfed.engine.profiles import fixed
+    from splitfed.transport.base import InProcessTransport
+    from splitfed.transport.ledger import Ledger
+
+    def make():
+        rng = np.random.default_rng(0)
+        clock = VirtualClock(fixed(3, rng), rng)
+        return InProcessTransport(Ledger(3), clock=clock), clock
+
+    events = [(CLIENT, 1000), ("up", "activations", 640), ("up", "labels", 80),
+              (SERVER, 3000), ("down", "activation_grads", 640), (CLIENT, 2000)] * 2
+    a, clock_a = make()
+    a.settle(1, events)
+    b, clock_b = make()
+    for e in events:
+        if e[0] in ("up", "down"):
+            b.send(e[1], e[0], [1], torch.zeros(1, e[2], dtype=torch.uint8))
+        else:
+            clock_b.compute(e[0], 1, e[1])
+    assert a.ledger.state() == b.ledger.state()
+    for name in ("_t", "_arrival", "_reply", "_last"):
+        assert np.array_equal(getattr(clock_a, name), getattr(clock_b, name)), name
+    assert clock_a._shared == clock_b._shared
+    with pytest.raises(ValueError, match="unknown transfer kind"):
+        a.settle(1, [("up", "weights", 4)])

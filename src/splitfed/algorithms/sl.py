@@ -46,8 +46,7 @@ import torch
 from splitfed.engine.algorithm import Algorithm
 from splitfed.engine.batches import batch_plan
 from splitfed.engine.rounds import Round, SingleDelta
-from splitfed.engine.split import (SplitModel, client_backward, client_forward, return_gradients,
-                                   send_activations, server_step, sgd, take_turn)
+from splitfed.engine.split import SplitModel, sequential_turn, sgd, take_turn
 
 
 @dataclass
@@ -81,11 +80,13 @@ class SL(Algorithm):
         tr, start = env.config.train, state["model"]
         parts, client, server = self._modules(env, start)
         client_params = list(client.parameters())
+        server_params = list(server.parameters())
         # the client module's own tensors (parameters and buffers), in state_dict order:
         # hand-overs are copied into them in place instead of through load_state_dict
         tensors = dict(client.state_dict(keep_vars=True))
         lr = env.lr(t)
         keep = self.options.server_optimizer
+        stateless = tr.momentum == 0 and tr.weight_decay == 0
         server_opt = sgd(server, env, state["server_opt"] if keep == "persistent" else None, lr)
         perm = env.streams.numpy("order").permutation(cohort.size)
         order, steps = cohort.ids[perm], rnd.steps[perm]
@@ -102,20 +103,16 @@ class SL(Algorithm):
                 continue
             _copy_into(tensors, received)
             rnd.begin(np.array([slot]), rnd.grad and {k: v.clone() for k, v in received.items()})
-            client_opt = torch.optim.SGD(client_params, lr=lr, momentum=tr.momentum,
-                                         weight_decay=tr.weight_decay)
+            # a fresh optimizer per client (its own device); plain SGD keeps no state
+            client_opt = None if stateless else torch.optim.SGD(
+                client_params, lr=lr, momentum=tr.momentum, weight_decay=tr.weight_decay)
             if keep == "per_client":
                 server_opt = sgd(server, env, None, lr)
-            total = 0.0
-            for rows in plan:
-                x = x_all[rows]
-                acts = client_forward(env, client, cid, x)
-                h, y = send_activations(env, ids, acts.unsqueeze(0), y_all[rows].unsqueeze(0))
-                loss, g_h = server_step(env, server, server_opt, h[0], y[0], lr, cid)
-                g_acts = return_gradients(env, ids, g_h.unsqueeze(0))[0]
-                client_backward(env, client, client_opt, client_params, cid, x, acts,
-                                g_acts, lr, hook=rnd.hook, slot=slot)
-                total += float(loss)
+            batches = ((x_all.index_select(0, rows), y_all.index_select(0, rows))
+                       for rows in plan)
+            total = sequential_turn(env, client, client_params, client_opt, server,
+                                    server_params, server_opt, int(cid), batches, lr,
+                                    hook=rnd.hook, slot=slot)
             final = {k: v.detach().unsqueeze(0) for k, v in tensors.items()}
             uploaded = env.transport.upload("model", ids, final)
             rnd.collect(np.array([slot]), final)

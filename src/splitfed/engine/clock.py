@@ -278,6 +278,23 @@ class VirtualClock:
             self._t[c] = max(self._t[c], depart) + nbytes / p.downlink[c]
         self._last[c] = self._t[c]
 
+    def replay_one(self, c: int, events) -> None:
+        """Charge the single client ``c``'s ``events`` in their order, as the calls that
+        make them one by one would: ``(CLIENT, macs)`` its own compute, ``(SERVER,
+        macs)`` work on the shared server lane for it, ``(direction, kind, nbytes)`` a
+        transfer (:meth:`transfer`); the same float64 arithmetic (a settled SL turn,
+        :func:`splitfed.engine.split.sequential_turn`)."""
+        for event in events:
+            role = event[0]
+            if role == CLIENT:
+                self._compute_one(c, event[1])
+            elif role == SERVER:
+                self._serve_one(c, event[1])
+            elif role in ("up", "down"):
+                self._transfer_one(event[1], role, c, event[2])
+            else:
+                raise ValueError(f"unknown clock event {event!r}")
+
     @staticmethod
     def _after(arr: np.ndarray, ids: np.ndarray, ready: np.ndarray, dt) -> None:
         """``arr[c] = max(arr[c], ready) + dt`` for each id in order (ids may repeat)."""

@@ -28,6 +28,7 @@ from splitfed.engine.clock import CLIENT as CLOCK_CLIENT
 from splitfed.engine.clock import SERVER as CLOCK_SERVER
 from splitfed.engine.flops import TRAIN_FACTOR
 from splitfed.models import sequential, split
+from splitfed.transport.base import DOWN, UP, InProcessTransport
 
 
 @dataclass
@@ -100,9 +101,11 @@ def return_gradients(env, ids: np.ndarray, grads: torch.Tensor) -> torch.Tensor:
 
 
 def server_step(env, server: nn.Module, opt: torch.optim.Optimizer, h: torch.Tensor,
-                y: torch.Tensor, lr: float, client_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+                y: torch.Tensor, lr: float, client_id: int, *,
+                params: list[torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """One step of the single server model on one client's batch ``h`` [B, ...] (SL,
     SFL-V2, CSE-FSL's server pass) at step size ``lr``; returns (loss, cut-layer gradient).
+    ``params``: ``list(server.parameters())``, when the caller keeps it across steps.
 
     Charged to the shared server lane: it starts when both the lane is free and
     ``client_id``'s upload has arrived, and costs a forward and a backward pass.
@@ -114,27 +117,29 @@ def server_step(env, server: nn.Module, opt: torch.optim.Optimizer, h: torch.Ten
         return torch.zeros((), dtype=h.dtype), torch.zeros_like(h)
     h = h.detach().requires_grad_(True)
     loss = F.cross_entropy(sequential.forward_train(server, h), y)
-    params = list(server.parameters())
+    if params is None:
+        params = list(server.parameters())
     *g_params, g_h = torch.autograd.grad(loss, params + [h])
     sgd_step(opt, params, g_params, lr)
     return loss.detach(), g_h
 
 
-def sgd_step(opt: torch.optim.Optimizer, params: list[torch.Tensor],
+def sgd_step(opt: torch.optim.Optimizer | None, params: list[torch.Tensor],
              grads: list[torch.Tensor], lr: float) -> None:
     """One step of the SGD optimizer ``opt`` over ``params`` with ``grads`` at ``lr``.
 
-    Plain SGD (one parameter group, no momentum, weight decay, nesterov or maximize) is
-    ``p <- p - lr * g``: it runs as one fused ``torch._foreach_add_``, the same
-    element-wise arithmetic as ``torch.optim.SGD.step`` (``p.add_(g, alpha=-lr)``)
-    without its per-call overhead (hooks, profiler ranges, group loops), which matters
-    for the sequential per-batch steps of SL and SFL-V2's server. Otherwise the
-    gradients are handed to ``opt.step()``, whose state (momentum buffers) persists.
+    Plain SGD (one parameter group, no momentum, weight decay, nesterov or maximize; or
+    ``opt`` None) is ``p <- p - lr * g``: it runs as one fused ``torch._foreach_add_``,
+    the same element-wise arithmetic as ``torch.optim.SGD.step`` (``p.add_(g,
+    alpha=-lr)``) without its per-call overhead (hooks, profiler ranges, group loops),
+    which matters for the sequential per-batch steps of SL and SFL-V2's server. Otherwise
+    the gradients are handed to ``opt.step()``, whose state (momentum buffers) persists.
     """
-    groups = opt.param_groups
-    g0 = groups[0]
-    if (len(groups) == 1 and g0["momentum"] == 0 and g0["weight_decay"] == 0
-            and not g0.get("nesterov") and not g0.get("maximize")):
+    groups = opt.param_groups if opt is not None else None
+    g0 = groups[0] if groups else None
+    if groups is None or (len(groups) == 1 and g0["momentum"] == 0
+                          and g0["weight_decay"] == 0 and not g0.get("nesterov")
+                          and not g0.get("maximize")):
         with torch.no_grad():
             torch._foreach_add_(params, grads, alpha=-float(lr))
         return
@@ -162,7 +167,7 @@ def client_forward(env, module: nn.Module, client_id: int, x: torch.Tensor) -> t
     return sequential.forward_train(module, x)
 
 
-def client_backward(env, module: nn.Module, opt: torch.optim.Optimizer,
+def client_backward(env, module: nn.Module, opt: torch.optim.Optimizer | None,
                     params: list[torch.Tensor], client_id: int, x: torch.Tensor,
                     acts: torch.Tensor, grad: torch.Tensor, lr: float, *,
                     hook=None, slot: int = 0) -> None:
@@ -179,6 +184,79 @@ def client_backward(env, module: nn.Module, opt: torch.optim.Optimizer,
         grads = [g[0] for g in hook(names, [p.detach().unsqueeze(0) for p in params],
                                     [g.unsqueeze(0) for g in grads], np.array([slot]))]
     sgd_step(opt, params, grads, lr)
+
+
+#: run SL's turns in one process as plain arithmetic, their transfers and clock charges
+#: settled once per turn (:func:`sequential_turn`); False: every step through the
+#: transport and the clock as it happens (the same results, tests/engine/test_fast_paths.py)
+SETTLE_TURNS = True
+
+
+def sequential_turn(env, client: nn.Module, client_params: list[torch.Tensor],
+                    client_opt: torch.optim.Optimizer | None, server: nn.Module,
+                    server_params: list[torch.Tensor], server_opt: torch.optim.Optimizer,
+                    client_id: int, batches, lr: float, *, hook=None, slot: int = 0) -> float:
+    """One sequential client's turn with the single server model (SL): for each batch
+    ``(x, y)`` of ``batches``, the client's forward pass, activations and labels up, one
+    server step (:func:`server_step`), the cut-layer gradient down and the client's
+    backward pass and step (:func:`client_backward`, ``hook`` and ``slot`` as there).
+    ``client_params`` / ``server_params``: the modules' parameter lists; ``client_opt``
+    None: plain SGD (:func:`sgd_step`). Returns the sum of the batches' losses.
+
+    In one process with nothing between the two sides (the plain in-process transport,
+    which hands tensors over by reference, no placement, no gradient hook) the steps run
+    as plain arithmetic and what crossed the cut is settled once at the end of the turn
+    (:meth:`~splitfed.transport.base.Transport.settle`): the same bytes in the ledger and
+    the same clock charges in the same order, so the same simulated times, at one call
+    per turn instead of six per step (docs/performance.md). Otherwise every step goes
+    through the transport and the clock as it happens.
+    """
+    tr = env.transport
+    if not (SETTLE_TURNS and hook is None and env.placement is None
+            and type(tr) is InProcessTransport and tr.clock is env.clock):
+        ids = np.array([client_id])
+        total = 0.0
+        for x, y in batches:
+            acts = client_forward(env, client, client_id, x)
+            h, y_up = send_activations(env, ids, acts.unsqueeze(0), y.unsqueeze(0))
+            loss, g_h = server_step(env, server, server_opt, h[0], y_up[0], lr, client_id,
+                                    params=server_params)
+            g_acts = return_gradients(env, ids, g_h.unsqueeze(0))[0]
+            client_backward(env, client, client_opt, client_params, client_id, x, acts,
+                            g_acts, lr, hook=hook, slot=slot)
+            total += float(loss)
+        return total
+    forward = sequential.forward_train
+    total, shapes = 0.0, []
+    for x, y in batches:
+        acts = forward(client, x)
+        h = acts.detach().requires_grad_(True)        # what the server receives
+        loss = F.cross_entropy(forward(server, h), y)
+        *g_server, g_h = torch.autograd.grad(loss, server_params + [h])
+        sgd_step(server_opt, server_params, g_server, lr)
+        g_client = torch.autograd.grad(acts, client_params, g_h)
+        sgd_step(client_opt, client_params, g_client, lr)
+        total += float(loss.detach())
+        shapes.append((x.shape, h.shape, h.element_size(), y.numel() * y.element_size(),
+                       g_h.numel() * g_h.element_size()))
+    tr.settle(client_id, _turn_events(env.clock, client, server, shapes))
+    return total
+
+
+def _turn_events(clock, client: nn.Module, server: nn.Module, shapes) -> list[tuple]:
+    """The transfers and compute of a settled turn's steps, in the order the step-by-step
+    path makes them (:func:`client_forward`, :func:`send_activations`,
+    :func:`server_step`, :func:`return_gradients`, :func:`client_backward`)."""
+    events = []
+    for x_shape, h_shape, h_size, y_bytes, g_bytes in shapes:
+        forward = x_shape[0] * clock.macs(client, x_shape[1:])
+        events += [(CLOCK_CLIENT, forward),
+                   (UP, "activations", h_shape.numel() * h_size),
+                   (UP, "labels", y_bytes),
+                   (CLOCK_SERVER, TRAIN_FACTOR * h_shape[0] * clock.macs(server, h_shape[1:])),
+                   (DOWN, "activation_grads", g_bytes),
+                   (CLOCK_CLIENT, (TRAIN_FACTOR - 1) * forward)]
+    return events
 
 
 def take_turn(env, client_id: int, client_state: Mapping[str, torch.Tensor]

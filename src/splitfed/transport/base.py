@@ -76,6 +76,29 @@ class Transport:
             self.clock.transfer(kind, direction, ids, nbytes)
         return self._deliver(kind, direction, ids, payload)
 
+    def settle(self, client_id: int, events) -> None:
+        """Record what the single client ``client_id`` and the server handed each other
+        by reference in this process, after the fact: ``events`` in the order they
+        happened, ``(direction, kind, nbytes)`` for a transfer of ``nbytes`` (one
+        slot's bytes, as :meth:`send` counts them) and ``(role, macs)`` for compute
+        between them (the clock's roles). The transfers go into the ledger; transfers and
+        compute are charged to the clock in their order, as step-by-step calls would
+        charge them (an SL turn, :func:`splitfed.engine.split.sequential_turn`)."""
+        ids = np.array([int(client_id)], dtype=np.int64)
+        sent: dict[tuple[str, str], int] = {}
+        for event in events:
+            if event[0] in (UP, DOWN):
+                direction, kind, nbytes = event
+                key = (kind, direction)
+                if key not in sent:
+                    self._check(kind, direction)
+                    sent[key] = 0
+                sent[key] += int(nbytes)
+        for (kind, direction), nbytes in sent.items():
+            self.ledger.record(kind, direction, ids, nbytes)
+        if self.clock is not None:
+            self.clock.replay_one(int(client_id), events)
+
     def upload(self, kind: str, client_ids, payload: Payload) -> Payload:
         """Per-client payload from clients to the server."""
         return self.send(kind, UP, client_ids, payload, per_client=True)
