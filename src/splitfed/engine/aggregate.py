@@ -56,7 +56,8 @@ class DeltaAccumulator:
         for k, ref in self.reference.items():
             x = stacked[k]
             if ref.is_floating_point():
-                delta = x.to(torch.float64) - self._ref64[k]
+                # the float64 copy, then the subtraction in place: one new tensor, not two
+                delta = x.to(torch.float64, copy=True).sub_(self._ref64[k])
                 self._sum[k] += torch.tensordot(w.to(delta.device), delta, dims=1)
             else:
                 self._sum[k] = torch.maximum(self._sum[k], x.max(dim=0).values)
