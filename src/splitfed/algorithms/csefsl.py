@@ -225,6 +225,7 @@ class CSEFSL(Algorithm):
         """Lines 9-17: one server update per upload, in sequence, on the single x_S."""
         parts = SplitModel.of(env)
         server = parts.server_module(parts.server_state(state["model"]))
+        server_params = list(server.parameters())
         opt = sgd(server, env, state["server_opt"])
         where = {int(s): (i, r) for i, c in enumerate(chunks) for r, s in enumerate(c.slots)}
         served = np.array(sorted(where))          # cohort positions of the uploads
@@ -239,7 +240,7 @@ class CSEFSL(Algorithm):
             i, r = where[int(s)]
             h, y = sent[i]
             loss, grads[i][r] = server_step(env, server, opt, h[r], y[r], lr,
-                                            chunks[i].ids[r])
+                                            chunks[i].ids[r], params=server_params)
             total += float(loss)
         server_state = {k: v.detach().clone() for k, v in server.state_dict().items()}
         return server_state, grads, total / len(served), opt.state_dict()

@@ -106,6 +106,7 @@ class SFLV2(Algorithm):
         plans = executor.plans(cohort.ids, steps, env.streams.numpy("batches"))
         client_start = rnd.send(parts.client_state(state["model"]))
         server = parts.server_module(parts.server_state(state["model"]))
+        server_params = list(server.parameters())
         released = self.options.recipe == "released_code"
         if released:    # the released code's optimizer per batch: SGD without momentum
             opt = torch.optim.SGD(server.parameters(), lr=tr.lr, momentum=0.0,
@@ -144,7 +145,8 @@ class SFLV2(Algorithm):
                 j, _, _, h, y = sent[i]
                 slot = int(groups[j][r])
                 loss, grads[i][r] = server_step(env, server, opt, h[r], y[r],
-                                                server_lr[slot], cohort.ids[slot])
+                                                server_lr[slot], cohort.ids[slot],
+                                                params=server_params)
                 losses[slot] += float(loss)
             for (j, a, acts, _, _), g_h in zip(sent, grads):
                 down = return_gradients(env, cohort.ids[groups[j][:a]], g_h)
