@@ -1,4 +1,4 @@
-"""Where SL's time goes beyond its arithmetic: samples/s of four ways of training the
+"""Where SL's time goes beyond its arithmetic: samples/s of five ways of training the
 same samples sequentially, interleaved round by round (medians printed):
 
 - ``central``: the benchmark's ``central_b32`` (one plain module, ``torch.optim.SGD``);
@@ -9,7 +9,10 @@ same samples sequentially, interleaved round by round (medians printed):
 - ``splitfed_sl``: the benchmark's ``splitfed_sl`` (the algorithm as ``splitfed run``
   runs it);
 - ``sl_no_accounting``: the same with the ledger's records and the clock's charges
-  replaced by no-ops (what the bookkeeping costs).
+  replaced by no-ops (what the bookkeeping costs);
+- ``sl_step_by_step``: the same with every step through the transport and the clock as
+  it happens (``splitfed.engine.split.SETTLE_TURNS`` off: what settling each turn
+  once saves).
 
     python -m benchmarks.sl_overhead [-C 10] [-K 6] [--batch 10] [--repeats 21]
 
@@ -29,6 +32,7 @@ import torch.nn.functional as F
 from benchmarks.bench import interleaved
 from benchmarks.variants import VARIANTS
 from benchmarks.workload import Workload, register
+from splitfed.engine import split as split_engine
 from splitfed.engine.clock import VirtualClock
 from splitfed.models import split
 from splitfed.models.sequential import forward_train
@@ -79,8 +83,15 @@ def run(clients: int = 10, local_steps: int = 6, batch: int = 10, repeats: int =
             (Ledger.record, VirtualClock.transfer, VirtualClock.charge,
              VirtualClock.replay_one) = real
 
+    def step_by_step():
+        split_engine.SETTLE_TURNS = False
+        try:
+            sl.round()
+        finally:
+            split_engine.SETTLE_TURNS = True
+
     ways = {"central": central.round, "split_loop": loop, "splitfed_sl": sl.round,
-            "sl_no_accounting": no_accounting}
+            "sl_no_accounting": no_accounting, "sl_step_by_step": step_by_step}
     times = interleaved(ways, repeats)
     return {k: w.samples_per_round / statistics.median(v) for k, v in times.items()}
 

@@ -115,14 +115,18 @@ def test_peer_scripts_run_in_their_own_interpreter(tmp_path, monkeypatch):
 
 def test_sl_overhead_probe_runs_and_restores_the_bookkeeping():
     from benchmarks import sl_overhead
+    from splitfed.engine import split
     from splitfed.engine.clock import VirtualClock
     from splitfed.transport.ledger import Ledger
 
-    real = (Ledger.record, VirtualClock.transfer, VirtualClock.charge)
+    real = (Ledger.record, VirtualClock.transfer, VirtualClock.charge, VirtualClock.replay_one)
     res = sl_overhead.run(clients=2, local_steps=1, batch=8, repeats=1)
-    assert set(res) == {"central", "split_loop", "splitfed_sl", "sl_no_accounting"}
+    assert set(res) == {"central", "split_loop", "splitfed_sl", "sl_no_accounting",
+                        "sl_step_by_step"}
     assert all(v > 0 for v in res.values())
-    assert (Ledger.record, VirtualClock.transfer, VirtualClock.charge) == real
+    assert (Ledger.record, VirtualClock.transfer, VirtualClock.charge,
+            VirtualClock.replay_one) == real
+    assert split.SETTLE_TURNS is True
 
 
 def test_zo_chunks_probe_runs_and_restores_the_default_calls():
