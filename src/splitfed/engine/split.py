@@ -253,7 +253,7 @@ def _turn_events(clock, client: nn.Module, server: nn.Module, shapes) -> list[tu
         events += [(CLOCK_CLIENT, forward),
                    (UP, "activations", h_shape.numel() * h_size),
                    (UP, "labels", y_bytes),
-                   (CLOCK_SERVER, TRAIN_FACTOR * h_shape[0] * clock.macs(server, h_shape[1:])),
+                   (CLOCK_SERVER, TRAIN_FACTOR * (h_shape[0] * clock.macs(server, h_shape[1:]))),
                    (DOWN, "activation_grads", g_bytes),
                    (CLOCK_CLIENT, (TRAIN_FACTOR - 1) * forward)]
     return events
