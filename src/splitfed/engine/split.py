@@ -115,10 +115,16 @@ def server_step(env, server: nn.Module, opt: torch.optim.Optimizer, h: torch.Ten
     place = env.placement
     if place is not None and not place.serves(client_id):   # a client rank, or lost
         return torch.zeros((), dtype=h.dtype), torch.zeros_like(h)
+    return _server_update(server, list(server.parameters()) if params is None else params,
+                          opt, h, y, lr)
+
+
+def _server_update(server: nn.Module, params: list[torch.Tensor], opt, h: torch.Tensor,
+                   y: torch.Tensor, lr: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The arithmetic of :func:`server_step`: the server's forward from ``h`` (a new
+    autograd leaf), its gradients and the gradient of ``h``, one SGD step."""
     h = h.detach().requires_grad_(True)
     loss = F.cross_entropy(sequential.forward_train(server, h), y)
-    if params is None:
-        params = list(server.parameters())
     *g_params, g_h = torch.autograd.grad(loss, params + [h])
     sgd_step(opt, params, g_params, lr)
     return loss.detach(), g_h
@@ -178,6 +184,13 @@ def client_backward(env, module: nn.Module, opt: torch.optim.Optimizer | None,
     client_compute(env, module, client_id, x, passes=TRAIN_FACTOR - 1)
     if placement.hosted(env.placement, CLOCK_CLIENT, [client_id]) is not None:
         return
+    _client_update(module, opt, params, acts, grad, lr, hook=hook, slot=slot)
+
+
+def _client_update(module: nn.Module, opt, params: list[torch.Tensor], acts: torch.Tensor,
+                   grad: torch.Tensor, lr: float, *, hook=None, slot: int = 0) -> None:
+    """The arithmetic of :func:`client_backward`: the client's gradients from the
+    cut-layer gradient ``grad``, ``hook``'s correction, one SGD step."""
     grads = torch.autograd.grad(acts, params, grad)
     if hook is not None:
         names = [n for n, _ in module.named_parameters()]
@@ -226,19 +239,14 @@ def sequential_turn(env, client: nn.Module, client_params: list[torch.Tensor],
                             g_acts, lr, hook=hook, slot=slot)
             total += float(loss)
         return total
-    forward = sequential.forward_train
     total, shapes = 0.0, []
     for x, y in batches:
-        acts = forward(client, x)
-        h = acts.detach().requires_grad_(True)        # what the server receives
-        loss = F.cross_entropy(forward(server, h), y)
-        *g_server, g_h = torch.autograd.grad(loss, server_params + [h])
-        sgd_step(server_opt, server_params, g_server, lr)
-        g_client = torch.autograd.grad(acts, client_params, g_h)
-        sgd_step(client_opt, client_params, g_client, lr)
-        total += float(loss.detach())
-        shapes.append((x.shape, h.shape, h.element_size(), y.numel() * y.element_size(),
-                       g_h.numel() * g_h.element_size()))
+        acts = sequential.forward_train(client, x)    # the server receives acts itself
+        loss, g_h = _server_update(server, server_params, server_opt, acts, y, lr)
+        _client_update(client, client_opt, client_params, acts, g_h, lr)
+        total += float(loss)
+        shapes.append((x.shape, acts.shape, acts.element_size(),
+                       y.numel() * y.element_size(), g_h.numel() * g_h.element_size()))
     tr.settle(client_id, _turn_events(env.clock, client, server, shapes))
     return total
 
