@@ -322,12 +322,39 @@ def add_ratios(results: dict[str, dict], w: Workload | None = None,
         for key, ref in refs.items():
             if "samples_per_s" in r and ref and not name.startswith("eval"):
                 r[key] = round(r["samples_per_s"] / ref, 3)
+    paired_ratios(results)
     return {"limit_variant": max(limits, key=sps.get) if limits else None}
 
 
-def table(workload: dict, results: dict[str, dict], peak: float | None = None) -> str:
+#: the paired ratios: key -> the reference row (both timed in one interleaved run)
+PAIRED = {"x_b32_paired": "central_b32", "x_peer_paired": "peer_loop"}
+
+
+def paired_ratios(results: dict[str, dict]) -> None:
+    """Per-repeat ratios of every training row to ``central_b32`` and ``peer_loop``: in
+    repeat r both ran within seconds of each other, so ``ref_round_s[r] / round_s[r]``
+    cancels the machine's slower drifts that the ratio of two medians (``x_b32``,
+    ``x_peer``) still carries; recorded as their median, min and max. Only rows of the
+    same interleaved timing (splitfed's and the in-process baselines, not Flower, pfl or
+    evaluation) with as many round times as the reference are paired."""
+    for key, ref in PAIRED.items():
+        base = results.get(ref, {}).get("round_s")
+        if not base:
+            continue
+        for name, r in results.items():
+            times = r.get("round_s")
+            if name not in VARIANTS or name == ref or not times or len(times) != len(base):
+                continue
+            ratios = sorted(b / t for b, t in zip(base, times))
+            r[key] = {"median": round(statistics.median(ratios), 3),
+                      "min": round(ratios[0], 3), "max": round(ratios[-1], 3)}
+
+
+def table(workload: dict, results: dict[str, dict], peak: float | None = None,
+          threads: int | None = None) -> str:
+    threads = torch.get_num_threads() if threads is None else threads
     head = (f"C={workload['clients']} K={workload['local_steps']} B={workload['batch']}: "
-            f"{workload['samples_per_round']} samples/round, {torch.get_num_threads()} threads"
+            f"{workload['samples_per_round']} samples/round, {threads} threads"
             + (f"; fp32 matmul peak {peak:.1f} GFLOP/s" if peak else ""))
     rows = [("variant", "samples/s", "GFLOP/s", "x peak", "x limit", "x b32", "x peer",
              "x train", "peak MB", "+MB")]
@@ -351,6 +378,12 @@ def table(workload: dict, results: dict[str, dict], peak: float | None = None) -
         lines.append("  ".join(cells).rstrip())
         if i == 0:
             lines.append("  ".join("-" * n for n in widths))
+    paired = [f"  {name:<20}  " + "  ".join(
+        f"{key[:-7].replace('_', ' ')} {r[key]['median']:.2f} "
+        f"[{r[key]['min']:.2f}-{r[key]['max']:.2f}]" for key in PAIRED if key in r)
+        for name, r in results.items() if any(key in r for key in PAIRED)]
+    if paired:
+        lines += ["paired per repeat (median [min-max] of the repeats' ratios):", *paired]
     fed, pfl = results.get("splitfed_fedavg", {}), results.get(PFL, {})
     if fed.get("samples_per_s") and pfl.get("samples_per_s"):
         notes.append(f"splitfed_fedavg / {PFL}: "
@@ -477,6 +510,10 @@ def parse_args(argv=None):
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     ap.add_argument("--quiet", action="store_true")
     ap.add_argument("--memory-probe", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--show", nargs="+", default=None, metavar="JSON",
+                    help="print the tables of results written by --out (with their paired "
+                         "ratios, also for files written before those existed); times "
+                         "nothing")
     args = ap.parse_args(argv)
     args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = set(args.variants) - {*VARIANTS, FLOWER, PFL}
@@ -501,8 +538,31 @@ def parse_args(argv=None):
     return args
 
 
+def show(paths: list[str]) -> None:
+    """Print the tables of reports written by ``--out``."""
+    for path in paths:
+        try:
+            report = json.loads(Path(path).read_text())
+            blocks = report.get("scaling") or [report]
+            tables = []
+            for b in blocks:
+                paired_ratios(b["results"])
+                tables.append(table(b["workload"], b["results"],
+                                    b.get("peak_gflops") or report.get("peak_gflops"),
+                                    report.get("machine", {}).get("threads")))
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise SystemExit(f"--show {path}: not a report written by --out ({e})") from None
+        print(f"{path}: {report.get('command', '')}")
+        for t in tables:
+            print(t)
+            print()
+
+
 def main(argv=None) -> dict | None:
     args = parse_args(argv)
+    if args.show:
+        show(args.show)
+        return None
     if args.threads:
         torch.set_num_threads(args.threads)
     def make(c, k):

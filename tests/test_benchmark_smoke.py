@@ -35,12 +35,55 @@ def test_benchmark_tiny_run_reports_every_variant(tmp_path):
             assert r["x_train"] > 0 and r["train_reference"] in VARIANTS
         else:
             assert r["x_peer"] > 0 and r["x_b32"] > 0 and r["x_limit"] > 0
+            for key, ref in (("x_b32_paired", "central_b32"), ("x_peer_paired", "peer_loop")):
+                if name != ref:     # one repeat: the paired ratio is that repeat's
+                    want = round(results[ref]["round_s"][0] / r["round_s"][0], 3)
+                    assert r[key] == {"median": want, "min": want, "max": want}, name
     assert report["limit_variant"] in LIMITS
     assert report["workload"]["samples_per_round"] == 4 * 1 * 32
     for key in ("torch", "threads", "cpu_model"):
         assert key in report["machine"]
     assert len(report["load_start"]) == 3 and len(report["load_end"]) == 3
     assert "splitfed_fedavg" in proc.stdout and "samples/s" in proc.stdout
+
+
+def test_paired_ratios_by_hand_and_shown_from_a_saved_report(tmp_path):
+    """Repeat r's ratio is the reference's round time over the row's in that repeat;
+    rows timed elsewhere (evaluation, external peers) or with fewer repeats are not
+    paired, nor is a reference with itself."""
+    from benchmarks.bench import paired_ratios
+
+    results = {"central_b32": {"round_s": [2.0, 4.0, 3.0]},
+               "peer_loop": {"round_s": [3.0, 6.0, 6.0]},
+               "splitfed_fedavg": {"round_s": [1.0, 2.0, 3.0]},
+               "splitfed_sl": {"round_s": [1.0, 2.0]},
+               "eval_splitfed": {"round_s": [1.0, 1.0, 1.0]},
+               FLOWER: {"round_s": [1.0, 1.0, 1.0]}}
+    paired_ratios(results)
+    assert results["splitfed_fedavg"]["x_peer_paired"] == {"median": 3.0, "min": 2.0,
+                                                           "max": 3.0}
+    assert results["splitfed_fedavg"]["x_b32_paired"] == {"median": 2.0, "min": 1.0,
+                                                          "max": 2.0}
+    assert results["peer_loop"]["x_b32_paired"] == {"median": 0.667, "min": 0.5,
+                                                    "max": 0.667}
+    assert "x_peer_paired" not in results["peer_loop"]
+    for name in ("splitfed_sl", "eval_splitfed", FLOWER):
+        assert not {"x_b32_paired", "x_peer_paired"} & set(results[name]), name
+
+    # --show prints a saved report's tables, pairing a report that predates the pairs
+    out = tmp_path / "bench.json"
+    workload = {"clients": 2, "local_steps": 1, "batch": 32, "samples_per_round": 64}
+    rows = {name: {"round_s": r["round_s"], "samples_per_s": 64 / r["round_s"][0]}
+            for name, r in results.items() if name in ("peer_loop", "splitfed_fedavg")}
+    out.write_text(json.dumps({"command": "python -m benchmarks.bench -C 2",
+                               "machine": {"threads": 1}, "workload": workload,
+                               "results": rows, "peak_gflops": 100.0}))
+    proc = _bench("--show", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "python -m benchmarks.bench -C 2" in proc.stdout and "1 threads" in proc.stdout
+    assert "splitfed_fedavg       x peer 3.00 [2.00-3.00]" in proc.stdout
+    bad = _bench("--show", str(tmp_path / "missing.json"))
+    assert bad.returncode != 0 and "not a report written by --out" in bad.stderr
 
 
 def test_memory_probe_reports_peak_rss():
