@@ -8,7 +8,9 @@ client, K local steps, C clients, plain SGD lr 0.01).
 Samples per round are ``C * K * 32``; samples/s is that over the median round time
 (evaluation never runs). Every variant runs one warm-up round, then ``--repeats`` rounds
 interleaved round-robin (the starting variant rotates each repeat), so machine noise hits
-all variants alike. Peak memory is measured separately: each variant is set up and
+all variants alike; the training rows' ratios to ``central_b32`` and the peer loop are
+also paired repeat by repeat (median and range). ``--show FILE.json`` prints the tables
+of saved runs. Peak memory is measured separately: each variant is set up and
 runs one round alone in a fresh subprocess, whose peak RSS (VmHWM) is reported; "+MB" is
 the growth of that peak over the same process right after importing torch and making
 the data, i.e. what the variant itself added.
