@@ -164,8 +164,11 @@ def interleaved(runs: dict, repeats: int, device: str = "cpu", *, collect: bool 
     return times
 
 
-def time_variants(w: Workload, names: list[str], repeats: int, log) -> dict[str, dict]:
-    """Warm-up round each, then ``repeats`` round-robin rounds; per-variant round times."""
+def time_variants(w: Workload, names: list[str], repeats: int, log,
+                  extra: dict | None = None) -> tuple[dict[str, dict], dict[str, list[float]]]:
+    """Warm-up round each, then ``repeats`` round-robin rounds; per-variant results, and
+    the times of ``extra`` (name -> a warmed-up function, such as the evaluation passes
+    of :func:`eval_runs`), called in the same round robin."""
     variants = {}
     for name in names:
         v = VARIANTS[name](w)
@@ -175,17 +178,18 @@ def time_variants(w: Workload, names: list[str], repeats: int, log) -> dict[str,
         sync(w.device)
         log(f"  {name}: set up and warmed up in {time.perf_counter() - t0:.1f} s")
         variants[name] = v
-    times = interleaved({name: variants[name].round for name in names}, repeats, w.device,
-                        collect=True, log=log)
-    del variants
+    runs = {name: variants[name].round for name in names} | (extra or {})
+    times = interleaved(runs, repeats, w.device, collect=True, log=log)
+    del variants, runs
     gc.collect()
-    return {name: summarize(w, ts, VARIANTS[name].label) for name, ts in times.items()}
+    return ({name: summarize(w, times[name], VARIANTS[name].label) for name in names},
+            {name: times[name] for name in extra or {}})
 
 
 def summarize(w: Workload, times: list[float], label: str) -> dict:
     med = statistics.median(times)
     return {"label": label, "round_s": [round(t, 4) for t in times],
-            "median_round_s": round(med, 4),
+            "median_round_s": round(med, 4), "samples": w.samples_per_round,
             "samples_per_s": round(w.samples_per_round / med, 1)}
 
 
@@ -196,11 +200,10 @@ EVAL_LABELS = {
 }
 
 
-def time_eval(w: Workload, repeats: int, log, samples: int = EVAL_SAMPLES,
-              batch: int | None = None) -> dict[str, dict]:
-    """Forward-only throughput of the workload's model on ``samples`` test-shaped inputs:
-    splitfed's evaluation against the plain loop it replaces, interleaved like the
-    training rows (a warm-up each, then ``repeats`` round-robin passes)."""
+def eval_runs(w: Workload, samples: int = EVAL_SAMPLES, batch: int | None = None
+              ) -> tuple[dict, int]:
+    """The evaluation rows' passes over ``samples`` test-shaped inputs, each warmed up
+    once: splitfed's evaluation and the plain loop it replaces; and the batch size."""
     from splitfed.engine.evaluate import default_batch, evaluate
 
     batch = batch or default_batch(w.device)       # the engine's default, as a run has it
@@ -219,7 +222,13 @@ def time_eval(w: Workload, repeats: int, log, samples: int = EVAL_SAMPLES,
     for f in runs.values():
         f()
     sync(w.device)
-    times = interleaved(runs, repeats, w.device)
+    return runs, batch
+
+
+def eval_results(times: dict[str, list[float]], batch: int, log,
+                 samples: int = EVAL_SAMPLES) -> dict[str, dict]:
+    """The evaluation rows from their pass times (timed in the training rows' round
+    robin: ``paired_with_training``)."""
     log("  evaluation: " + ", ".join(f"{n} {statistics.median(t):.2f}s" for n, t in times.items()))
     out = {}
     for name, ts in times.items():
@@ -227,7 +236,7 @@ def time_eval(w: Workload, repeats: int, log, samples: int = EVAL_SAMPLES,
         out[name] = {"label": EVAL_LABELS[name].format(b=batch),
                      "round_s": [round(t, 4) for t in ts],
                      "median_round_s": round(med, 4), "samples": samples,
-                     "samples_per_s": round(samples / med, 1)}
+                     "samples_per_s": round(samples / med, 1), "paired_with_training": True}
     return out
 
 
@@ -330,6 +339,7 @@ def add_ratios(results: dict[str, dict], w: Workload | None = None,
 
 #: the paired ratios: key -> the reference row (both timed in one interleaved run)
 PAIRED = {"x_b32_paired": "central_b32", "x_peer_paired": "peer_loop"}
+SHOWN = (*PAIRED, "x_train_paired")
 
 
 def paired_ratios(results: dict[str, dict]) -> None:
@@ -337,8 +347,10 @@ def paired_ratios(results: dict[str, dict]) -> None:
     repeat r both ran within seconds of each other, so ``ref_round_s[r] / round_s[r]``
     cancels the machine's slower drifts that the ratio of two medians (``x_b32``,
     ``x_peer``) still carries; recorded as their median, min and max. Only rows of the
-    same interleaved timing (splitfed's and the in-process baselines, not Flower, pfl or
-    evaluation) with as many round times as the reference are paired."""
+    same interleaved timing (splitfed's and the in-process baselines, not Flower or pfl)
+    with as many round times as the reference are paired; the evaluation rows, where
+    they ran in that round robin, to their ``train_reference`` (``x_train_paired``:
+    samples/s over the reference's samples/s in the same repeat)."""
     for key, ref in PAIRED.items():
         base = results.get(ref, {}).get("round_s")
         if not base:
@@ -347,9 +359,20 @@ def paired_ratios(results: dict[str, dict]) -> None:
             times = r.get("round_s")
             if name not in VARIANTS or name == ref or not times or len(times) != len(base):
                 continue
-            ratios = sorted(b / t for b, t in zip(base, times))
-            r[key] = {"median": round(statistics.median(ratios), 3),
-                      "min": round(ratios[0], 3), "max": round(ratios[-1], 3)}
+            r[key] = _spread([b / t for b, t in zip(base, times)])
+    for r in results.values():
+        ref = results.get(r.get("train_reference"), {})
+        base, times = ref.get("round_s"), r.get("round_s")
+        if (r.get("paired_with_training") and base and times and len(times) == len(base)
+                and ref.get("samples") and r.get("samples")):
+            r["x_train_paired"] = _spread([r["samples"] / t / (ref["samples"] / b)
+                                           for b, t in zip(base, times)])
+
+
+def _spread(ratios: list[float]) -> dict[str, float]:
+    ratios = sorted(ratios)
+    return {"median": round(statistics.median(ratios), 3), "min": round(ratios[0], 3),
+            "max": round(ratios[-1], 3)}
 
 
 def table(workload: dict, results: dict[str, dict], peak: float | None = None,
@@ -382,8 +405,8 @@ def table(workload: dict, results: dict[str, dict], peak: float | None = None,
             lines.append("  ".join("-" * n for n in widths))
     paired = [f"  {name:<20}  " + "  ".join(
         f"{key[:-7].replace('_', ' ')} {r[key]['median']:.2f} "
-        f"[{r[key]['min']:.2f}-{r[key]['max']:.2f}]" for key in PAIRED if key in r)
-        for name, r in results.items() if any(key in r for key in PAIRED)]
+        f"[{r[key]['min']:.2f}-{r[key]['max']:.2f}]" for key in SHOWN if key in r)
+        for name, r in results.items() if any(key in r for key in SHOWN)]
     if paired:
         lines += ["paired per repeat (median [min-max] of the repeats' ratios):", *paired]
     fed, pfl = results.get("splitfed_fedavg", {}), results.get(PFL, {})
@@ -421,7 +444,9 @@ def run_block(w: Workload, args, flower: tuple[str | None, str], log) -> dict:
     log(f"C={w.clients} K={w.local_steps}: {w.samples_per_round} samples per round")
     names = [n for n in args.variants if n in VARIANTS]
     block = {"workload": w.describe(), "load_before": load_average()}
-    results = time_variants(w, names, args.repeats, log)
+    evals, eval_batch = eval_runs(w, batch=args.eval_batch_size) if args.eval else ({}, 0)
+    results, eval_times = time_variants(w, names, args.repeats, log, evals)
+    del evals
     if args.memory:
         for name in names:
             results[name].update(measure_memory(w, name))
@@ -448,7 +473,7 @@ def run_block(w: Workload, args, flower: tuple[str | None, str], log) -> dict:
         else:
             results[PFL] = run_pfl(w, args.pfl_python or sys.executable, args.repeats, log)
     if args.eval:
-        results.update(time_eval(w, args.repeats, log, batch=args.eval_batch_size))
+        results.update(eval_results(eval_times, eval_batch, log))
     block.update(add_ratios(results, w, args.peak))
     block["peak_gflops"] = args.peak
     block["results"] = results

@@ -33,6 +33,11 @@ def test_benchmark_tiny_run_reports_every_variant(tmp_path):
         assert r["gflops"] > 0 and 0 < r["x_peak"] == round(r["gflops"] / report["peak_gflops"], 3)
         if name in EVAL_LABELS:
             assert r["x_train"] > 0 and r["train_reference"] in VARIANTS
+            # timed in the training rows' round robin: paired with its reference
+            ref = results[r["train_reference"]]
+            want = round(r["samples"] / r["round_s"][0]
+                         / (ref["samples"] / ref["round_s"][0]), 3)
+            assert r["x_train_paired"] == {"median": want, "min": want, "max": want}
         else:
             assert r["x_peer"] > 0 and r["x_b32"] > 0 and r["x_limit"] > 0
             for key, ref in (("x_b32_paired", "central_b32"), ("x_peer_paired", "peer_loop")):
@@ -60,6 +65,16 @@ def test_paired_ratios_by_hand_and_shown_from_a_saved_report(tmp_path):
                "eval_splitfed": {"round_s": [1.0, 1.0, 1.0]},
                FLOWER: {"round_s": [1.0, 1.0, 1.0]}}
     paired_ratios(results)
+    assert "x_train_paired" not in results["eval_splitfed"]   # timed apart (older runs)
+    for name, r in results.items():     # 32 training samples a round, 64 evaluated
+        r["samples"] = 64 if name == "eval_splitfed" else 32
+    results["eval_splitfed"].update(paired_with_training=True,
+                                    train_reference="splitfed_fedavg",
+                                    round_s=[0.5, 0.5, 2.0])
+    paired_ratios(results)
+    # (64 / 0.5) / (32 / 1), (64 / 0.5) / (32 / 2), (64 / 2) / (32 / 3)
+    assert results["eval_splitfed"]["x_train_paired"] == {"median": 4.0, "min": 3.0,
+                                                          "max": 8.0}
     assert results["splitfed_fedavg"]["x_peer_paired"] == {"median": 3.0, "min": 2.0,
                                                            "max": 3.0}
     assert results["splitfed_fedavg"]["x_b32_paired"] == {"median": 2.0, "min": 1.0,
