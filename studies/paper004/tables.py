@@ -9,7 +9,7 @@ and rounds are means over the seeds that reached the target.
 
 The Table I analogue (table1_tuning.yaml, then table1.yaml; the finer FedCLG grid
 table1_fine_tuning.yaml, then a study named paper004_table1_fine with its chosen rates at
-M = 4 and paper004_table1_fine_m with them at M = 6)
+M = 4, paper004_table1_fine_m with them at M = 6 and paper004_table1_fine_m24 at M = 24)
 gets two more tables each:
 
 - tuning: per method and (eta, gamma), the rounds to the target over the tuning seeds, and
@@ -259,7 +259,7 @@ def main(argv: list[str]) -> None:
         _, chosen = tuning(merged)
         print("Chosen rates over both tuning grids (the FedCLG runs of paper004_table1_fine):"
               "\n\n```yaml\n" + chosen_runs(chosen) + "\n```\n")
-    for study in ("table1", "table1_fine", "table1_fine_m"):
+    for study in ("table1", "table1_fine", "table1_fine_m", "table1_fine_m24"):
         summary = load(results_dir, study)
         if summary is None:
             print(f"## {study}: no results yet\n")

@@ -64,6 +64,23 @@ def test_table1_is_three_methods_by_three_m_on_five_other_seeds():
     assert study.spec.target_accuracy == tuning.spec.target_accuracy
 
 
+@pytest.mark.parametrize("name, m", [("table1_fine_m.yaml", 6), ("table1_fine_m24.yaml", 24)])
+def test_the_finer_rates_at_another_m_are_table1_fine_at_that_m(name, m):
+    """Table I's other columns at the rates chosen at M = 4 (table1_fine.yaml): the same
+    methods, rates, seeds and setup, only M differs."""
+    def cells(study_name, want_m):
+        out = set()
+        for run in load_study(STUDIES / study_name).runs:
+            eta, gamma = check_setup(run.config, run.label)
+            assert run.config.participation.clients_per_round == want_m
+            out.add((run.config.algorithm.name, eta, gamma, run.seed))
+        return out
+
+    fine = cells("table1_fine.yaml", 4)
+    assert cells(name, m) == fine and len(fine) == 3 * 5
+    assert load_study(STUDIES / name).spec.target_accuracy == 0.8
+
+
 @requires_fmnist
 def test_every_client_holds_150_samples():
     """Sec. VI-A2: 200 clients with 150 samples each, besides the server's pool."""
