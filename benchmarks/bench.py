@@ -577,7 +577,7 @@ def show(paths: list[str]) -> None:
                 tables.append(table(b["workload"], b["results"],
                                     b.get("peak_gflops") or report.get("peak_gflops"),
                                     report.get("machine", {}).get("threads")))
-        except (OSError, ValueError, KeyError, TypeError) as e:
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
             raise SystemExit(f"--show {path}: not a report written by --out ({e})") from None
         print(f"{path}: {report.get('command', '')}")
         for t in tables:

@@ -97,8 +97,11 @@ def test_paired_ratios_by_hand_and_shown_from_a_saved_report(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "python -m benchmarks.bench -C 2" in proc.stdout and "1 threads" in proc.stdout
     assert "splitfed_fedavg       x peer 3.00 [2.00-3.00]" in proc.stdout
-    bad = _bench("--show", str(tmp_path / "missing.json"))
-    assert bad.returncode != 0 and "not a report written by --out" in bad.stderr
+    (tmp_path / "list.json").write_text("[1, 2]")
+    for name in ("missing.json", "list.json"):
+        bad = _bench("--show", str(tmp_path / name))
+        assert bad.returncode != 0 and "not a report written by --out" in bad.stderr, name
+        assert "Traceback" not in bad.stderr
 
 
 def test_memory_probe_reports_peak_rss():
