@@ -156,7 +156,7 @@ class MUSplitFed(Algorithm):
         forward passes of the batch, or a forward and a backward when first-order)."""
         o = self.options
         passes = TRAIN_FACTOR if o.server_order == "first" else 2 * o.directions
-        macs = h.shape[1] * env.clock.macs(server_module, tuple(h.shape[2:]))
+        macs = env.clock.batch_macs(server_module, h.shape)
         t_server = passes * macs / env.clock.profiles.server_compute
         t_straggler = float(env.clock.arrival_time(ids).max()) - env.clock.now
         return int(min(o.max_tau, max(1, np.floor(t_straggler / t_server))))

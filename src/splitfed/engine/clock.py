@@ -180,13 +180,18 @@ class VirtualClock:
             macs = per[shape] = forward_macs(module, shape)
         return macs
 
+    def batch_macs(self, module: nn.Module, shape, *, stacked: bool = True) -> int:
+        """Forward MACs of one pass of ``module`` over a batch of ``shape`` ([copies, B,
+        ...] when ``stacked``, else [B, ...]), for one copy."""
+        lead = 2 if stacked else 1
+        return int(shape[lead - 1]) * self.macs(module, tuple(shape[lead:]))
+
     def charge(self, role: str, module: nn.Module, ids, x: torch.Tensor, *,
                passes: int = 1, stacked: bool = True) -> int:
         """Charge ``passes`` forward passes of ``module`` over the batch ``x`` to ``ids``
         (``x``: [copies, B, ...] when ``stacked``, else [B, ...]); returns the MACs of one
         pass of one copy."""
-        lead = 2 if stacked else 1
-        macs = x.shape[lead - 1] * self.macs(module, x.shape[lead:])
+        macs = self.batch_macs(module, x.shape, stacked=stacked)
         self.compute(role, ids, passes * macs)
         return macs
 

@@ -257,11 +257,12 @@ def _turn_events(clock, client: nn.Module, server: nn.Module, shapes) -> list[tu
     :func:`server_step`, :func:`return_gradients`, :func:`client_backward`)."""
     events = []
     for x_shape, h_shape, h_size, y_bytes, g_bytes in shapes:
-        forward = x_shape[0] * clock.macs(client, x_shape[1:])
+        forward = clock.batch_macs(client, x_shape, stacked=False)
         events += [(CLOCK_CLIENT, forward),
                    (UP, "activations", h_shape.numel() * h_size),
                    (UP, "labels", y_bytes),
-                   (CLOCK_SERVER, TRAIN_FACTOR * (h_shape[0] * clock.macs(server, h_shape[1:]))),
+                   (CLOCK_SERVER, TRAIN_FACTOR * clock.batch_macs(server, h_shape,
+                                                                  stacked=False)),
                    (DOWN, "activation_grads", g_bytes),
                    (CLOCK_CLIENT, (TRAIN_FACTOR - 1) * forward)]
     return events
