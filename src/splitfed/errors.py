@@ -24,6 +24,10 @@ class FormatError(SplitfedError, ValueError):
     it holds something other than plain data and tensors, or it is torn or foreign."""
 
 
+class AuthError(SplitfedError):
+    """A peer did not prove the run's secret, or a message's HMAC is wrong."""
+
+
 class RunInterrupted(SplitfedError):
     """The user interrupted a run (Ctrl-C). ``run_dir`` is the directory to resume, or
     None when nothing was written yet."""

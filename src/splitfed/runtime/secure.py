@@ -27,7 +27,6 @@ not loopback requires one.
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import hmac
 import ipaddress
 import os
@@ -42,7 +41,9 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from splitfed.errors import ConfigError, SplitfedError
+from splitfed.errors import AuthError, ConfigError, SplitfedError
+from splitfed.transport.signing import mac as _mac
+from splitfed.transport.signing import message_key, sign, verify  # noqa: F401 (re-exported)
 
 #: environment variables the ranks read
 SECRET_ENV = "SPLITFED_SECRET"
@@ -56,10 +57,6 @@ NONCE = 32
 TAG = 32
 MAX_FRAME = 64 << 20
 HANDSHAKE_S = 10.0
-
-
-class AuthError(SplitfedError):
-    """A peer did not prove the run's secret, or a message's HMAC is wrong."""
 
 
 # --------------------------------------------------------------------- secrets/addresses
@@ -169,10 +166,6 @@ def _find_interface(addr: str, names: list[str]) -> str:
 
 
 # --------------------------------------------------------------------- framing
-
-
-def _mac(key: bytes, *parts: bytes) -> bytes:
-    return hmac.new(key, b"".join(parts), hashlib.sha256).digest()
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
@@ -461,22 +454,3 @@ class AuthStore(dist.Store):
     @property
     def timeout(self) -> timedelta:
         return self._timeout
-
-
-# --------------------------------------------------------------------- messages
-
-
-def message_key(secret: str | None) -> bytes | None:
-    """The key of the control messages' HMACs (None without a secret)."""
-    return None if secret is None else _mac(secret.encode("utf-8"), b"splitfed-messages")
-
-
-def sign(key: bytes, sender: int, receiver: int, seq: int, body: bytes) -> bytes:
-    return _mac(key, struct.pack(">iiQ", sender, receiver, seq), body)
-
-
-def verify(key: bytes, sender: int, receiver: int, seq: int, body: bytes,
-           tag: bytes) -> None:
-    if not hmac.compare_digest(tag, sign(key, sender, receiver, seq, body)):
-        raise AuthError(f"a control message from rank {sender} has a wrong HMAC (not from "
-                        "this run's rank 0, or out of order); refused unread")

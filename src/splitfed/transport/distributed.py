@@ -50,8 +50,8 @@ import torch.distributed as dist
 
 from splitfed import safeio
 from splitfed.errors import FormatError
-from splitfed.runtime.secure import message_key, sign, verify
 from splitfed.transport.base import UP, Transport
+from splitfed.transport.signing import message_key, sign, verify
 
 SERVER_RANK = 0
 #: largest control message a rank accepts (bytes)
