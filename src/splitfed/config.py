@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 from splitfed.configtools import from_dict, load_yaml, merge, parse_overrides
 from splitfed.errors import ConfigError
+from splitfed.limits import MAX_MODEL_PARAMS
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 
@@ -39,8 +40,10 @@ MAX_SAMPLES = 10**9
 #: batch plans of a round hold 8 bytes per sample, so this keeps them under 400 MB
 MAX_ROUND_SAMPLES = 5 * 10**7
 MAX_OVER_SELECT = 100.0
-#: parameters of a model (4 GB of float32): checked on the meta device before it is built
-MAX_MODEL_PARAMS = 10**9
+#: the range of a seed (``seed``, a study's ``seeds``, ``splitfed sweep --seeds``): a
+#: signed 64-bit integer, as the run's config.yaml and checkpoint keep it
+MIN_SEED = -(2**63)
+MAX_SEED = 2**63 - 1
 
 
 @dataclass

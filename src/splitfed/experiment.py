@@ -205,6 +205,37 @@ def _build_model(cfg: RunConfig, bundle, streams: RandomStreams):
     return model, cut
 
 
+#: the largest model whose forward pass :func:`_check_forward` tries on one sample (the
+#: pass of a larger one costs seconds; their data and sizes are checked by their builders)
+PROBE_MAX_PARAMS = 2 * 10**8
+
+
+def _check_forward(cfg: RunConfig, model, bundle) -> None:
+    """One sample of the data through the whole model, in eval mode without gradients,
+    so that a model that cannot take the data set's samples (token ids into a model of
+    images, sequences longer than its positions) is refused with a ConfigError before
+    anything is written, not in the first evaluation. The model's state is unchanged
+    (no gradient, no running statistics, no random numbers drawn)."""
+    if sum(p.numel() for p in model.parameters()) > PROBE_MAX_PARAMS:
+        return
+    data = bundle.test if len(bundle.test) else bundle.train
+    x = data.x[:1]
+    was_training = model.training
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            model.eval()
+            model(x)
+    except ConfigError:
+        raise
+    except Exception as e:  # noqa: BLE001 - whatever the model raises, the pairing is wrong
+        raise ConfigError(
+            f"model.name: {cfg.model.name} cannot take the samples of data.name="
+            f"{cfg.data.name} (shape {tuple(x.shape[1:])}, {x.dtype}): "
+            f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+    finally:
+        model.train(was_training)
+
+
 def build_environment(cfg: RunConfig) -> Environment:
     """Load data, partition it, build the model and engine parts; validates everything.
 
@@ -242,6 +273,7 @@ def build_environment(cfg: RunConfig) -> Environment:
     check_model_size(cfg, size, min(chunk, max(1, slots or 1)))
     model, cut = _build_model(cfg, bundle, streams)
     model.to(device)
+    _check_forward(cfg, model, bundle)
     clock = build_clock(cfg, len(parts), streams)
     never = clock.profiles.never_available()
     if cfg.rounds and never.all():

@@ -100,5 +100,8 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, **opt
     except (TypeError, ValueError) as e:  # an option of the wrong type
         raise ConfigError(f"model: bad option value in {options} for model {name}: "
                           f"{e}") from e
+    except Exception as e:  # noqa: BLE001 - any other failure of a builder is the options'
+        raise ConfigError(f"model: {name} cannot be built with options {options}: "
+                          f"{type(e).__name__}: {e}") from e
     model.input_shape, model.num_classes = tuple(int(s) for s in input_shape), num_classes
     return model

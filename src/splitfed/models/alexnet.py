@@ -48,8 +48,10 @@ INITS = ("kaiming", "torch")
 def alexnet(input_shape, num_classes: int, *, width: float = 1.0, dropout: float = 0.0,
             init: str = "kaiming"):
     ch, h, w = image_shape("alexnet", input_shape)
-    if not 0.0 <= dropout < 1.0:
-        raise ConfigError(f"alexnet: dropout must be in [0, 1), got {dropout!r}")
+    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) \
+            or not 0.0 <= dropout < 1.0:
+        raise ConfigError(f"model.dropout: must be a number in [0, 1) (alexnet), "
+                          f"got {dropout!r}")
     if init not in INITS:
         raise ConfigError(f"model.init must be one of {list(INITS)}, got {init!r}")
     c = [scaled(n, width) for n in (64, 192, 384, 256, 256)]

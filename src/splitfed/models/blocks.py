@@ -9,6 +9,8 @@ non-empty); every model documents each of them with the name the papers use
 
 from __future__ import annotations
 
+import math
+
 from collections import OrderedDict
 
 import torch
@@ -124,6 +126,6 @@ def image_shape(model: str, input_shape) -> tuple[int, int, int]:
 def scaled(channels: int, width: float) -> int:
     """``channels * width`` rounded, at least 1 (width multipliers of small models)."""
     numeric = isinstance(width, (int, float)) and not isinstance(width, bool)
-    if not numeric or not width > 0:
-        raise ConfigError(f"width must be > 0, got {width!r}")
+    if not numeric or not 0 < width < math.inf:
+        raise ConfigError(f"model.width: must be a finite number > 0, got {width!r}")
     return max(1, round(float(channels * width)))

@@ -53,7 +53,8 @@ class BasicBlock(nn.Module):
 def resnet18(input_shape, num_classes: int, *, width: int = 64) -> BlockModel:
     ch, _, _ = image_shape("resnet18", input_shape)
     if isinstance(width, bool) or not isinstance(width, int) or width < 1:
-        raise ConfigError(f"resnet18: width must be a positive int, got {width!r}")
+        raise ConfigError(f"model.width: must be a positive integer (resnet18: the "
+                          f"first stage's channels), got {width!r}")
     widths = [width, 2 * width, 4 * width, 8 * width]
     stem = [
         ("conv", nn.Conv2d(ch, width, 3, padding=1, bias=False)),

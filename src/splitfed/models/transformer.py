@@ -46,6 +46,7 @@ import torch
 from torch import nn
 
 from splitfed.errors import ConfigError
+from splitfed.limits import MAX_MODEL_PARAMS
 from splitfed.models.blocks import BlockModel
 
 # OPT sizes (Zhang et al. 2022, Table 1; the Hugging Face configs)
@@ -62,6 +63,10 @@ PRESETS = {
                      ffn_dim=8192, vocab_size=50272, word_embed_proj_dim=None,
                      do_layer_norm_before=True, max_position_embeddings=2048),
 }
+#: token ids every vocabulary holds (:mod:`splitfed.data.text`: <s>, PAD, BOS/EOS, UNK)
+RESERVED_IDS = 4
+#: decoder blocks of a model built from sizes (each is a Python object built in turn)
+MAX_LAYERS = 1024
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
           "float64": torch.float64}
 
@@ -220,21 +225,67 @@ def _default_dtype(dtype: torch.dtype):
         torch.set_default_dtype(old)
 
 
-def opt_config(num_classes: int, max_positions: int, *, preset: str = "tiny", **sizes):
-    """An ``OPTConfig`` for ``preset`` with ``sizes`` (None: the preset's) overridden."""
+#: the options of :func:`opt` that set a size of the model, by OPTConfig's names
+SIZE_OPTIONS = {"hidden_size": "hidden_size", "num_hidden_layers": "num_layers",
+                "num_attention_heads": "num_heads", "ffn_dim": "ffn_dim",
+                "vocab_size": "vocab_size", "max_position_embeddings": "max_positions"}
+
+
+def opt_config(num_classes: int, seq_len: int, *, preset: str = "tiny", **sizes):
+    """An ``OPTConfig`` for ``preset`` with ``sizes`` (OPTConfig's names; None: the
+    preset's) overridden, for sequences of ``seq_len`` tokens. Sizes that OPT cannot
+    take, and models over :data:`~splitfed.limits.MAX_MODEL_PARAMS` parameters, raise
+    :class:`ConfigError` naming the option, before anything is built."""
     if preset not in PRESETS:
-        raise ConfigError(f"unknown preset {preset!r}; presets: {', '.join(PRESETS)}")
+        raise ConfigError(f"model.preset: unknown preset {preset!r}; presets: "
+                          f"{', '.join(PRESETS)}")
     values = dict(PRESETS[preset])
-    values.setdefault("max_position_embeddings", max_positions)
-    values.update({k: v for k, v in sizes.items() if v is not None})
+    values.setdefault("max_position_embeddings", seq_len)
+    for key, v in sizes.items():
+        if v is None:
+            continue
+        if key in SIZE_OPTIONS and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise ConfigError(f"model.{SIZE_OPTIONS[key]}: must be a positive integer, "
+                              f"got {v!r}")
+        values[key] = v
+    if values["num_hidden_layers"] > MAX_LAYERS:
+        raise ConfigError(f"model.num_layers: at most {MAX_LAYERS} decoder blocks (OPT-175B "
+                          f"has 96), got {values['num_hidden_layers']}")
     if values["word_embed_proj_dim"] is None:
         values["word_embed_proj_dim"] = values["hidden_size"]
-    if values["max_position_embeddings"] < max_positions:
-        raise ConfigError(f"sequences of {max_positions} tokens exceed the model's "
-                          f"{values['max_position_embeddings']} positions")
+    h, heads = values["hidden_size"], values["num_attention_heads"]
+    if h % heads:
+        raise ConfigError(f"model.hidden_size: {h} is not a multiple of model.num_heads "
+                          f"({heads}); each attention head takes hidden_size / num_heads")
+    if values["vocab_size"] < RESERVED_IDS:
+        raise ConfigError(f"model.vocab_size: must be at least {RESERVED_IDS} (ids 0-"
+                          f"{RESERVED_IDS - 1} are reserved: <s>, padding, BOS/EOS, unknown), "
+                          f"got {values['vocab_size']}")
+    if values["max_position_embeddings"] < seq_len:
+        raise ConfigError(f"model.max_positions: sequences of {seq_len} tokens exceed the "
+                          f"model's {values['max_position_embeddings']} positions; give at "
+                          f"least {seq_len}")
+    params = opt_params(values, num_classes)
+    if params > MAX_MODEL_PARAMS:
+        raise ConfigError(f"model: opt would have about {params} parameters, more than the "
+                          f"{MAX_MODEL_PARAMS} allowed; choose smaller sizes")
     cfg = _transformers().OPTConfig(num_labels=num_classes, pad_token_id=1,
                                     bos_token_id=2, eos_token_id=2, **values)
     return cfg
+
+
+def opt_params(values: dict, num_classes: int) -> int:
+    """Parameters of an OPT classifier of OPTConfig ``values`` (without building it):
+    token and position embeddings, the projections when ``word_embed_proj_dim`` differs,
+    per decoder layer attention (4 h x h + biases), the feed-forward pair and two layer
+    norms, the final layer norm (pre-norm models only) and the classification layer."""
+    h, f = values["hidden_size"], values["ffn_dim"]
+    p = values["word_embed_proj_dim"] or h
+    n = values["vocab_size"] * p + (values["max_position_embeddings"] + 2) * h
+    n += 2 * h * p if p != h else 0
+    n += values["num_hidden_layers"] * (4 * h * h + 4 * h + 2 * h * f + f + h + 4 * h)
+    n += 2 * h if values.get("do_layer_norm_before", True) else 0  # the final layer norm
+    return n + p * num_classes
 
 
 def _check_shape(input_shape) -> int:
@@ -258,7 +309,10 @@ def opt(input_shape, num_classes: int, *, preset: str = "tiny", pretrained: str 
     """
     seq_len = _check_shape(input_shape)
     if dtype not in DTYPES:
-        raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+        raise ConfigError(f"model.dtype: must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) \
+            or not 0.0 <= dropout < 1.0:
+        raise ConfigError(f"model.dropout: must be a number in [0, 1), got {dropout!r}")
     tf = _transformers()
     extra = dict(dropout=dropout, attention_dropout=dropout, layerdrop=0.0)
     if pretrained is not None:
@@ -270,10 +324,11 @@ def opt(input_shape, num_classes: int, *, preset: str = "tiny", pretrained: str 
             path, num_labels=num_classes, local_files_only=True, dtype=DTYPES[dtype],
             attn_implementation=attention, **extra)
     else:
-        cfg = opt_config(num_classes, max_positions or seq_len, preset=preset,
+        cfg = opt_config(num_classes, seq_len, preset=preset,
                          hidden_size=hidden_size, num_hidden_layers=num_layers,
                          num_attention_heads=num_heads, ffn_dim=ffn_dim,
-                         vocab_size=vocab_size, **extra)
+                         vocab_size=vocab_size, max_position_embeddings=max_positions,
+                         **extra)
         cfg._attn_implementation = attention
         with _default_dtype(DTYPES[dtype]):
             hf = tf.OPTForSequenceClassification(cfg)
