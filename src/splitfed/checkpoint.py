@@ -47,7 +47,6 @@ on the kind of CPU it was started with (else a warning says the last bits will d
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 import tempfile
@@ -573,7 +572,7 @@ def _metric_lines(run_dir: str | Path, count: int, t: int | None) -> tuple[list[
     kept, records = lines[:count], []
     for i, line in enumerate(kept, 1):
         try:
-            record = json.loads(line)
+            record = safeio.loads_json(line)
         except ValueError:
             record = None
         if not isinstance(record, dict) or not _is_int(record.get("round")):

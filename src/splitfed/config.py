@@ -223,7 +223,7 @@ class TrackingConfig:
 class RunConfig:
     name: str = field(default="run", metadata={"help": "run name (prefix of the run dir)"})
     seed: int = field(default=0, metadata={
-        "ge": -(2**63), "le": 2**63 - 1, "help": "master seed of every random stream"})
+        "ge": MIN_SEED, "le": MAX_SEED, "help": "master seed of every random stream"})
     rounds: int = field(default=20, metadata={"ge": 0, "le": MAX_ROUNDS})
     eval_every: int = field(default=1, metadata={"ge": 1, "le": MAX_ROUNDS})
     eval_last: int = field(default=0, metadata={

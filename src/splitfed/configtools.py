@@ -27,9 +27,11 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import inspect
+import re
 import types
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, Union
 
@@ -113,6 +115,37 @@ def _field_value(tp: Any, value: Any, key: str, meta: Mapping) -> Any:
             raise ConfigError(f"{err} (allowed: {allowed})") from None
         raise
     _check_bounds(out, key, meta)
+    return out
+
+
+def typed_options(fn: Callable, options: dict[str, Any], section: str) -> dict[str, Any]:
+    """``options`` of the component function ``fn`` (a partitioner, a clock profile, ...)
+    checked against the types of its parameters, as the config's own keys are: an option
+    whose parameter is annotated ``bool``, or has no annotation and defaults to ``True``
+    or ``False``, must be a boolean (a string such as ``maybe`` is not taken as true);
+    one annotated ``float`` given as a string must be a number (YAML 1.1 reads ``1e-9``
+    as a string) and becomes a float. Other values, and keys that are not parameters of
+    ``fn``, are passed on unchanged for the component to check. ConfigError names
+    ``section.key`` and what is allowed."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return dict(options)
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception:  # noqa: BLE001 - an annotation that does not resolve: no types
+        hints = {}
+    out = dict(options)
+    for key, value in options.items():
+        param = params.get(key)
+        if param is None:
+            continue
+        hint = hints.get(key, param.annotation)
+        if hint is bool or (hint is inspect.Parameter.empty
+                            and isinstance(param.default, bool)):
+            out[key] = _convert(bool, value, f"{section}.{key}")
+        elif hint is float and isinstance(value, str):
+            out[key] = _convert(float, value, f"{section}.{key}")
     return out
 
 
@@ -369,14 +402,29 @@ class _PlainLoader(yaml.SafeLoader):
             self._depth = depth
 
 
-def yaml_load(text: str, where: str) -> Any:
+class _ValueLoader(_PlainLoader):
+    """:class:`_PlainLoader` for the value of a ``key=value`` override, which also reads
+    a number written with an exponent but without a dot (``1e-9``, ``-2E5``, ``1.5e3``)
+    as a float, as YAML 1.2 does; YAML 1.1 reads those as strings. Quoted, it stays a
+    string (``name='1e5'``)."""
+
+
+_ValueLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."))
+
+
+def yaml_load(text: str, where: str, *, exponents: bool = False) -> Any:
     """Parse YAML ``text`` (safe types only, no aliases, bounded size and nesting);
-    ConfigError names ``where`` and the line of the problem."""
+    ConfigError names ``where`` and the line of the problem. ``exponents``: also read an
+    unquoted ``1e-9`` as a float (as the value of a ``key=value`` override is read)."""
+    loader = _ValueLoader if exponents else _PlainLoader
     if len(text) > MAX_YAML_BYTES:
         raise ConfigError(f"{where}: {len(text)} characters of YAML, more than the "
                           f"{MAX_YAML_BYTES} accepted")
     try:
-        return yaml.load(text, Loader=_PlainLoader)  # noqa: S506 - a SafeLoader subclass
+        return yaml.load(text, Loader=loader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as err:
         raise ConfigError(f"{where}: {_yaml_problem(err)}") from None
     except RecursionError:
@@ -437,7 +485,9 @@ def parse_overrides(items: Sequence[str]) -> dict:
     """Turn ``["train.lr=0.1", "model.hidden=[64,32]"]`` into a nested dict.
 
     The key is split on dots; the value is parsed with ``yaml.safe_load``, so ``0.1`` is
-    a float, ``[64,32]`` a list, ``true`` a bool, ``null`` None. An empty value
+    a float, ``[64,32]`` a list, ``true`` a bool, ``null`` None; a number with an
+    exponent is a float also without a dot (``1e-9``; YAML 1.1 would read a string, and
+    options of components would see one). An empty value
     (``key=``) is None, as an empty value is in a YAML file; write ``key=''`` for an
     empty string. ``~key`` (no ``=``) removes the key from the config it is merged into
     (:data:`DELETE`), e.g. ``~partition.alpha`` before ``partition.scheme=pathological``
@@ -470,7 +520,8 @@ def _split_item(item: str) -> tuple[str, Any]:
     key = key.strip()
     if not sep or not key or any(not part for part in key.split(".")):
         raise ConfigError(f"override {_quote(item)} must look like key.sub=value")
-    return key, yaml_load(text, f"override {_quote(item)}: cannot parse value")
+    return key, yaml_load(text, f"override {_quote(item)}: cannot parse value",
+                          exponents=True)
 
 
 def _quote(item: str, limit: int = 80) -> str:

@@ -21,7 +21,8 @@ def parse_axes(items: list[str]) -> tuple[dict[str, list[Any]], list[str]]:
         if not sep or not key or any(not part for part in key.split(".")):
             raise ConfigError(f"sweep: '{item}' must look like key.sub=v1,v2,... "
                               "(e.g. train.lr=0.01,0.1)")
-        values = yaml_load(f"[{text}]", f"sweep: '{item}': cannot parse the values as YAML")
+        values = yaml_load(f"[{text}]", f"sweep: '{item}': cannot parse the values as YAML",
+                           exponents=True)
         if not values:
             raise ConfigError(f"sweep: '{item}' gives no value; write key=v1,v2,...")
         if key in axes or any(o.partition("=")[0] == key for o in overrides):

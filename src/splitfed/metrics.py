@@ -135,7 +135,7 @@ def read_records(path: str | Path) -> list[dict]:
     pipe, a device) or is larger than :data:`MAX_METRICS_BYTES`; :class:`OSError` when
     it cannot be read.
     """
-    from splitfed.safeio import read_regular   # (safeio imports torch: load it late)
+    from splitfed.safeio import loads_json, read_regular   # (imports torch: load it late)
 
     path = Path(path)
     try:
@@ -148,7 +148,7 @@ def read_records(path: str | Path) -> list[dict]:
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
+            record = loads_json(line)
         except ValueError as e:
             raise FormatError(f"{path}: line {n} is not a JSON record ({e}); the file is "
                               "torn or not a metrics file") from None

@@ -177,7 +177,9 @@ def _runs_under(path: Path, strict: bool) -> list[Path]:
 
 def _read_summary(path: Path) -> dict:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        from splitfed.safeio import loads_json  # (imports torch: load it late)
+
+        data = loads_json(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         return {}
     except (OSError, ValueError) as e:

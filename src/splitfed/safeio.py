@@ -20,6 +20,8 @@ file or a message from the network could take over the process. Here:
 
 from __future__ import annotations
 
+import json
+
 import io
 import os
 import stat
@@ -160,3 +162,26 @@ def read_regular(path: str | Path, what: str, max_bytes: int, *,
         return b"".join(chunks)
     finally:
         os.close(fd)
+
+
+#: the deepest nesting of JSON arrays and objects read back: records and summaries are a
+#: few levels deep, and a deeper document would exhaust the parser's stack
+MAX_JSON_DEPTH = 64
+
+
+def loads_json(text: str | bytes) -> Any:
+    """``json.loads(text)`` for the JSON files of a run directory (``metrics.jsonl``
+    lines, ``summary.json``): a document nested deeper than :data:`MAX_JSON_DEPTH` levels
+    raises ``ValueError``, as a malformed one does, so that readers report both alike."""
+    try:
+        data = json.loads(text)
+    except RecursionError:
+        raise ValueError(f"nested deeper than {MAX_JSON_DEPTH} levels") from None
+    stack = [(data, 1)] if isinstance(data, (dict, list)) else []
+    while stack:                                # without recursion: any depth is safe
+        node, depth = stack.pop()
+        items = node.values() if isinstance(node, dict) else node
+        if depth > MAX_JSON_DEPTH:
+            raise ValueError(f"nested deeper than {MAX_JSON_DEPTH} levels")
+        stack.extend((v, depth + 1) for v in items if isinstance(v, (dict, list)))
+    return data

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from splitfed.config import MAX_SEED, MIN_SEED
 from splitfed.errors import ConfigError
 from splitfed.grid import parse_axes  # noqa: F401 - part of this module's interface
 from splitfed.study import (StudyResult, execute_study, open_study, publish,
@@ -82,7 +83,7 @@ def sweep_study(config: str, items: list[str], *, name: str | None = None,
              "overrides": overrides, "grid": axes,
              "out_dir": str(out_dir if out_dir is not None else DEFAULT_OUT_DIR)}
     if seeds is not None:
-        study["seeds"] = list(seeds)
+        study["seeds"] = _check_seeds(seeds)
     if plugins:
         study["plugins"] = list(plugins)
     if group_by is not None:
@@ -91,6 +92,23 @@ def sweep_study(config: str, items: list[str], *, name: str | None = None,
                               f"{', '.join(axes)}")
         study["group_by"] = group_by
     return study
+
+
+def _check_seeds(seeds: list[int]) -> list[int]:
+    """``seeds`` as a list; ConfigError naming ``--seeds`` when one is not a seed or two
+    are the same."""
+    seeds = list(seeds)
+    for s in seeds:
+        if isinstance(s, bool) or not isinstance(s, int):
+            raise ConfigError(f"--seeds: expected integers separated by commas, e.g. 0,1,2; "
+                              f"got {s!r}")
+        if not MIN_SEED <= s <= MAX_SEED:
+            raise ConfigError(f"--seeds: seed {s} is out of range; allowed: "
+                              f"{MIN_SEED}..{MAX_SEED}")
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise ConfigError(f"--seeds: expected distinct seeds, e.g. 0,1,2; got "
+                          f"{','.join(map(str, seeds))!r}")
+    return seeds
 
 
 def run_sweep(config: str, items: list[str], *, name: str | None = None,

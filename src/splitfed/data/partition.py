@@ -42,6 +42,7 @@ import inspect
 import numpy as np
 
 from splitfed.errors import ConfigError
+from splitfed.configtools import typed_options
 
 _MODES = ("deterministic", "first-deterministic", "random")
 
@@ -250,6 +251,7 @@ def partition(labels, num_clients: int, scheme: str, rng: np.random.Generator,
     if not isinstance(rng, np.random.Generator):
         raise TypeError(f"rng must be a numpy Generator, got {type(rng).__name__}")
     _check_params(scheme, params)
+    params = typed_options(PARTITIONERS[scheme], params, "partition")
     return PARTITIONERS[scheme](y, int(num_clients), rng, **params)
 
 

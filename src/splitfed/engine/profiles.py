@@ -44,6 +44,7 @@ from pathlib import Path
 import numpy as np
 
 from splitfed.errors import ConfigError
+from splitfed.configtools import typed_options
 
 CLIENT_COMPUTE = 1e9      # MAC/s
 SERVER_COMPUTE = 1e11     # MAC/s
@@ -274,6 +275,7 @@ def build_profiles(name: str, options: dict, num_clients: int,
                               f"{', '.join(allowed)}")
     if name == "trace" and "path" not in options:
         raise ConfigError("clock.path: the trace profile needs the path of its CSV file")
+    options = typed_options(gen, options, "clock")
     try:
         return gen(num_clients, rng, **options)
     except ConfigError:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 
+from splitfed.configtools import typed_options
 from splitfed.errors import ConfigError
 from splitfed.models.alexnet import alexnet
 from splitfed.models.aux import build_aux_head
@@ -88,6 +89,7 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, **opt
         allowed = ", ".join(model_options(name)) or "none"
         raise ConfigError(f"model: unknown option(s) {unknown} for model {name}; "
                           f"allowed: {allowed}")
+    options = typed_options(MODELS[name], options, "model")
     if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
         raise ConfigError(f"num_classes must be a positive int, got {num_classes!r}")
     try:

@@ -26,6 +26,7 @@ from splitfed.configtools import load_yaml, to_dict
 from splitfed.errors import ConfigError
 from splitfed.experiment import RUN_FILES
 from splitfed.locking import LOCK_NAME
+from splitfed.safeio import loads_json
 from splitfed.study.spec import StudyRun
 
 FINISHED = ("completed", "diverged", "no_client_trained")  # rerunning gives the same run
@@ -195,7 +196,7 @@ def read_json(path: Path) -> dict:
     """A JSON object read from ``path``; ``{}`` when it is absent, unreadable or not an
     object."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = loads_json(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}

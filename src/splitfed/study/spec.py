@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 import yaml
 
-from splitfed.config import RunConfig, build_config, resolve_config_path
+from splitfed.config import MAX_SEED, MIN_SEED, RunConfig, build_config, resolve_config_path
 from splitfed.configtools import from_dict, load_yaml, merge, parse_overrides, to_dict
 from splitfed.errors import ConfigError
 
@@ -53,6 +53,7 @@ class StudySpec:
     overrides: list[str] = field(default_factory=list, metadata={
         "help": "key=value applied to every run"})
     seeds: list[int] | None = field(default=None, metadata={
+        "ge": MIN_SEED, "le": MAX_SEED,
         "help": "repeat every run per seed (default: the config's seed)"})
     runs: list[RunSpec] = field(default_factory=list)
     grid: dict[str, list[Any]] = field(default_factory=dict, metadata={
