@@ -78,7 +78,8 @@ def files(tmp_path):
 @pytest.mark.parametrize("argv, match", [
     (["run", "{d}/tiny.yaml", "out_dir={d}/afile"], "cannot create the run directory"),
     (["run", "{d}/tiny.yaml", "name=" + "x" * 300], "File name too long"),
-    (["run", "{d}/adir"], "config file not found"),
+    (["run", "{d}/adir"], "adir: not a regular file"),
+    (["run", "{d}/missing.yaml"], "neither a file nor a shipped config"),
     (["run", "--resume", "{d}/afile"], "no config.yaml there"),
     (["run", "{d}/tiny.yaml", "--bogus"], "unrecognized arguments: --bogus"),
     (["run", "--resume"], "expected one argument"),
@@ -86,7 +87,7 @@ def files(tmp_path):
      "cannot create the sweep directory .*afile/tiny-sweep .*Not a directory"),
     (["sweep", "{d}/tiny.yaml", "train.lr=0.1,0.2", "--out-dir", "{d}/afile/sub"],
      "Not a directory"),
-    (["study", "{d}/adir"], "config file not found"),
+    (["study", "{d}/adir"], "adir: not a regular file"),
     (["study", "{d}/afile"], "top level must be a mapping"),
     (["plot", "{d}/adir"], "no such metrics file"),
     (["partition", "{d}/afile"], "top level must be a mapping"),

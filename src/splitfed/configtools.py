@@ -439,6 +439,9 @@ def load_yaml(path: str | Path) -> dict:
     """
     path = Path(path)
     if not path.is_file():
+        if path.exists():
+            raise ConfigError(f"config file {path}: not a regular file (a directory, a pipe "
+                              "or a device); give a YAML file")
         raise ConfigError(f"config file not found: {path}")
     try:
         size = path.stat().st_size
