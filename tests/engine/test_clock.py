@@ -362,3 +362,17 @@ def test_dropped_slots_renormalise_except_under_bernoulli():
         acc = DeltaAccumulator(ref, renormalise=renormalise)
         acc.add(torch.tensor([0.25, 0.25, 0.5]), new, keep=np.array([True, True, False]))
         assert torch.allclose(acc.result()["w"], torch.full((2,), want))
+
+
+@pytest.mark.parametrize("profile, options, match", [
+    ("exponential", {"mean": math.inf}, "mean must be finite and > 0"),
+    ("exponential", {"delay_mean": math.inf}, "delay_mean finite and >= 0"),
+    ("exponential", {"mean": math.nan}, "mean must be finite"),
+    ("fedscale", {"compute_sigma": 1000.0}, r"must be in \[0, 10.0\]"),
+    ("fedscale", {"bandwidth_sigma": -0.1}, r"must be in \[0, 10.0\]"),
+])
+def test_clock_profiles_refuse_infinite_means_and_huge_spreads(profile, options, match):
+    """An infinite mean slowdown or delay would make every simulated time infinite (and
+    the records' times not JSON); a log-normal spread of 1000 overflows the speeds."""
+    with pytest.raises(ConfigError, match=match):
+        build_profiles(profile, options, 4, np.random.default_rng(0))

@@ -137,8 +137,9 @@ def exponential(num_clients: int, rng: np.random.Generator, *, mean: float = 1.0
                 client_compute=CLIENT_COMPUTE, uplink=UPLINK, downlink=DOWNLINK,
                 server_compute: float = SERVER_COMPUTE) -> Profiles:
     """Computation times scaled by Exp(``mean``) draws (paper 001 Sec. 5; GAS)."""
-    if not (mean > 0 and delay_mean >= 0):
-        raise ValueError(f"mean must be > 0 and delay_mean >= 0, got {mean}, {delay_mean}")
+    if not (0 < mean < math.inf and 0 <= delay_mean < math.inf):
+        raise ValueError(f"mean must be finite and > 0 and delay_mean finite and >= 0, got "
+                         f"{mean}, {delay_mean}")
     p = fixed(num_clients, rng, client_compute=client_compute, uplink=uplink,
               downlink=downlink, server_compute=server_compute)
     if per_round:
@@ -149,14 +150,21 @@ def exponential(num_clients: int, rng: np.random.Generator, *, mean: float = 1.0
     return p
 
 
+#: the widest log-normal spread of :func:`fedscale` (e^(5 sigma) is the ratio of a
+#: client 5 standard deviations out; at 10 it is 5e21 and float speeds lose meaning)
+MAX_SIGMA = 10.0
+
+
 def fedscale(num_clients: int, rng: np.random.Generator, *,
              compute_median: float = CLIENT_COMPUTE, compute_sigma: float = 0.5,
              uplink_median: float = UPLINK, downlink_median: float = DOWNLINK,
              bandwidth_sigma: float = 0.8, server_compute: float = SERVER_COMPUTE
              ) -> Profiles:
     """Log-normal client speeds and link rates around the given medians, drawn once."""
-    if compute_sigma < 0 or bandwidth_sigma < 0:
-        raise ValueError("compute_sigma and bandwidth_sigma must be >= 0")
+    if not (0 <= compute_sigma <= MAX_SIGMA and 0 <= bandwidth_sigma <= MAX_SIGMA):
+        raise ValueError(f"compute_sigma and bandwidth_sigma must be in [0, {MAX_SIGMA}] "
+                         f"(log-normal spreads; 0.5 and 0.8 by default), got "
+                         f"{compute_sigma}, {bandwidth_sigma}")
     n = num_clients
 
     def draw(median, sigma, name):
