@@ -529,6 +529,9 @@ def run_experiment(cfg: RunConfig, *, write: bool = True,
         raise RunInterrupted(None) from None
     if not write:
         return _execute(cfg, algorithm, env, None)
+    from splitfed.tracking import preflight
+
+    preflight(cfg)                              # the MLflow store, before the run directory
     created = run_dir is None or not run_dir.exists()
     if run_dir is None:
         run_dir = _new_run_dir(cfg, overrides)

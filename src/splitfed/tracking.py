@@ -33,7 +33,11 @@ values when the run is resumed with its thread count).
 
 A package that is not installed is refused when the config is validated
 (:func:`check_installed`: ``pip install 'splitfed[tensorboard]'``, ``'splitfed[mlflow]'``),
-before anything is written. A tracker that fails while the run goes on (a full disk, an
+before anything is written, and so is an ``mlflow_uri`` whose scheme names no MLflow store
+(:func:`check_uri`). A run (``splitfed run``, ``splitfed launch``) then opens the store
+of ``mlflow_uri`` before it creates the run directory (:func:`preflight`): a store that
+cannot be opened or a server that cannot be reached is one error naming
+``tracking.mlflow_uri``. A tracker that fails while the run goes on (a full disk, an
 MLflow server that went away) prints one warning and is switched off; the run continues.
 
 The default MLflow store is a local file store (``file:<run_dir>/mlruns``), which MLflow
@@ -54,9 +58,10 @@ import os
 import re
 import sys
 import time
+import urllib.parse
 from pathlib import Path
 
-from splitfed.errors import ConfigError, FormatError
+from splitfed.errors import ConfigError, FormatError, SplitfedError
 
 #: where a run keeps its MLflow run id (for a resume)
 TRACKING_FILE = "tracking.json"
@@ -78,11 +83,87 @@ def _installed(module: str) -> bool:
 
 def check_installed(tracking) -> None:
     """ConfigError naming the extra to install when an enabled tracker's package is
-    missing (called when the config is validated: nothing is written yet)."""
+    missing, or the key when ``mlflow_uri`` has a scheme MLflow has no store for
+    (:func:`check_uri`); called when the config is validated: nothing is written yet."""
     for key, (module, extra) in PACKAGES.items():
         if getattr(tracking, key) and not _installed(module):
             raise ConfigError(f"{key}=true needs the {module} package, which is not "
                               f"installed: pip install 'splitfed[{extra}]'")
+    check_uri(tracking)
+
+
+#: the schemes of MLflow's tracking stores (a database's may name a driver:
+#: ``postgresql+psycopg2://``); packages add theirs through the entry-point group
+#: :data:`STORE_ENTRY_POINTS`
+STORE_SCHEMES = ("file", "http", "https", "sqlite", "postgresql", "mysql", "mssql",
+                 "databricks", "databricks-uc", "uc")
+STORE_ENTRY_POINTS = "mlflow.tracking_store"
+
+
+def uri_scheme(uri: str) -> str:
+    """The scheme that picks MLflow's store for ``uri`` ("" for a path), lowercase,
+    without a database driver (``+driver``)."""
+    if uri in ("databricks", "databricks-uc", "uc"):
+        return uri
+    scheme = urllib.parse.urlsplit(uri).scheme.lower()
+    return "" if len(scheme) == 1 else scheme.split("+", 1)[0]   # C:\... is a path
+
+
+def check_uri(tracking) -> None:
+    """ConfigError naming ``mlflow_uri`` (``tracking: mlflow_uri`` once the config's
+    validation prefixes its section) when MLflow is on and the URI's scheme is none of
+    its stores' (:data:`STORE_SCHEMES`, and those of installed packages)."""
+    uri = tracking.mlflow_uri
+    if not tracking.mlflow or uri is None:
+        return
+    scheme = uri_scheme(uri)
+    if scheme in ("", *STORE_SCHEMES):
+        return
+    from importlib.metadata import entry_points
+
+    extra = sorted({e.name for e in entry_points(group=STORE_ENTRY_POINTS)})
+    if scheme in extra:
+        return
+    raise ConfigError(f"mlflow_uri: {uri!r} has the scheme {scheme!r}, for which "
+                      f"MLflow has no store; expected a path or one of "
+                      f"{', '.join(f'{s}:' for s in (*STORE_SCHEMES, *extra))}")
+
+
+def preflight(cfg) -> None:
+    """Open the MLflow store that ``cfg.tracking.mlflow_uri`` names, as the run will, and
+    raise ConfigError naming the key when it cannot be opened or reached; called before
+    the run directory is created (the default store, in the run directory, is not
+    checked). A server is asked once, without MLflow's retries (``MLFLOW_HTTP_REQUEST_*``
+    given in the environment are kept)."""
+    uri = cfg.tracking.mlflow_uri
+    if not cfg.tracking.mlflow or uri is None:
+        return
+    if _file_store(uri):
+        os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+    limits = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "20"}
+    saved = {k: os.environ.get(k) for k in limits}
+    try:
+        for key, value in limits.items():
+            os.environ.setdefault(key, value)
+        from mlflow.tracking import MlflowClient
+
+        MlflowClient(tracking_uri=uri).get_experiment_by_name(
+            cfg.tracking.experiment or cfg.name)
+    except Exception as e:  # noqa: BLE001 - whatever the store raises: one line
+        raise ConfigError(f"tracking.mlflow_uri: cannot open the MLflow store {uri!r}: "
+                          f"{_first_line(e)}") from None
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+
+
+def _file_store(uri: str) -> bool:
+    return uri_scheme(uri) in ("", "file")
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
 
 
 def enabled(cfg) -> bool:
@@ -125,8 +206,7 @@ def _check_folder(path: Path) -> None:
 
 
 def _warn(name: str, e: BaseException) -> None:
-    first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
-    print(f"splitfed: warning: {name}: {first}; {name} tracking is off for the rest of "
+    print(f"splitfed: warning: {name}: {_first_line(e)}; {name} tracking is off for the rest of "
           "this run (metrics.jsonl has every record)", file=sys.stderr, flush=True)
 
 
@@ -207,16 +287,22 @@ class MLflowSink(_Sink):
         super().__init__()
         self.run_dir = run_dir
         self.uri = cfg.tracking.mlflow_uri or (run_dir.resolve() / MLRUNS_DIR).as_uri()
-        if self.uri.startswith("file:") or "://" not in self.uri:
+        if _file_store(self.uri):
             if cfg.tracking.mlflow_uri is None:
                 _check_folder(run_dir / MLRUNS_DIR)
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         from mlflow.tracking import MlflowClient
 
-        self.client = MlflowClient(tracking_uri=self.uri)
-        self.run_id = self._resumed_run() if start_round > 1 else None
-        if self.run_id is None:
-            self.run_id = self._new_run(cfg)
+        try:
+            self.client = MlflowClient(tracking_uri=self.uri)
+            self.run_id = self._resumed_run() if start_round > 1 else None
+            if self.run_id is None:
+                self.run_id = self._new_run(cfg)
+        except SplitfedError:
+            raise
+        except Exception as e:  # noqa: BLE001 - whatever the store raises: one line
+            raise ConfigError(f"tracking.mlflow_uri: cannot open the MLflow store "
+                              f"{self.uri!r}: {_first_line(e)}") from None
 
     def _resumed_run(self) -> str | None:
         """The MLflow run of an earlier session of this run, set running again."""

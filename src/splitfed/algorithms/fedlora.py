@@ -11,7 +11,9 @@ weights fixed, and upload them; the server averages them with eta_g. The frozen 
 sent to nobody after round 0 (the clients hold it from the start; it is not counted).
 
 Options: ``rank`` (8), ``alpha`` (16), ``lora_dropout`` (0), ``targets`` (module-name
-suffixes), ``train_head``, ``global_lr`` (eta_g). Adapters draw from a run-seed stream.
+suffixes, checked against the model's linear layers before the run starts:
+:meth:`FedLoRA.check`), ``train_head``, ``global_lr`` (eta_g). Adapters draw from a
+run-seed stream.
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+from torch import nn
 
 from splitfed.algorithms.fedavg import FedAvg
+from splitfed.errors import ConfigError
 from splitfed.models.lora import add_lora, trainable_keys
 from splitfed.rng import derive_seed
 
@@ -44,6 +48,33 @@ class FedLoRA(FedAvg):
     Options = FedLoRAOptions
     distributed = False                   # not on the multi-process runtime yet
     trains_whole_model = False            # the clients train the adapters and the head
+    #: most linear layers an error lists by their full names
+    LISTED = 12
+
+    def check(self, env) -> None:
+        """``targets`` name linear layers of the model: each target, a module's name or
+        the end of it after a dot (peft's matching), matches at least one module, and
+        every module it matches is a linear layer (a block would fail in peft once the
+        run directory exists)."""
+        targets = self.options.targets
+        if targets is None:
+            return
+        linear = [n for n, m in env.model.named_modules() if isinstance(m, nn.Linear)]
+        if len(linear) > self.LISTED:       # a deep model: the distinct ends of the names
+            linear = sorted({n.rsplit(".", 1)[-1] for n in linear})
+        valid = f"the linear layers of model {env.config.model.name!r}: {', '.join(linear)}"
+        if not targets:
+            raise ConfigError(f"algorithm.targets: empty; give names of {valid} (or null: "
+                              "the default)")
+        for target in targets:
+            matched = [(n, m) for n, m in env.model.named_modules()
+                       if n and (n == target or n.endswith(f".{target}"))]
+            wrong = [n for n, m in matched if not isinstance(m, nn.Linear)]
+            if not matched or wrong:
+                what = (f"matches {', '.join(wrong)}, not a linear layer" if wrong
+                        else "matches no module")
+                raise ConfigError(f"algorithm.targets: {target!r} {what}; give names (or "
+                                  f"their ends after a dot) of {valid}")
 
     def init_state(self, env) -> dict:
         o = self.options

@@ -107,11 +107,20 @@ def check_options(args) -> tuple[str, str | None]:
 
 
 def check_config(args) -> None:
-    """Build the run's config here, so that a bad config or override is reported before
-    any rank starts."""
+    """Check the run here as ``splitfed run --dry-run`` does (:func:`splitfed.plan.
+    build_plan`: the config, the algorithm, the environment, the algorithm's check, where
+    the run would write) and what only the runtime refuses (:func:`~splitfed.runtime.
+    session.check_supported`), and open the MLflow store it names
+    (:func:`splitfed.tracking.preflight`): a bad config is reported before any rank
+    starts or anything is written."""
+    import dataclasses
+
     from splitfed.config import build_config, load_config
     from splitfed.configtools import load_yaml
+    from splitfed.experiment import _check_empty
+    from splitfed.plan import build_plan
     from splitfed.runtime.session import check_supported
+    from splitfed.tracking import preflight
 
     if args.resume is not None:
         if args.config is not None or args.overrides:
@@ -128,6 +137,14 @@ def check_config(args) -> None:
         cfg = load_config(args.config, args.overrides,
                           plugins=getattr(args, "plugin", None))
     check_supported(cfg)
+    where = args.resume if args.resume is not None else args.run_dir
+    if where is not None:       # the run's own directory: it must be creatable beside it
+        if args.run_dir is not None:
+            _check_empty(Path(args.run_dir))
+        build_plan(dataclasses.replace(cfg, out_dir=str(Path(where).parent)))
+    else:
+        build_plan(cfg, args.overrides)
+    preflight(cfg)
 
 
 def worker_argv(args) -> list[str]:

@@ -7,7 +7,8 @@ sampler) and runs the engine's own round loop (:func:`~splitfed.engine.loop.
 run_rounds`) with the algorithm's unchanged code. The placement makes every rank compute
 only its own side: client forward/backward passes on the rank that hosts the client,
 server passes and aggregation results that matter on rank 0; the transport carries the
-tensors in between. Rank 0 evaluates (the client ranks hold no test set), logs, and
+tensors in between. Rank 0 evaluates (the client ranks hold no test set), logs
+(``metrics.jsonl`` and the config's trackers, :mod:`splitfed.tracking`), and
 checkpoints after every round (``splitfed.checkpoint``; the same file
 ``splitfed run --resume`` reads), and a restarted run resumes from it: rank 0 sends the
 client ranks the checkpoint's random streams and clock, so that all ranks continue in
@@ -56,6 +57,7 @@ from splitfed.metrics import MetricLogger, record_summary
 from splitfed.provenance import provenance
 from splitfed.runtime.placement import (RankPlacement, RoundControl, RuntimeClock, StopRun,
                                         host_ranks)
+from splitfed.tracking import open_trackers
 from splitfed.transport.distributed import SERVER_RANK, DistributedTransport, Links
 
 
@@ -79,7 +81,16 @@ def supported() -> list[str]:
     return [name for name, cls in ALGORITHMS.items() if getattr(cls, "distributed", False)]
 
 
+#: the options whose value ``first`` (MU-SplitFed's and GAS's first-order ablations) the
+#: runtime does not run: a first-order step differentiates through the other side's
+#: pass, of which a client rank holds only placeholders
+ZEROTH_ONLY = ("client_order", "server_order")
+
+
 def check_supported(cfg: RunConfig) -> None:
+    """ConfigError naming the key when the runtime cannot run ``cfg``: an algorithm or
+    transform that does not run here, a first-order option (:data:`ZEROTH_ONLY`), a
+    device other than the CPU."""
     if not getattr(get_algorithm(cfg.algorithm.name), "distributed", False):
         raise ConfigError(f"algorithm.name: {cfg.algorithm.name!r} does not run on the "
                           f"multi-process runtime yet; supported: {', '.join(supported())} "
@@ -92,6 +103,12 @@ def check_supported(cfg: RunConfig) -> None:
                  if not t.distributed]
         raise ConfigError(f"algorithm: the transforms {', '.join(local)} do not run on the "
                           "multi-process runtime yet (use splitfed run)")
+    for key in ZEROTH_ONLY:
+        if getattr(algorithm.options, key, None) == "first":
+            raise ConfigError(f"algorithm.{key}: 'first' (the first-order ablation) does not "
+                              "run on the multi-process runtime yet; it runs "
+                              f"{cfg.algorithm.name!r} with {key} 'zeroth' (the default) "
+                              "only (use splitfed run for the first-order ablations)")
     if cfg.engine.device != "cpu":
         raise ConfigError("engine.device: the multi-process runtime runs on cpu (gloo)")
 
@@ -207,6 +224,13 @@ def _serve(links: Links, cfg: RunConfig, *, options: RuntimeOptions,
 def _run(links, cfg, algorithm, env, control, run_dir: Path, options, ckpt, *, state,
          start, records, wall0, resumed, started) -> RunResult:
     logger = _WireLogger(run_dir, env.transport, records)
+    finished = start > cfg.rounds or (ckpt is not None and ckpt["status"] != "completed")
+    if not finished:
+        try:
+            logger.sinks = open_trackers(cfg, run_dir, start)
+        except BaseException:
+            logger.close("failed")
+            raise
     t0 = time.perf_counter()
     checkpoint = Checkpointer(run_dir, env, logger, every=options.checkpoint_every,
                               rounds=cfg.rounds, wall_offset=wall0, resumed_from=resumed,
@@ -215,7 +239,7 @@ def _run(links, cfg, algorithm, env, control, run_dir: Path, options, ckpt, *, s
                               resumed_threads=started["resumed_threads"])
     status = "failed"
     try:
-        if start > cfg.rounds or (ckpt is not None and ckpt["status"] != "completed"):
+        if finished:
             status = ckpt["status"]           # the run had already ended
         else:
             state, status = run_rounds(algorithm, env, logger, state, start,
@@ -223,7 +247,7 @@ def _run(links, cfg, algorithm, env, control, run_dir: Path, options, ckpt, *, s
         status = _clients_status(status, links, env.clock, resumed)
     finally:
         control.stop(status)
-        logger.close()
+        logger.close(status)
     wall = wall0 + time.perf_counter() - t0
     summary = {"name": cfg.name, "algorithm": cfg.algorithm.name, "dataset": cfg.data.name,
                "model": cfg.model.name, "status": status,

@@ -1,0 +1,55 @@
+"""FedLoRA's ``targets`` are checked against the model before anything is written: a
+name that matches no linear layer is one error naming ``algorithm.targets`` and the
+model's linear layers (``splitfed run --dry-run`` included), never peft's own error
+after the run directory exists."""
+
+import pytest
+from helpers import digits_config
+
+from splitfed.cli import main
+from splitfed.errors import ConfigError
+from splitfed.experiment import build_algorithm, build_environment, run_experiment
+
+pytest.importorskip("peft")
+
+
+def check(targets):
+    cfg = digits_config(rounds=1, algorithm={"name": "fedlora", "rank": 2,
+                                             "targets": targets})
+    algorithm = build_algorithm(cfg)
+    algorithm.check(build_environment(cfg))
+    return cfg
+
+
+@pytest.mark.parametrize("targets, what", [
+    (["nosuch"], "'nosuch' matches no module"),
+    ([], "empty"),
+    (["fc1"], "'fc1' matches fc1, not a linear layer"),       # a block, not a layer
+    (["out", "fc2"], "'fc2' matches no module"),
+])
+def test_targets_that_name_no_linear_layer_are_refused_with_the_valid_names(targets, what):
+    with pytest.raises(ConfigError) as err:
+        check(targets)
+    message = str(err.value)
+    assert message.startswith("algorithm.targets: ") and what in message
+    assert "fc1.1, out" in message and "\n" not in message
+
+
+@pytest.mark.parametrize("targets", [["out"], ["fc1.1"], ["1"], ["fc1.1", "out"], None])
+def test_targets_that_name_linear_layers_are_accepted_and_train(targets):
+    cfg = check(targets)
+    res = run_experiment(cfg, write=False)
+    assert res.status == "completed"
+    assert any("lora_A" in k for k in res.state["model"])
+
+
+@pytest.mark.parametrize("value", ["[nosuch]", "[]"])
+def test_dry_run_and_run_refuse_them_before_writing(tmp_path, capsys, value):
+    args = ["quick_digits", "rounds=1", "algorithm.name=fedlora",
+            f"algorithm.targets={value}", f"out_dir={tmp_path / 'runs'}"]
+    assert main(["run", *args, "--dry-run"]) == 2
+    assert main(["run", *args]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 2 and all(li.startswith("splitfed: error: algorithm.targets: ")
+                                   for li in lines), lines
+    assert not (tmp_path / "runs").exists()
