@@ -4,6 +4,7 @@ model's linear layers (``splitfed run --dry-run`` included), never peft's own er
 after the run directory exists."""
 
 import pytest
+import torch
 from helpers import digits_config
 
 from splitfed.cli import main
@@ -53,3 +54,20 @@ def test_dry_run_and_run_refuse_them_before_writing(tmp_path, capsys, value):
     assert len(lines) == 2 and all(li.startswith("splitfed: error: algorithm.targets: ")
                                    for li in lines), lines
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("name, shape", [("mlp", (1, 8, 8)), ("lenet5", (1, 28, 28)),
+                                         ("alexnet", (1, 28, 28))])
+def test_default_targets_leave_out_the_head_also_when_it_is_a_bare_linear_layer(name, shape):
+    """The head (the last block) gets no adapter by default, whether it is a container
+    (``fc3.0``) or a linear layer itself (mlp's ``out``): it is trained in full instead
+    (``train_head``)."""
+    from splitfed.models import build_model
+    from splitfed.models.lora import default_targets
+
+    model = build_model(name, shape, 10, **({"width": 0.125} if name == "alexnet" else {}))
+    head = [n for n, _ in model.named_children()][-1]
+    targets = default_targets(model)
+    assert targets and all(t != head and not t.startswith(head + ".") for t in targets)
+    linear = {n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    assert set(targets) == {n for n in linear if n != head and not n.startswith(head + ".")}

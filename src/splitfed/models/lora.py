@@ -16,8 +16,13 @@ def default_targets(model: nn.Module) -> list[str]:
     attention = sorted({n.rsplit(".", 1)[-1] for n in names} & {"q_proj", "v_proj"})
     if attention:
         return attention
-    head = [n for n, _ in model.named_children()][-1] + "."
-    return [n for n in names if not n.startswith(head)]
+    head = _head(model)
+    return [n for n in names if n != head and not n.startswith(head + ".")]
+
+
+def _head(model: nn.Module) -> str:
+    """The name of the model's last block (its classification head)."""
+    return [n for n, _ in model.named_children()][-1]
 
 
 def add_lora(model: nn.Module, rank: int = 8, alpha: float = 16.0, dropout: float = 0.0,
@@ -37,7 +42,7 @@ def add_lora(model: nn.Module, rank: int = 8, alpha: float = 16.0, dropout: floa
         inject_adapter_in_model(config, model)
     except Exception as e:  # peft's NoMatchingPeftModuleError and ValueError
         raise ConfigError(f"algorithm.targets: {e}") from e
-    head = [n for n, _ in model.named_children()][-1] + "."     # the last block
+    head = _head(model) + "."
     for name, p in model.named_parameters():
         p.requires_grad_("lora_" in name or (train_head and name.startswith(head)))
     model.lora_injected = True
