@@ -360,3 +360,20 @@ def test_a_sweep_publishes_its_tables_not_its_runs(tmp_path, monkeypatch):
     assert sorted(p.name for p in published.iterdir()) == [
         "accuracy_vs_bytes.png", "accuracy_vs_round.png", "results.json", "results.md",
         "study.yaml", "sweep.csv", "sweep.json", "sweep.md"]
+
+
+def test_sweep_axes_may_come_after_its_options(tmp_path, capsys):
+    """``splitfed sweep CONFIG a=1 --jobs 1 b=x,y`` takes b as an axis, as ``run`` takes
+    overrides after its options; an unknown option is still refused."""
+    from splitfed.cli import main
+
+    out = tmp_path / "sw"
+    assert main(["sweep", "quick_digits", "rounds=1", "checkpoint_every=0", "--jobs", "1",
+                 "train.lr=0.1,0.2", "--out-dir", str(out)]) == 0
+    table = (out / "quick_digits-sweep" / "sweep.md").read_text()
+    assert "| 0.1 |" in table and "| 0.2 |" in table, table
+    capsys.readouterr()
+    assert main(["sweep", "quick_digits", "rounds=1", "--jobs", "1", "train.lr=0.1,0.2",
+                 "--bogus", "--out-dir", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "unrecognized arguments:" in err and "--bogus" in err

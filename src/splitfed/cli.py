@@ -436,6 +436,9 @@ def main(argv: list[str] | None = None) -> int:
             if (extra and args.func in (_cmd_launch, _cmd_run)
                     and not any(e.startswith("-") for e in extra)):
                 args.overrides += extra             # run CONFIG --dry-run key=value ...
+            elif (extra and args.func is _cmd_sweep
+                  and not any(e.startswith("-") for e in extra)):
+                args.axes += extra                  # sweep CONFIG a=1 --jobs 2 b=3,4
             elif extra:
                 parser.error(f"unrecognized arguments: {' '.join(extra)}")
         except SystemExit as e:                     # --help, or a usage error (printed)
