@@ -344,7 +344,8 @@ class Bounded:
                         "(allowed: >= 1 and <= 100)"),
     ({"steps": 1e18}, "steps: expected an integer, got 1e+18 (float) "
                       "(allowed: >= 1 and <= 100)"),
-    ({"rate": "inf"}, "rate: must be < 1, got inf (allowed: > 0 and < 1)"),
+    ({"rate": "inf"}, "rate: must be a finite number (> 0 and < 1), got inf"),
+    ({"rate": "-inf"}, "rate: must be a finite number (> 0 and < 1), got -inf"),
     ({"floor": -1}, "floor: must be >= 0, got -1"),
 ])
 def test_bound_messages_name_the_allowed_range(data, message):

@@ -28,6 +28,7 @@ import copy
 import dataclasses
 import difflib
 import inspect
+import math
 import re
 import types
 import typing
@@ -296,6 +297,9 @@ def _check_item(item: Any, key: str, meta: Mapping) -> None:
             continue
         if isinstance(item, bool) or not isinstance(item, (int, float)):
             raise _type_error(key, "a number", item)
+        if isinstance(item, float) and math.isinf(item):   # a bounded number is finite
+            allowed = bounds_text(meta)
+            raise ConfigError(f"{key}: must be a finite number ({allowed}), got {item!r}")
         if not ok(item, meta[name]):
             allowed = bounds_text(meta)
             span = f" (allowed: {allowed})" if " and " in allowed else ""
