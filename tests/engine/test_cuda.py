@@ -74,16 +74,21 @@ def _run(raw, *, float64=False):
             split.x = split.x.double()
         return bundle
 
+    build = experiment._build_model
+
+    def build64(cfg, bundle, streams):          # built in float32, then in float64
+        model, cut = build(cfg, bundle, streams)
+        return model.double(), cut
+
     old = torch.get_default_dtype()
     try:
-        experiment.load_data = load64
+        experiment.load_data, experiment._build_model = load64, build64
         algorithm, env = testing._build(cfg)
-        env.model.double()
         torch.set_default_dtype(torch.float64)
         _, records, state, _ = testing._run(cfg, env, algorithm)
     finally:
         torch.set_default_dtype(old)
-        experiment.load_data = load
+        experiment.load_data, experiment._build_model = load, build
     return records, state["model"]
 
 
