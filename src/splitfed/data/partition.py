@@ -41,8 +41,8 @@ import inspect
 
 import numpy as np
 
-from splitfed.errors import ConfigError
 from splitfed.configtools import typed_options
+from splitfed.errors import ConfigError
 
 _MODES = ("deterministic", "first-deterministic", "random")
 

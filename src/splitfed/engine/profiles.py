@@ -43,8 +43,8 @@ from pathlib import Path
 
 import numpy as np
 
-from splitfed.errors import ConfigError
 from splitfed.configtools import typed_options
+from splitfed.errors import ConfigError
 
 CLIENT_COMPUTE = 1e9      # MAC/s
 SERVER_COMPUTE = 1e11     # MAC/s

@@ -35,7 +35,7 @@ from collections import OrderedDict
 from torch import nn
 
 from splitfed.errors import ConfigError
-from splitfed.models.blocks import BlockModel, image_shape, output_shape, scaled
+from splitfed.models.blocks import BlockModel, check_dropout, image_shape, output_shape, scaled
 
 CUTS = {n: f"after block {n} (conv{n})" for n in range(1, 6)}
 CUTS.update({6: "after block 6 (fc1)", 7: "after block 7 (fc2)"})
@@ -48,10 +48,7 @@ INITS = ("kaiming", "torch")
 def alexnet(input_shape, num_classes: int, *, width: float = 1.0, dropout: float = 0.0,
             init: str = "kaiming"):
     ch, h, w = image_shape("alexnet", input_shape)
-    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) \
-            or not 0.0 <= dropout < 1.0:
-        raise ConfigError(f"model.dropout: must be a number in [0, 1) (alexnet), "
-                          f"got {dropout!r}")
+    check_dropout(dropout, "alexnet")
     if init not in INITS:
         raise ConfigError(f"model.init must be one of {list(INITS)}, got {init!r}")
     c = [scaled(n, width) for n in (64, 192, 384, 256, 256)]

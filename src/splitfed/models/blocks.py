@@ -10,7 +10,6 @@ non-empty); every model documents each of them with the name the papers use
 from __future__ import annotations
 
 import math
-
 from collections import OrderedDict
 
 import torch
@@ -123,9 +122,26 @@ def image_shape(model: str, input_shape) -> tuple[int, int, int]:
     return shape
 
 
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def check_multiplier(value, key: str, model: str = "") -> None:
+    """ConfigError naming ``model.<key>`` unless ``value`` is a finite number > 0 (a
+    width multiplier)."""
+    if not _number(value) or not 0 < value < math.inf:
+        of = f" ({model})" if model else ""
+        raise ConfigError(f"model.{key}: must be a finite number > 0{of}, got {value!r}")
+
+
+def check_dropout(value, model: str = "") -> None:
+    """ConfigError naming ``model.dropout`` unless ``value`` is a number in [0, 1)."""
+    if not _number(value) or not 0.0 <= value < 1.0:
+        of = f" ({model})" if model else ""
+        raise ConfigError(f"model.dropout: must be a number in [0, 1){of}, got {value!r}")
+
+
 def scaled(channels: int, width: float) -> int:
     """``channels * width`` rounded, at least 1 (width multipliers of small models)."""
-    numeric = isinstance(width, (int, float)) and not isinstance(width, bool)
-    if not numeric or not 0 < width < math.inf:
-        raise ConfigError(f"model.width: must be a finite number > 0, got {width!r}")
+    check_multiplier(width, "width")
     return max(1, round(float(channels * width)))

@@ -14,14 +14,11 @@ the model unsplit; the default cut 1 (after the stem) is there for split algorit
 
 from __future__ import annotations
 
-import math
-
 from collections import OrderedDict
 
 from torch import nn
 
-from splitfed.errors import ConfigError
-from splitfed.models.blocks import BlockModel, image_shape
+from splitfed.models.blocks import BlockModel, check_multiplier, image_shape
 
 SETTINGS = (
     (1, 16, 1, 1),
@@ -73,10 +70,7 @@ class InvertedResidual(nn.Module):
 
 def mobilenetv2(input_shape, num_classes: int, *, width_mult: float = 1.0) -> BlockModel:
     ch, _, _ = image_shape("mobilenetv2", input_shape)
-    numeric = isinstance(width_mult, (int, float)) and not isinstance(width_mult, bool)
-    if not numeric or not 0 < width_mult < math.inf:
-        raise ConfigError(f"model.width_mult: must be a finite number > 0 (mobilenetv2), "
-                          f"got {width_mult!r}")
+    check_multiplier(width_mult, "width_mult", "mobilenetv2")
     prev = _divisible(32 * width_mult)
     blocks = OrderedDict(stem=nn.Sequential(*_conv_bn(ch, prev, 3)))
     for g, (t, c, n, s) in enumerate(SETTINGS, start=1):

@@ -45,9 +45,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from splitfed.data.text import FIRST_WORD
 from splitfed.errors import ConfigError
 from splitfed.limits import MAX_MODEL_PARAMS
-from splitfed.models.blocks import BlockModel
+from splitfed.models.blocks import BlockModel, check_dropout
 
 # OPT sizes (Zhang et al. 2022, Table 1; the Hugging Face configs)
 PRESETS = {
@@ -64,7 +65,7 @@ PRESETS = {
                      do_layer_norm_before=True, max_position_embeddings=2048),
 }
 #: token ids every vocabulary holds (:mod:`splitfed.data.text`: <s>, PAD, BOS/EOS, UNK)
-RESERVED_IDS = 4
+RESERVED_IDS = FIRST_WORD
 #: decoder blocks of a model built from sizes (each is a Python object built in turn)
 MAX_LAYERS = 1024
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
@@ -310,9 +311,7 @@ def opt(input_shape, num_classes: int, *, preset: str = "tiny", pretrained: str 
     seq_len = _check_shape(input_shape)
     if dtype not in DTYPES:
         raise ConfigError(f"model.dtype: must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) \
-            or not 0.0 <= dropout < 1.0:
-        raise ConfigError(f"model.dropout: must be a number in [0, 1), got {dropout!r}")
+    check_dropout(dropout)
     tf = _transformers()
     extra = dict(dropout=dropout, attention_dropout=dropout, layerdrop=0.0)
     if pretrained is not None:
