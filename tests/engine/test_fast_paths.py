@@ -131,3 +131,24 @@ def test_settle_records_and_charges_in_order():
     assert clock_a._shared == clock_b._shared
     with pytest.raises(ValueError, match="unknown transfer kind"):
         a.settle(1, [("up", "weights", 4)])
+
+
+@pytest.mark.parametrize("model,momentum", [
+    ({"name": "resnet18", "width": 4, "cut": 1}, 0.0),
+    ({"name": "resnet18", "width": 4, "cut": 2}, 0.5),
+    ({"name": "mlp", "cut": 1}, 0.0)])
+def test_settled_step_takes_one_backward_pass(monkeypatch, model, momentum):
+    """A settled SL step differentiates the server's loss down to the client's parameters
+    in one backward pass: bit for bit the two passes of the step-by-step path (the
+    server's gradient of the cut-layer activations, then the client's backward from it),
+    also where the server uses the activations twice (a residual block's shortcut at
+    ResNet-18's cuts) and with momentum (two optimizers)."""
+    cfg = _raw("sl", 1, None)
+    cfg["model"] = model
+    cfg["train"]["momentum"] = momentum
+    settled = run_experiment(build_config(cfg), write=False)
+    with monkeypatch.context() as m:
+        m.setattr(split, "SETTLE_TURNS", False)
+        stepped = run_experiment(build_config(cfg), write=False)
+    assert_same_run(settled, stepped)
+    assert settled.records[-1]["train_loss"] > 0

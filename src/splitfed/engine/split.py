@@ -141,19 +141,27 @@ def sgd_step(opt: torch.optim.Optimizer | None, params: list[torch.Tensor],
     which matters for the sequential per-batch steps of SL and SFL-V2's server. Otherwise
     the gradients are handed to ``opt.step()``, whose state (momentum buffers) persists.
     """
-    groups = opt.param_groups if opt is not None else None
-    g0 = groups[0] if groups else None
-    if groups is None or (len(groups) == 1 and g0["momentum"] == 0
-                          and g0["weight_decay"] == 0 and not g0.get("nesterov")
-                          and not g0.get("maximize")):
+    if _plain(opt):
         with torch.no_grad():
             torch._foreach_add_(params, grads, alpha=-float(lr))
         return
     for p, g in zip(params, grads):
         p.grad = g
-    for group in groups:
+    for group in opt.param_groups:
         group["lr"] = float(lr)
     opt.step()
+
+
+def _plain(opt: torch.optim.Optimizer | None) -> bool:
+    """Whether a step of ``opt`` is ``p <- p - lr * g``: None, or SGD with one parameter
+    group and no momentum, weight decay, nesterov or maximize."""
+    if opt is None:
+        return True
+    groups = opt.param_groups
+    g0 = groups[0] if groups else None
+    return (isinstance(opt, torch.optim.SGD) and len(groups) == 1 and g0["momentum"] == 0
+            and g0["weight_decay"] == 0 and not g0.get("nesterov")
+            and not g0.get("maximize"))
 
 
 def client_compute(env, module: nn.Module, client_id: int, x: torch.Tensor,
@@ -199,6 +207,28 @@ def _client_update(module: nn.Module, opt, params: list[torch.Tensor], acts: tor
     sgd_step(opt, params, grads, lr)
 
 
+def _joint_update(server: nn.Module, server_params: list[torch.Tensor], server_opt,
+                  client_params: list[torch.Tensor], client_opt, acts: torch.Tensor,
+                  y: torch.Tensor, lr: float) -> torch.Tensor:
+    """:func:`_server_update` then :func:`_client_update` of a settled turn's step, bit
+    for bit, from one backward pass: the server's forward runs on ``acts`` itself, so the
+    gradient reaching ``acts`` is the one the server would have sent (the same sums in
+    the same order) and flows on into the client's parameters in the same call. Neither
+    backward reads a parameter the other side's step changes, and every step comes after
+    both, so the updates are the same as well. Plain SGD on both sides (optimizer None
+    or stateless): one fused update of both parameter lists, element by element the same
+    ``p - lr * g``. Returns the detached loss."""
+    loss = F.cross_entropy(sequential.forward_train(server, acts), y)
+    n = len(server_params)
+    grads = torch.autograd.grad(loss, server_params + client_params)
+    if _plain(server_opt) and _plain(client_opt):
+        sgd_step(None, server_params + client_params, list(grads), lr)
+    else:
+        sgd_step(server_opt, server_params, list(grads[:n]), lr)
+        sgd_step(client_opt, client_params, list(grads[n:]), lr)
+    return loss.detach()
+
+
 #: run SL's turns in one process as plain arithmetic, their transfers and clock charges
 #: settled once per turn (:func:`sequential_turn`); False: every step through the
 #: transport and the clock as it happens (the same results, tests/engine/test_fast_paths.py)
@@ -242,11 +272,12 @@ def sequential_turn(env, client: nn.Module, client_params: list[torch.Tensor],
     total, shapes = 0.0, []
     for x, y in batches:
         acts = sequential.forward_train(client, x)    # the server receives acts itself
-        loss, g_h = _server_update(server, server_params, server_opt, acts, y, lr)
-        _client_update(client, client_opt, client_params, acts, g_h, lr)
+        loss = _joint_update(server, server_params, server_opt, client_params, client_opt,
+                             acts, y, lr)
         total += float(loss)
+        # the cut-layer gradient has the activations' shape and type
         shapes.append((x.shape, acts.shape, acts.element_size(),
-                       y.numel() * y.element_size(), g_h.numel() * g_h.element_size()))
+                       y.numel() * y.element_size(), acts.numel() * acts.element_size()))
     tr.settle(client_id, _turn_events(env.clock, client, server, shapes))
     return total
 
