@@ -128,8 +128,8 @@ class EngineConfig:
     eval_batch_size: int | None = field(default=None, metadata={
         "ge": 1, "le": MAX_BATCH_SIZE,
         "help": "test samples per evaluation call (null: 256 on a CPU, 2048 on a GPU; a "
-                "value above the test set's size evaluates it in one call; the metrics do "
-                "not depend on it)"})
+                "value above the test set's size evaluates it in one call; the metrics depend "
+                "on it only in the logits' last bits)"})
 
 
 @dataclass

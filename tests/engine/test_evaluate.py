@@ -77,9 +77,18 @@ def test_evaluate_matches_a_plain_loop():
     assert model.training  # mode restored
 
 
+@pytest.mark.numerics
 def test_metrics_do_not_depend_on_the_batch_size():
+    """The same per-sample losses summed in the same order whatever the batch; only the
+    logits' last bits may move, where a CPU's convolution picks another kernel for another
+    batch size (at batch 1 on an AMD EPYC): a few float32 ulps of a loss near 2.3, so
+    1e-6 relative on the mean, and the same predictions."""
     model = _model("lenet5", (1, 28, 28), {})
     g = torch.Generator().manual_seed(3)
     x, y = torch.randn(301, 1, 28, 28, generator=g), torch.randint(0, 10, (301,), generator=g)
     results = [evaluate(model, x, y, batch_size=b) for b in (1, 7, 256, 301, 10_000)]
-    assert all(r == results[0] for r in results)
+    assert all(r["test_acc"] == results[0]["test_acc"] for r in results)
+    assert all(r["test_loss"] == pytest.approx(results[0]["test_loss"], rel=1e-6)
+               for r in results)
+    # batches that hold the whole set are one call: the same bits
+    assert results[3] == results[4]

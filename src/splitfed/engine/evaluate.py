@@ -38,7 +38,9 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
     """Accuracy and mean cross-entropy of ``model`` (in eval mode) on ``(x, y)``.
 
     Each sample's loss is kept and the losses are summed once, in float64, at the end, so
-    neither metric depends on ``batch_size`` (the logits of a sample do not either).
+    neither metric depends on ``batch_size`` beyond the logits' last bits (a CPU's
+    convolution may pick another kernel for another batch size: at batch 1 on an AMD
+    EPYC a loss moved by a float32 ulp).
     ``batch_size`` None: :data:`DEFAULT_BATCH` for the device of ``x``."""
     if batch_size is None:
         batch_size = default_batch(x.device)
