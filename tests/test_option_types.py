@@ -55,7 +55,7 @@ def run(tmp_path, capsys, overrides):
 
 @pytest.mark.parametrize("overrides", [
     ["~model.hidden", "model.name=alexnet", "model.width=1e-9"],
-    ["clock.profile=exponential", "clock.mean=1e300"],
+    ["clock.profile=exponential", "clock.mean=1e30"],
     ["clock.profile=exponential", "clock.mean=2E-1", "clock.per_round=false"],
     ["clock.profile=fixed", "clock.client_compute=2e9", "clock.server_compute=1e11"],
     [*SHARD, "partition.keep_incomplete_shard=true"],
@@ -87,8 +87,8 @@ def test_option_values_of_the_wrong_type_are_refused(tmp_path, capsys, overrides
 
 def test_numeric_strings_of_a_config_file_become_floats_for_float_options():
     rng = np.random.default_rng(0)
-    profiles = build_profiles("exponential", {"mean": "1e300", "per_round": True}, 4, rng)
-    assert profiles.slowdown_mean == 1e300
+    profiles = build_profiles("exponential", {"mean": "1e30", "per_round": True}, 4, rng)
+    assert profiles.slowdown_mean == 1e30
     with pytest.raises(ConfigError, match=r"^clock.per_round: expected a boolean"):
         build_profiles("exponential", {"per_round": "false"}, 4, rng)
 

@@ -169,7 +169,8 @@ class ServerDataConfig:
         "help": "remove the pool from the training set before partitioning it"})
     always: bool = field(default=False, metadata={
         "help": "build the pool also for algorithms that use no server data, so that "
-                "baselines (fedavg, scaffold) get the hybrid runs' client data"})
+                "baselines (fedavg, scaffold) get the hybrid runs' client data (without it "
+                "such an algorithm refuses other server_data values, which it would ignore)"})
 
 
 @dataclass
@@ -366,8 +367,17 @@ def check_against_data(cfg: RunConfig, data_sizes, slots: int,
       :mod:`splitfed.engine.batches`);
     - the samples one round trains on (the ``slots`` largest K_n * B, and the server's
       steps * B_s) are at most :data:`MAX_ROUND_SAMPLES`: every round's batch plans are
-      held in memory at once.
+      held in memory at once;
+    - a given ``algorithm.server_batch_size`` B_s (or that of a ``server_train`` step in
+      ``algorithm.server_transforms``) is at most the ``server_rows`` samples of D_s^t, as
+      B is at most the clients' samples (null takes ``train.batch_size``, which may exceed
+      them: a batch then repeats samples);
+    - without server data (``server_rows`` None: the algorithm trains on none and
+      ``server_data.always`` is off) the ``server_data`` section keeps its defaults: a
+      value set there would be ignored.
     """
+    if server_rows is None:
+        _check_server_data_unused(cfg)
     sizes = [int(n) for n in data_sizes]
     total = sum(sizes)
     tr = cfg.train
@@ -404,6 +414,54 @@ def check_against_data(cfg: RunConfig, data_sizes, slots: int,
                           f"samples a round ({steps} steps x {batch}), more than the "
                           f"{MAX_ROUND_SAMPLES} allowed; lower algorithm.server_steps, "
                           "algorithm.server_epochs or algorithm.server_batch_size")
+    _check_server_batch_size(cfg, server_rows)
+
+
+def _check_server_batch_size(cfg: RunConfig, server_rows: int) -> None:
+    """A given B_s is at most the samples of D_s^t (:func:`check_against_data`)."""
+    given = [("algorithm.server_batch_size", cfg.algorithm.options.get("server_batch_size"))]
+    for i, spec in enumerate(cfg.algorithm.server_transforms):
+        if isinstance(spec, dict) and spec.get("name") == "server_train":
+            given.append((f"algorithm.server_transforms[{i}].server_batch_size",
+                          spec.get("server_batch_size")))
+    for key, batch in given:
+        if isinstance(batch, int) and not isinstance(batch, bool) and batch > server_rows:
+            raise ConfigError(f"{key}: {batch} exceeds the {server_rows} samples of the "
+                              "server's D_s^t (server_data.samples_per_round, or the whole "
+                              f"pool); allowed: 1..{server_rows}")
+
+
+def _check_server_data_unused(cfg: RunConfig) -> None:
+    """Refuse a ``server_data`` value that differs from its default when no server pool
+    is built (the algorithm trains on no server data and ``always`` is off): it would be
+    ignored without a word."""
+    default = ServerDataConfig()
+    changed = [f.name for f in fields(ServerDataConfig)
+               if getattr(cfg.server_data, f.name) != getattr(default, f.name)]
+    if not changed:
+        return
+    given = ", ".join(f"server_data.{k}={getattr(cfg.server_data, k)!r}" for k in changed)
+    users = ", ".join(server_data_algorithms()) or "none"
+    raise ConfigError(f"server_data: {cfg.algorithm.name} trains on no server data, so "
+                      f"{given} would be ignored; the algorithms that do: {users} (or a "
+                      "server_train step in algorithm.server_transforms); set "
+                      "server_data.always=true to carve the server's pool anyway (baselines "
+                      "with the hybrid runs' client data), or remove the server_data keys")
+
+
+def server_data_algorithms() -> list[str]:
+    """The registered algorithms that train on the server's own data (with their
+    default options and no transforms of the config), sorted."""
+    from splitfed.algorithms import ALGORITHMS
+
+    out = []
+    for name, cls in ALGORITHMS.items():
+        try:
+            if cls().needs_server_data:
+                out.append(name)
+        except Exception:  # noqa: BLE001, S112 - a plugin algorithm that needs options
+            continue
+    return sorted(out)
 
 
 def machine_memory() -> int | None:

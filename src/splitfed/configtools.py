@@ -16,6 +16,13 @@ Field metadata adds bounds and documentation::
 ``ge``, ``gt``, ``le``, ``lt`` (numbers) and ``choices`` (a collection) are checked on the
 value, or on each element of a list/tuple value; ``help`` is shown by :func:`describe`.
 
+The models, optimizers and transforms compute in float32, so a finite float of a config
+must be 0 or have a magnitude in float32's normal range, :data:`FLOAT32_TINY` ..
+:data:`FLOAT32_MAX` (about 1.2e-38 .. 3.4e38): ``1e308`` would overflow and ``1e-320``
+would become 0. This holds for the fields of every dataclass built here (in lists, tuples
+and typed mappings too) and for the options of components (:func:`typed_options`); a
+bounded number is also finite.
+
 Typical use::
 
     data = merge(load_yaml("run.yaml"), parse_overrides(["train.lr=0.05"]))
@@ -43,6 +50,12 @@ from splitfed.errors import ConfigError
 _BOUNDS = {"ge": (">=", lambda v, b: v >= b), "gt": (">", lambda v, b: v > b),
            "le": ("<=", lambda v, b: v <= b), "lt": ("<", lambda v, b: v < b)}
 _NAMES = {int: "an integer", float: "a float", bool: "a boolean (true/false)", str: "a string"}
+
+#: float32's smallest normal and largest finite magnitudes: a config's float is 0 or lies
+#: between them in magnitude (module doc)
+FLOAT32_TINY = 1.1754943508222875e-38
+FLOAT32_MAX = 3.4028234663852886e38
+FLOAT_RANGE_TEXT = "0 or 1.2e-38 .. 3.4e38 in magnitude"
 
 
 # --------------------------------------------------------------------- building
@@ -116,18 +129,30 @@ def _field_value(tp: Any, value: Any, key: str, meta: Mapping) -> Any:
             raise ConfigError(f"{err} (allowed: {allowed})") from None
         raise
     _check_bounds(out, key, meta)
+    _check_floats(tp, out, key)
     return out
 
 
 def typed_options(fn: Callable, options: dict[str, Any], section: str) -> dict[str, Any]:
-    """``options`` of the component function ``fn`` (a partitioner, a clock profile, ...)
-    checked against the types of its parameters, as the config's own keys are: an option
-    whose parameter is annotated ``bool``, or has no annotation and defaults to ``True``
-    or ``False``, must be a boolean (a string such as ``maybe`` is not taken as true);
-    one annotated ``float`` given as a string must be a number (YAML 1.1 reads ``1e-9``
-    as a string) and becomes a float. Other values, and keys that are not parameters of
-    ``fn``, are passed on unchanged for the component to check. ConfigError names
-    ``section.key`` and what is allowed."""
+    """``options`` of the component function ``fn`` (a partitioner, a clock profile, a
+    model, a data set, ...) checked against the types of its parameters, as the config's
+    own keys are. ConfigError names ``section.key`` and what is allowed.
+
+    - ``bool`` (or no annotation and a default of ``True`` or ``False``): a boolean (a
+      string such as ``maybe`` is not taken as true);
+    - ``float``: a number, not a boolean; a numeric string (YAML 1.1 reads ``1e-9`` as a
+      string) becomes a float, an integer stays an integer; a finite one must be 0 or
+      within float32's range (:data:`FLOAT32_TINY` .. :data:`FLOAT32_MAX` in magnitude;
+      infinity and NaN are left to the component, which refuses them where they have no
+      meaning);
+    - ``int``: an integer, not a boolean, a float or a string;
+    - ``float | None``, ``int | None`` (``Optional``): null or as above;
+    - ``list[X]``, ``tuple[X, ...]``, ``Sequence[X]`` of ``int``, ``float`` or ``bool``: a
+      list whose every element is as above (the list is passed on as given).
+
+    A finite float anywhere in any other value must still be 0 or within float32's
+    range. Keys that are not parameters of ``fn`` are passed on unchanged for the
+    component to refuse."""
     try:
         params = inspect.signature(fn).parameters
     except (TypeError, ValueError):
@@ -142,12 +167,111 @@ def typed_options(fn: Callable, options: dict[str, Any], section: str) -> dict[s
         if param is None:
             continue
         hint = hints.get(key, param.annotation)
-        if hint is bool or (hint is inspect.Parameter.empty
-                            and isinstance(param.default, bool)):
-            out[key] = _convert(bool, value, f"{section}.{key}")
-        elif hint is float and isinstance(value, str):
-            out[key] = _convert(float, value, f"{section}.{key}")
+        if hint is inspect.Parameter.empty and isinstance(param.default, bool):
+            hint = bool
+        out[key] = _typed_option(hint, value, f"{section}.{key}")
     return out
+
+
+_SEQUENCES = (list, tuple, Sequence, typing.Sequence)
+
+
+def _typed_option(hint: Any, value: Any, key: str) -> Any:
+    """``value`` of an option annotated ``hint`` (see :func:`typed_options`)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if (origin is Union or origin is types.UnionType) and type(None) in args:
+        rest = [a for a in args if a is not type(None)]
+        if value is None:
+            return None
+        if len(rest) == 1 and _typed_kind(rest[0]):
+            return _typed_option(rest[0], value, key)
+    if hint is bool or hint is int:
+        return _convert(hint, value, key)
+    if hint is float:
+        return _option_float(value, key)
+    item = _sequence_item(hint)
+    if item is not None:
+        if not isinstance(value, (list, tuple)):
+            raise _type_error(key, f"a list ({type_name(hint)})", value)
+        for i, v in enumerate(value):
+            _typed_option(item, v, f"{key}[{i}]")
+        return value
+    _check_floats(Any, value, key)
+    return value
+
+
+def _typed_kind(hint: Any) -> bool:
+    """Whether :func:`_typed_option` checks an option annotated ``hint``."""
+    return hint in (bool, int, float) or _sequence_item(hint) is not None
+
+
+def _sequence_item(hint: Any) -> Any:
+    """``X`` of ``list[X]``, ``tuple[X, ...]`` or ``Sequence[X]`` with ``X`` one of
+    ``bool``, ``int``, ``float``; None for any other annotation."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin not in _SEQUENCES:
+        return None
+    if origin is tuple:
+        if len(args) != 2 or args[1] is not Ellipsis:
+            return None
+        args = args[:1]
+    if len(args) == 1 and args[0] in (bool, int, float):
+        return args[0]
+    return None
+
+
+def _option_float(value: Any, key: str) -> Any:
+    """A component's float option: a number, not a boolean (a numeric string becomes a
+    float, an integer stays one), 0 or within float32's range where it is finite."""
+    if isinstance(value, str) or isinstance(value, bool):
+        value = _to_float(value, key)
+    elif not isinstance(value, (int, float)):
+        raise _type_error(key, _NAMES[float], value)
+    try:
+        number = float(value)
+    except OverflowError:                      # an integer beyond any float
+        raise ConfigError(f"{key}: {_show(value)} is outside float32's range "
+                          f"({FLOAT_RANGE_TEXT})") from None
+    _check_float_range(number, key, value)
+    return value
+
+
+def _check_float_range(number: float, key: str, shown: Any) -> None:
+    """ConfigError naming ``key`` unless the float ``number`` is 0, within float32's
+    range in magnitude, or not finite (infinity and NaN are left to the bounds or the
+    component); ``shown``: the value as given."""
+    if not math.isfinite(number) or number == 0 or FLOAT32_TINY <= abs(number) <= FLOAT32_MAX:
+        return
+    text = repr(shown)
+    text = text if len(text) <= 40 else text[:37] + "..."
+    raise ConfigError(f"{key}: {text} is outside float32's range ({FLOAT_RANGE_TEXT})")
+
+
+def _check_floats(tp: Any, value: Any, key: str) -> None:
+    """Every finite float of the converted ``value`` (annotated ``tp``), in lists, tuples
+    and mappings too, is 0 or within float32's range (infinity and NaN are left to the
+    bounds, which refuse them). The values of a ``dict[str, Any]`` are a component's
+    options and are left to the component (:func:`typed_options`, or the options
+    dataclass it builds)."""
+    if isinstance(value, bool) or value is None:
+        return
+    if isinstance(value, float):
+        _check_float_range(value, key, value)
+        return
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if isinstance(value, Mapping):
+        item = args[1] if origin is dict and len(args) == 2 else Any
+        if tp is not Any and item is Any:
+            return
+        for k, v in value.items():
+            _check_floats(item, v, _join(key, str(k)))
+    elif isinstance(value, (list, tuple)):
+        if origin is tuple and not (len(args) == 2 and args[1] is Ellipsis):
+            items = list(args) if len(args) == len(value) else [Any] * len(value)
+        else:
+            items = [args[0] if origin in (list, tuple) and args else Any] * len(value)
+        for i, (a, v) in enumerate(zip(items, value)):
+            _check_floats(a, v, f"{key}[{i}]")
 
 
 def bounds_text(meta: Mapping) -> str:
@@ -367,7 +491,8 @@ MAX_YAML_DEPTH = 64
 
 
 class _PlainLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` without aliases (``*name``) and with bounded nesting.
+    """``yaml.SafeLoader`` without aliases (``*name``) or merge keys (``<<``), without
+    repeated keys and with bounded nesting.
 
     An alias repeats a node by reference, so a few hundred bytes of nested aliases
     expand to billions of nodes when a value is copied, compared or printed (the
@@ -376,9 +501,14 @@ class _PlainLoader(yaml.SafeLoader):
 
     def construct_mapping(self, node, deep=False):
         """A mapping may not repeat a key (YAML's last-one-wins would hide a typo or a
-        forgotten line)."""
+        forgotten line), nor hold a merge key ``<<`` (the keys it merges in would be
+        overridden by the mapping's own without a word, as a repeated key would be)."""
         seen = set()
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                raise yaml.constructor.ConstructorError(
+                    None, None, "merge keys (<<) are not allowed in splitfed configs; write "
+                    "the keys out", key_node.start_mark)
             if isinstance(key_node, yaml.ScalarNode):
                 key = (key_node.tag, key_node.value)
                 if key in seen:

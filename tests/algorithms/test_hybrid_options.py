@@ -44,7 +44,6 @@ def run(cfg):
     ({"server_epochs": 2, "server_batch_size": 16}, {}, 6, 16),   # ceil(40 / 16) * 2
     ({"server_steps": 3}, {"full_batch": True}, 3, M_S),      # E steps on all of D_s^t
     ({"server_epochs": 2}, {"full_batch": True}, 2, M_S),     # one step per epoch
-    ({"server_steps": 0}, {}, 0, None),
 ], ids=lambda v: str(v))
 def test_server_steps_per_round(monkeypatch, options, server_data, steps, rows):
     """Server-only (no client step to confuse the count), two rounds: E optimizer steps a

@@ -12,7 +12,8 @@ aggregated client delta as a pseudo-gradient (Algorithm 2, lines 10-15):
     x_{t+1} = x_t + eta * m_t / (sqrt(v_t) + tau)
 
 elementwise, with m_{-1} = 0 and v_{-1} = ``v_init`` (the paper requires v_{-1} >= tau^2;
-default tau^2). There is no bias correction, as in the paper; FedAdagrad ignores beta2.
+default tau^2, which must fit float32: without ``v_init``, tau <= 1.8e19). There is no
+bias correction, as in the paper; FedAdagrad ignores beta2.
 The paper's Delta_t is the plain mean over S; we use FedAvg's weights w_n (data-size by
 default, a_n / q_n under bernoulli participation), which is the paper's mean for
 ``participation.weighting=uniform`` with full or uniform participation.
@@ -34,14 +35,17 @@ keeps the model and the optimizer state. Communication is FedAvg's.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
 
 from splitfed.algorithms.fedavg import FedAvg
+from splitfed.configtools import FLOAT32_MAX
 from splitfed.engine.algorithm import variant
 from splitfed.engine.transforms import ServerStep
+from splitfed.errors import ConfigError
 
 
 @dataclass
@@ -55,6 +59,13 @@ class FedOptOptions:
     tau: float = field(default=1e-3, metadata={"gt": 0, "help": "adaptivity tau"})
     v_init: float | None = field(default=None, metadata={
         "ge": 0, "help": "v_{-1} (null: tau^2)"})
+
+    def __post_init__(self):
+        if self.v_init is None and self.tau ** 2 > FLOAT32_MAX:
+            raise ConfigError(f"tau={self.tau!r} gives v_{{-1}} = tau^2 = {self.tau ** 2:.3g} "
+                              f"(v_init null), beyond float32's largest {FLOAT32_MAX:.3g}; "
+                              f"lower tau (at most {math.sqrt(FLOAT32_MAX):.3g}) or set "
+                              "v_init")
 
 
 class AdaptiveStep(ServerStep):
@@ -93,5 +104,24 @@ class AdaptiveStep(ServerStep):
         return new
 
 
+def _init(self, options=None, *, client_transforms=(), server_transforms=()):
+    """FedOpt's own server step is ``fedopt``: an aggregating step among
+    ``server_transforms`` (which would replace it) is refused with what to write instead."""
+    given = list(server_transforms)
+    agg = [s for s in given if s.aggregates]
+    if len(agg) == 1 and given[0] is agg[0]:
+        if agg[0].name == AdaptiveStep.name:
+            raise ConfigError("algorithm.server_transforms: fedopt already has its own step "
+                              "'fedopt'; remove it from server_transforms and give its "
+                              "options (server_optimizer, server_lr, beta1, beta2, tau, "
+                              "v_init) under algorithm")
+        raise ConfigError(f"algorithm.server_transforms: fedopt moves its model with its own "
+                          f"step 'fedopt', which {agg[0].name!r} would replace; keep fedopt "
+                          f"without it, or use fedavg with server_transforms [{agg[0].name}]")
+    FedAvg.__init__(self, options, client_transforms=client_transforms,
+                    server_transforms=server_transforms)
+
+
 FedOpt = variant("FedOpt", FedAvg, name="fedopt", step=AdaptiveStep,
-                 reference="Reddi et al. 2021 (ICLR), Algorithm 2 (FedAdagrad, FedYogi, FedAdam)")
+                 reference="Reddi et al. 2021 (ICLR), Algorithm 2 (FedAdagrad, FedYogi, FedAdam)",
+                 __init__=_init)

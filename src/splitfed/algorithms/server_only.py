@@ -21,9 +21,13 @@ Options (:class:`ServerTrainingOptions`):
   "server local epoch"; one step per epoch with ``full_batch``), or ``server_steps``: E
   steps exactly (eq. 5 counts steps: e = 0, ..., E-1, one minibatch each; the prose of
   Algorithm 1 and Sec. VI calls E epochs, docs/algorithms/server_only.md). 0 turns
-  server training off.
+  server training off in the hybrid algorithms; server-only, which has nothing else to
+  train, refuses it (:class:`ServerOnlyOptions`).
 - ``server_batch_size`` B_s (default null: ``train.batch_size``; Sec. VI uses the same
-  batch size at the server and the clients).
+  batch size at the server and the clients). Given, it is at most the m_s samples of
+  D_s^t (as ``train.batch_size`` is at most the clients' samples;
+  :func:`splitfed.config.check_against_data`); ``train.batch_size`` taken as B_s may
+  exceed m_s, and a batch then repeats samples, as a client's does.
 
 Batches: a stream of shuffled passes over D_s^t, every batch of exactly B_s samples (as
 the clients', :mod:`splitfed.engine.batches`), drawn from the ``server_data`` stream.
@@ -61,12 +65,14 @@ class ServerTrainingOptions:
         "gt": 0, "help": "gamma, the server's learning rate (null: train.lr)"})
     server_epochs: float | None = field(default=None, metadata={
         "ge": 0, "le": 10**4, "help": "E server epochs (passes over D_s^t) per round "
-                                      "(default 1; 0: none)"})
+                                      "(default 1; 0: none, not for server_only)"})
     server_steps: int | None = field(default=None, metadata={
         "ge": 0, "le": 10**6, "help": "E server SGD steps per round, as eq. 5 counts E "
-                                      "(exclusive with server_epochs)"})
+                                      "(exclusive with server_epochs; 0: none, not for "
+                                      "server_only)"})
     server_batch_size: int | None = field(default=None, metadata={
-        "ge": 1, "le": 10**6, "help": "B_s (null: train.batch_size)"})
+        "ge": 1, "le": 10**6, "help": "B_s (null: train.batch_size); at most the samples of "
+                                      "D_s^t (server_data.samples_per_round, or the pool)"})
 
     def __post_init__(self):
         if self.server_steps is None and self.server_epochs is None:
@@ -145,6 +151,20 @@ class ServerTrain(ServerStep):
         return {k: v[0].clone() for k, v in net.final().items()}
 
 
+@dataclass
+class ServerOnlyOptions(ServerTrainingOptions):
+    """Server-only's options: those of server training, with E >= 1 (the server is all
+    that trains: E = 0 would train nothing)."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        for key in ("server_epochs", "server_steps"):
+            if getattr(self, key) == 0:
+                raise ConfigError(f"{key}=0 would train nothing (server_only has no clients; "
+                                  f"0 turns off the server training of the hybrid "
+                                  f"algorithms); give {key} > 0")
+
+
 NOBODY = Cohort(np.zeros(0, dtype=np.int64), np.zeros(0))
 
 
@@ -153,7 +173,7 @@ class ServerOnly(Algorithm):
 
     name = "server_only"
     reference = "Bian et al. (paper 004), Sec. VI baseline (1); eq. 5 without clients"
-    Options = ServerTrainingOptions
+    Options = ServerOnlyOptions
     federated = False
     distributed = True
 

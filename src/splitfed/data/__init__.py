@@ -13,6 +13,7 @@ import inspect
 
 import numpy as np
 
+from splitfed.configtools import typed_options
 from splitfed.data.cifar import load_cifar10, load_cifar100
 from splitfed.data.datasets import ArrayDataset, DataBundle, limit_bundle
 from splitfed.data.digits import load_digits
@@ -75,8 +76,11 @@ def load_dataset(name: str, data_dir: str | None = None, *,
     """Load data set ``name``, optionally keeping random subsets of ``limit_*`` samples.
 
     ``rng`` drives the synthetic generator and the ``limit_*`` subsets; when None a fixed
-    ``np.random.default_rng(0)`` is used, so results stay reproducible. Unknown options or
-    out-of-range limits raise ConfigError; missing or corrupt files raise DataError.
+    ``np.random.default_rng(0)`` is used, so results stay reproducible. Unknown options,
+    options of the wrong type (checked against the loader's annotations, as
+    :func:`splitfed.configtools.typed_options` does: ``data.iid=maybe`` on a boolean
+    option, ``data.alpha=abc`` or ``1e300`` on a float one) or out-of-range limits raise
+    ConfigError naming ``data.<option>``; missing or corrupt files raise DataError.
     """
     loader = _loader(name)
     allowed = dataset_options(name)
@@ -86,6 +90,7 @@ def load_dataset(name: str, data_dir: str | None = None, *,
             f"data: unknown option(s) {', '.join(unknown)} for dataset {name!r}; "
             f"allowed: {', '.join(allowed) or 'none'}"
         )
+    options = typed_options(loader, options, "data")
     rng = np.random.default_rng(0) if rng is None else rng
     bundle = loader(data_dir, rng, **options)
     return limit_bundle(bundle, rng, limit_train, limit_test)

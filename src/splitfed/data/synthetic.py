@@ -14,7 +14,9 @@ Device sizes follow their code: ``lognormal(4, 2, num_devices).astype(int) + 50`
 Each device's samples are split in order: the first ``max(1, int((1 - test_fraction) * n_k))``
 go to train, the rest to test. ``train`` concatenates the devices' train samples in device
 order; ``natural_partition[k]`` are device k's (contiguous) rows of ``train``. Features are
-float32 and are not standardised. Everything is drawn from ``rng``: same seed, same data.
+float32 and are not standardised; a ``beta`` so large that a feature would exceed float32's
+range is refused (ConfigError naming ``data.beta``). Everything is drawn from ``rng``: same
+seed, same data.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from splitfed.configtools import FLOAT32_MAX
 from splitfed.data.datasets import ArrayDataset, DataBundle
 from splitfed.errors import ConfigError
 
@@ -52,6 +55,17 @@ def _check(alpha, beta, num_devices, dim, num_classes, test_fraction, iid) -> No
         raise ConfigError(f"synthetic: test_fraction must be in (0, 1), got {test_fraction!r}")
     if not isinstance(iid, (bool, np.bool_)):
         raise ConfigError(f"synthetic: iid must be true or false, got {iid!r}")
+
+
+def _check_features(xtr: np.ndarray, xte: np.ndarray, beta) -> None:
+    """The features must fit float32, the type the models train in: a huge ``beta``
+    (the spread of the devices' means v_k) draws features beyond it, which would become
+    infinite."""
+    largest = max((float(np.abs(x).max()) for x in (xtr, xte) if x.size), default=0.0)
+    if not largest <= FLOAT32_MAX:
+        raise ConfigError(f"data.beta: {beta!r} draws features of magnitude {largest:.3g}, "
+                          f"beyond float32's largest {FLOAT32_MAX:.3g}; lower data.beta "
+                          "(the spread of the devices' feature means)")
 
 
 def _is_number(value) -> bool:
@@ -105,6 +119,7 @@ def load_synthetic(data_dir: str | None, rng: np.random.Generator, alpha: float 
     ytr = np.concatenate([y[:m] for (_, y), m in zip(devices, n_train)])
     xte = np.concatenate([x[m:] for (x, _), m in zip(devices, n_train)])
     yte = np.concatenate([y[m:] for (_, y), m in zip(devices, n_train)])
+    _check_features(xtr, xte, beta)
     bounds = np.cumsum([0, *n_train])
     parts = [np.arange(bounds[k], bounds[k + 1], dtype=np.int64) for k in range(num_devices)]
     train = ArrayDataset(torch.from_numpy(xtr.astype(np.float32)), torch.from_numpy(ytr))

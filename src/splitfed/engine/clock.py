@@ -29,6 +29,8 @@ copies, all starting at ``start``:
   sequential;
 - the round ends when the last participant's last message has completed and every lane
   is idle: ``end = max(lanes, message completions)``; ``sim_round_s = end - start``.
+  A round whose end is not a finite number raises :class:`SimulatedTimeError` (one check
+  per round, in :meth:`VirtualClock.end_round`) instead of writing infinite or NaN times.
 
 Parallel client work therefore waits for the slowest participant, sequential server
 work adds up, and work overlaps only where the data flow lets it. Aggregation is free.
@@ -54,6 +56,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import itertools
+import math
 import weakref
 from typing import Any
 
@@ -64,10 +67,18 @@ from torch import nn
 from splitfed.engine.flops import forward_macs
 from splitfed.engine.participation import Cohort
 from splitfed.engine.profiles import Profiles
+from splitfed.errors import ConfigError
 
 CLIENT = "client"             # work on a client's own device
 SERVER = "server"             # the server's single model: the shared lane, in call order
 SERVER_COPY = "server_copy"   # a per-client server copy: that client's own server lane
+
+
+class SimulatedTimeError(ConfigError):
+    """A round's simulated time became infinite or NaN. The options of the clock keep
+    every speed and delay within float32's range, so this does not happen with accepted
+    inputs; it is a last check, made once per round, that keeps non-finite times out of
+    the metrics."""
 
 
 class VirtualClock:
@@ -122,6 +133,11 @@ class VirtualClock:
                 slowest = int(ids[int(np.argmax(last))])
         if self.deadline is not None and self._dropped:
             end = min(end, start + self.deadline)
+        if not math.isfinite(end):
+            raise SimulatedTimeError(
+                f"clock: the simulated time of a round starting at {start!r} s became "
+                f"{end!r} (the clock's speeds, rates or delays are too extreme for its "
+                "float64 arithmetic); choose less extreme clock options")
         self.now = end
         return {"sim_round_s": end - start, "sim_time_s": end, "slowest_client": slowest,
                 "dropped": len(self._dropped) + self._unavailable + self._over_selected}

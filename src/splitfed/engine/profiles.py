@@ -27,6 +27,10 @@ Generators (config ``clock.profile``; their keyword arguments are the ``clock`` 
   available_until`` at the round's start; the clock takes unavailable clients out of the
   round's cohort and counts them as dropped.
 
+Every speed, rate, distribution parameter and trace number is 0 (where allowed) or
+within float32's range in magnitude (about 1.2e-38 .. 3.4e38, as every float of a config:
+:mod:`splitfed.configtools`), so that simulated times stay finite.
+
 Every random draw comes from the clock's own stream (``streams.numpy("clock")``): at
 construction (``fedscale``, ``exponential`` with ``per_round=false``) and once per round
 for all clients (``exponential``), so timelines are reproducible for a seed and never
@@ -43,7 +47,7 @@ from pathlib import Path
 
 import numpy as np
 
-from splitfed.configtools import typed_options
+from splitfed.configtools import FLOAT32_MAX, FLOAT32_TINY, FLOAT_RANGE_TEXT, typed_options
 from splitfed.errors import ConfigError
 
 CLIENT_COMPUTE = 1e9      # MAC/s
@@ -111,14 +115,19 @@ class Profiles:
 
 
 def _per_client(value, n: int, name: str) -> np.ndarray:
-    v = np.asarray(value, dtype=np.float64)
+    try:
+        v = np.asarray(value, dtype=np.float64)
+    except OverflowError:                          # an integer beyond any float
+        raise ValueError(f"{name}: speeds must be positive numbers within float32's "
+                         f"range ({FLOAT_RANGE_TEXT})") from None
     if v.ndim == 0:
         v = np.full(n, float(v))
     if v.shape != (n,):
         raise ValueError(f"{name}: expected one number or a list of {n} (one per client), "
                          f"got {len(v)} values")
-    if not (np.isfinite(v).all() and (v > 0).all()):
-        raise ValueError(f"{name}: speeds must be positive and finite")
+    if not ((v >= FLOAT32_TINY) & (v <= FLOAT32_MAX)).all():
+        raise ValueError(f"{name}: speeds must be positive numbers within float32's range "
+                         f"({FLOAT_RANGE_TEXT})")
     return v
 
 
@@ -261,6 +270,9 @@ def _trace_number(cell, col: str, where: str) -> float:
     if not ok:
         kind = "a number >= 0" if col in TRACE_OPTIONAL else "a positive number"
         raise ConfigError(f"{where}, column {col!r}: expected {kind}, got {text!r}")
+    if not (value == 0 or FLOAT32_TINY <= value <= FLOAT32_MAX):
+        raise ConfigError(f"{where}, column {col!r}: {text!r} is outside float32's range "
+                          f"({FLOAT_RANGE_TEXT})")
     return value
 
 
