@@ -77,7 +77,7 @@ def files(tmp_path):
 
 @pytest.mark.parametrize("argv, match", [
     (["run", "{d}/tiny.yaml", "out_dir={d}/afile"], "cannot create the run directory"),
-    (["run", "{d}/tiny.yaml", "name=" + "x" * 300], "File name too long"),
+    (["run", "{d}/tiny.yaml", "name=" + "x" * 300], "longer than the 255 bytes allowed"),
     (["run", "{d}/adir"], "adir: not a regular file"),
     (["run", "{d}/missing.yaml"], "neither a file nor a shipped config"),
     (["run", "--resume", "{d}/afile"], "no config.yaml there"),

@@ -363,5 +363,5 @@ def test_a_huge_secret_file_is_refused(tmp_path):
     path.chmod(0o600)
     with pytest.raises(ConfigError, match="--secret-file .*more than the 65536 allowed"):
         secure.read_secret(str(path), {})
-    path.write_text("b" * 64 + "\n")
-    assert secure.read_secret(str(path), {}) == "b" * 64
+    path.write_text("0123456789abcdef" * 4 + "\n")
+    assert secure.read_secret(str(path), {}) == "0123456789abcdef" * 4

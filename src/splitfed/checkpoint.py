@@ -20,7 +20,13 @@ holds plain data, tensors and numpy arrays only:
   ``wall_time_s`` (measured so far), ``resumed_from`` (rounds a run was resumed at),
   ``threads`` and ``cpu_capability`` (``torch.get_num_threads()`` and the CPU kernels
   the run was started with: a convolution's reduction order, hence the last bits of the
-  results, depends on them) and ``resumed_threads`` (the thread count of each resume).
+  results, depends on them) and ``resumed_threads`` (the thread count of each resume);
+- ``config`` and ``config_sha256``: the run's resolved config as canonical JSON text
+  (:func:`config_record`: every key but :data:`FREE_KEYS`, those a resume may change)
+  and its SHA-256. A resume checks them against ``config.yaml``
+  (:func:`check_config`): a run is continued only under the config it was started
+  with, and a refusal names the first key that differs and both values. Checkpoints
+  written before they held a config have neither key; they are read, without that check.
 
 It is written with :func:`splitfed.safeio.save` and read with :func:`splitfed.safeio.load`,
 PyTorch's restricted (weights-only) loader, which builds nothing but those types: loading
@@ -47,13 +53,15 @@ on the kind of CPU it was started with (else a warning says the last bits will d
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import math
 import os
 import tempfile
 import warnings
 import zipfile
 from pathlib import Path
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, BinaryIO
 
 import numpy as np
@@ -77,6 +85,15 @@ KEYS: dict[str, tuple[type, ...]] = {
     "wall_time_s": (int, float), "resumed_from": (list,), "threads": (int,),
     "cpu_capability": (str,), "resumed_threads": (list,), "state": (dict,),
     "streams": (dict,), "clock": (dict,), "ledger": (dict,), "components": (dict,)}
+#: keys a checkpoint may lack (those written before checkpoints recorded their config)
+OPTIONAL_KEYS: dict[str, tuple[type, ...]] = {"config": (str,), "config_sha256": (str,)}
+#: config keys a resume may change: ``rounds`` (raised, it extends a finished run) and
+#: the keys that do not change a run's numbers (its name, where it writes, what it shows,
+#: how often it checkpoints, the evaluation's batch size)
+FREE_KEYS = ("rounds", "name", "out_dir", "progress", "checkpoint_every", "tracking",
+             "engine.eval_batch_size")
+#: the longest config record a checkpoint may hold (a config file is at most 1 MiB)
+MAX_CONFIG_CHARS = 4 << 20
 
 
 def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
@@ -136,15 +153,17 @@ def _plain(obj: Any) -> Any:
 
 def capture(env, state: dict, t: int, *, records: int, status: str,
             wall_time_s: float, resumed_from: list[int], threads: int | None = None,
-            cpu: str | None = None, resumed_threads: list[int] | None = None) -> dict:
+            cpu: str | None = None, resumed_threads: list[int] | None = None,
+            config: Mapping | None = None) -> dict:
     """The checkpoint of a run after round ``t`` (see the module doc). ``threads`` and
-    ``cpu``: those the run was started with (default: this process's)."""
+    ``cpu``: those the run was started with (default: this process's); ``config``: the
+    run's config as plain data (``to_dict``), recorded with :func:`config_record`."""
     components = {}
     for name in COMPONENTS:
         saver = getattr(getattr(env, name, None), "state", None)
         if callable(saver):
             components[name] = saver()
-    return {"format": FORMAT, "round": int(t), "records": int(records), "status": status,
+    ckpt = {"format": FORMAT, "round": int(t), "records": int(records), "status": status,
             "wall_time_s": float(wall_time_s), "resumed_from": [int(r) for r in resumed_from],
             "threads": int(threads if threads is not None else torch.get_num_threads()),
             "cpu_capability": cpu if cpu is not None else cpu_capability(),
@@ -152,6 +171,104 @@ def capture(env, state: dict, t: int, *, records: int, status: str,
             "state": _plain(state), "streams": env.streams.state(),
             "clock": env.clock.state(), "ledger": env.ledger.state(),
             "components": components}
+    if config is not None:
+        text = config_record(config)
+        ckpt.update(config=text, config_sha256=_sha256(text))
+    return ckpt
+
+
+# ------------------------------------------------------------------ the run's config
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _json_safe(value: Any) -> Any:
+    """``value`` with mappings' keys as strings and tuples as lists (what JSON keeps)."""
+    if isinstance(value, Mapping):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def _identity(config: Mapping) -> dict:
+    """``config`` (plain data) without :data:`FREE_KEYS`, in its own key order."""
+    out = _json_safe(config)
+    for key in FREE_KEYS:
+        *path, last = key.split(".")
+        node = out
+        for part in path:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(last, None)
+    return out
+
+
+def config_record(config: Mapping) -> str:
+    """The canonical form of a run's config (plain data, as ``to_dict`` gives it): JSON
+    with sorted keys, without :data:`FREE_KEYS`. Two configs of the same run have the
+    same record, whatever the order of their keys."""
+    return json.dumps(_identity(config), sort_keys=True, separators=(",", ":"),
+                      allow_nan=True, default=str)
+
+
+def _value(v: Any) -> str:
+    """A config value as a message shows it: a string bare, anything else as JSON;
+    past 60 characters its start and its length."""
+    text = v if isinstance(v, str) else json.dumps(v, sort_keys=True, default=str)
+    return text if len(text) <= 60 else f"{text[:60]}... ({len(text)} characters)"
+
+
+_ABSENT = object()
+
+
+def _first_difference(saved: Any, current: Any, at: str = "") -> tuple | None:
+    """The first key (dotted, in ``current``'s order, then ``saved``'s) where the two
+    configs differ, with both values (``_ABSENT`` where a side lacks the key)."""
+    if isinstance(saved, dict) and isinstance(current, dict):
+        for key in [*current, *(k for k in saved if k not in current)]:
+            found = _first_difference(saved.get(key, _ABSENT), current.get(key, _ABSENT),
+                                      f"{at}.{key}" if at else key)
+            if found is not None:
+                return found
+        return None
+    if type(saved) is type(current) and saved == current:
+        return None
+    if isinstance(saved, float) and isinstance(current, float) and math.isnan(saved) and \
+            math.isnan(current):
+        return None
+    if isinstance(saved, (int, float)) and isinstance(current, (int, float)) and \
+            not isinstance(saved, bool) and not isinstance(current, bool) and \
+            saved == current:
+        return None
+    return at, saved, current
+
+
+def check_config(ckpt: dict, config: Mapping, where: str | Path = CHECKPOINT) -> bool:
+    """Check that ``ckpt`` was written by a run of ``config`` (plain data, as ``to_dict``
+    gives it; :data:`FREE_KEYS` aside). Raises :class:`FormatError` naming the first key
+    that differs and both values; returns False when the checkpoint records no config
+    (written before checkpoints did), True when it matched. Changes nothing."""
+    if "config" not in ckpt:
+        return False
+    text = config_record(config)
+    if _sha256(text) == ckpt["config_sha256"]:
+        return True
+    current = json.loads(json.dumps(_identity(config), allow_nan=True, default=str))
+    found = _first_difference(safeio.loads_json(ckpt["config"]), current)
+    if found is None:
+        return True
+    key, old, new = found
+    if old is _ABSENT:
+        what = f"it was written without {key} but config.yaml says {key}={_value(new)}"
+    elif new is _ABSENT:
+        what = f"it was written with {key}={_value(old)} but config.yaml has no {key}"
+    else:
+        what = f"it was written with {key}={_value(old)} but config.yaml says {_value(new)}"
+    raise FormatError(f"{where}: {what}; a resume continues the same run (only rounds may "
+                      f"change): restore config.yaml, or {RERUN}")
 
 
 # ------------------------------------------------------------------ reading
@@ -255,15 +372,16 @@ def check_checkpoint(ckpt: Any, path: str | Path = CHECKPOINT, *,
         raise FormatError(f"{path}: a checkpoint of format {_short(fmt)}; this splitfed reads "
                           f"format {FORMAT} only, so the run cannot be resumed: {RERUN}")
     missing = [k for k in KEYS if k not in ckpt]
-    extra = [repr(k)[:40] for k in ckpt if k not in KEYS]
+    extra = [repr(k)[:40] for k in ckpt if k not in KEYS and k not in OPTIONAL_KEYS]
     if missing or extra:
         parts = ([f"missing {', '.join(missing)}"] if missing else []) + \
                 ([f"unknown {', '.join(extra[:5])}"] if extra else [])
         raise _bad(path, "; ".join(parts))
-    for key, types in KEYS.items():
-        v = ckpt[key]
+    for key, types in (*KEYS.items(), *OPTIONAL_KEYS.items()):
+        v = ckpt.get(key, types[0]()) if key in OPTIONAL_KEYS else ckpt[key]
         if isinstance(v, bool) or not isinstance(v, types):
             raise _bad(path, f"{key} is a {type(v).__name__}")
+    _check_config_record(ckpt, path)
     t = ckpt["round"]
     if t < 0 or (rounds is not None and t > rounds):
         limit = f"0..{rounds}" if rounds is not None else ">= 0"
@@ -292,6 +410,29 @@ def check_checkpoint(ckpt: Any, path: str | Path = CHECKPOINT, *,
     unknown = [repr(k)[:40] for k in ckpt["components"] if k not in COMPONENTS]
     if unknown:
         raise _bad(path, f"unknown components {', '.join(unknown[:5])}")
+
+
+def _check_config_record(ckpt: dict, path) -> None:
+    """``config`` and ``config_sha256`` are both there or both absent; the record is a
+    JSON object of bounded size and matches its SHA-256 (else the file was altered)."""
+    have = [k for k in OPTIONAL_KEYS if k in ckpt]
+    if not have:
+        return
+    if len(have) != len(OPTIONAL_KEYS):
+        lacks = next(k for k in OPTIONAL_KEYS if k not in ckpt)
+        raise _bad(path, f"it has {have[0]} but no {lacks}")
+    text = ckpt["config"]
+    if len(text) > MAX_CONFIG_CHARS:
+        raise _bad(path, f"its config has {len(text)} characters, more than the "
+                         f"{MAX_CONFIG_CHARS} allowed")
+    if _sha256(text) != ckpt["config_sha256"]:
+        raise _bad(path, "its config does not match its config_sha256: the file was altered")
+    try:
+        record = safeio.loads_json(text)
+    except ValueError:
+        record = None
+    if not isinstance(record, dict):
+        raise _bad(path, "its config is not a JSON object")
 
 
 def _check_streams(streams: dict, path) -> None:
@@ -630,13 +771,15 @@ class Checkpointer:
 
     ``threads``, ``cpu`` and ``resumed_threads``: the thread count and CPU kernels the
     run was started with and the thread count of each resume (default: this process's,
-    and none)."""
+    and none). ``config``: the run's config as plain data (``to_dict``), recorded in
+    every checkpoint (:func:`config_record`) and checked when the run is resumed."""
 
     def __init__(self, run_dir: str | Path, env, logger, *, every: int, rounds: int,
                  wall_offset: float = 0.0, resumed_from: list[int] | None = None,
                  clock=None, threads: int | None = None, cpu: str | None = None,
-                 resumed_threads: list[int] | None = None):
+                 resumed_threads: list[int] | None = None, config: Mapping | None = None):
         self.path = Path(run_dir) / CHECKPOINT
+        self.config = config
         self.env, self.logger = env, logger
         self.every, self.rounds = int(every), int(rounds)
         self.wall_offset = float(wall_offset)
@@ -661,5 +804,6 @@ class Checkpointer:
         atomic_save(capture(self.env, state, t, records=len(self.logger.records),
                             status=status, wall_time_s=wall,
                             resumed_from=self.resumed_from, threads=self.threads,
-                            cpu=self.cpu, resumed_threads=self.resumed_threads), self.path)
+                            cpu=self.cpu, resumed_threads=self.resumed_threads,
+                            config=self.config), self.path)
         self.saved.append(t)

@@ -26,9 +26,9 @@ import torch
 import yaml
 
 from splitfed.algorithms import ALGORITHMS, get_algorithm
-from splitfed.checkpoint import (CHECKPOINT, Checkpointer, atomic_write, checkpoint_records,
-                                 cpu_capability, load_checkpoint, restore,
-                                 thread_warnings, truncate_metrics)
+from splitfed.checkpoint import (CHECKPOINT, Checkpointer, atomic_write, check_config,
+                                 checkpoint_records, cpu_capability, load_checkpoint,
+                                 restore, thread_warnings, truncate_metrics)
 from splitfed.config import RunConfig, build_config
 from splitfed.configtools import from_dict, load_yaml, to_dict
 from splitfed.data import load_dataset
@@ -213,9 +213,12 @@ PROBE_MAX_PARAMS = 2 * 10**8
 def _check_forward(cfg: RunConfig, model, bundle) -> None:
     """One sample of the data through the whole model, in eval mode without gradients,
     so that a model that cannot take the data set's samples (token ids into a model of
-    images, sequences longer than its positions) is refused with a ConfigError before
-    anything is written, not in the first evaluation. The model's state is unchanged
-    (no gradient, no running statistics, no random numbers drawn)."""
+    images, sequences longer than its positions) or that does not give one score per
+    class of the data set (its output must have the shape ``(1, num_classes)``: the
+    training and evaluation losses are the cross-entropy against the labels) is refused
+    with a ConfigError before anything is written, not in the first evaluation or never.
+    The model's state is unchanged (no gradient, no running statistics, no random
+    numbers drawn)."""
     if sum(p.numel() for p in model.parameters()) > PROBE_MAX_PARAMS:
         return
     data = bundle.test if len(bundle.test) else bundle.train
@@ -224,7 +227,7 @@ def _check_forward(cfg: RunConfig, model, bundle) -> None:
     try:
         with torch.no_grad(), torch.random.fork_rng(devices=[]):
             model.eval()
-            model(x)
+            out = model(x)
     except ConfigError:
         raise
     except Exception as e:  # noqa: BLE001 - whatever the model raises, the pairing is wrong
@@ -234,6 +237,29 @@ def _check_forward(cfg: RunConfig, model, bundle) -> None:
             f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
     finally:
         model.train(was_training)
+    _check_output(cfg, out, int(bundle.num_classes))
+
+
+def _check_output(cfg: RunConfig, out, n: int) -> None:
+    """``out``, the model's output for one sample, holds one score per class: a floating
+    point tensor of shape ``(1, n)``; else a ConfigError naming the model and ``n``."""
+    name = cfg.model.name
+    if not isinstance(out, torch.Tensor):
+        raise ConfigError(f"model.name: {name} returns a {type(out).__name__}, not a tensor "
+                          f"of scores; it must return one score per class for each sample, "
+                          f"and the data set has {n} classes")
+    shape = tuple(out.shape)
+    if out.dim() == 2 and shape[0] == 1 and shape[1] != n:
+        raise ConfigError(f"model.name: {name} returns {shape[1]} "
+                          f"output{'' if shape[1] == 1 else 's'} per sample, but the data set "
+                          f"has {n} classes")
+    if shape != (1, n):
+        raise ConfigError(f"model.name: {name} returns outputs of shape {shape} for one "
+                          f"sample; expected (1, {n}): one score per class (the data set "
+                          f"has {n} classes)")
+    if not out.is_floating_point():
+        raise ConfigError(f"model.name: {name} returns {out.dtype} outputs; scores must be "
+                          "floating point")
 
 
 def build_environment(cfg: RunConfig) -> Environment:
@@ -426,7 +452,12 @@ def _override_parts(overrides: list[str]) -> list[str]:
 
 
 def _new_run_dir(cfg: RunConfig, overrides: list[str] | None = None) -> Path:
-    """A new directory ``<out_dir>/<run_dir_name>-<YYYYmmdd-HHMMSS>[-k]``, created."""
+    """A new directory ``<out_dir>/<run_dir_name>-<YYYYmmdd-HHMMSS>[-k]``, created; what
+    ``--dry-run`` checks (:func:`splitfed.plan.check_out_dir`: a name too long, an
+    ``out_dir`` that cannot be written) is refused the same way first."""
+    from splitfed.plan import check_out_dir, short
+
+    check_out_dir(cfg, overrides)
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     base = Path(cfg.out_dir) / f"{run_dir_name(cfg, overrides)}-{stamp}"
     run_dir, i = base, 1
@@ -437,8 +468,9 @@ def _new_run_dir(cfg: RunConfig, overrides: list[str] | None = None) -> Path:
         except FileExistsError:                 # another run of this second took it
             run_dir, i = Path(f"{base}-{i}"), i + 1
         except OSError as e:
-            raise ConfigError(f"out_dir: cannot create the run directory {run_dir} "
-                              f"({e.strerror or e}); choose another out_dir") from e
+            raise ConfigError(f"out_dir: cannot create the run directory "
+                              f"{short(str(run_dir))} ({e.strerror or e}); choose another "
+                              "out_dir") from None
 
 
 def _check_empty(run_dir: Path) -> None:
@@ -465,6 +497,27 @@ def _write_atomic(path: Path, text: str) -> None:
     itself and never writes into its target)."""
     data = text.encode("utf-8")
     atomic_write(path, lambda fh: fh.write(data))
+
+
+def config_data(cfg: RunConfig) -> dict:
+    """``cfg`` as plain data, as ``config.yaml`` holds it and a resume reads it back (the
+    record each checkpoint keeps, :func:`splitfed.checkpoint.config_record`)."""
+    return yaml.safe_load(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+
+
+def check_resume_config(run_dir: Path, ckpt: dict, cfg: RunConfig, *,
+                        warn: bool = True) -> None:
+    """Refuse to resume ``run_dir`` when its checkpoint was written under another config
+    than ``cfg`` (its ``config.yaml``) in any key but those a resume may change
+    (:data:`splitfed.checkpoint.FREE_KEYS`): :class:`~splitfed.errors.FormatError`
+    naming the first key that differs and both values. A checkpoint written before
+    checkpoints recorded their config is taken without this check (a warning says so
+    when ``warn``)."""
+    where = Path(run_dir) / CHECKPOINT
+    if not check_config(ckpt, config_data(cfg), where) and warn:
+        print(f"splitfed: warning: {where}: it records no config (written by an earlier "
+              "splitfed), so config.yaml cannot be checked against it; the run is resumed "
+              "under config.yaml as it is", file=sys.stderr, flush=True)
 
 
 def write_config(cfg: RunConfig, path: Path) -> None:
@@ -529,8 +582,11 @@ def run_experiment(cfg: RunConfig, *, write: bool = True,
         raise RunInterrupted(None) from None
     if not write:
         return _execute(cfg, algorithm, env, None)
+    from splitfed.plan import check_out_dir, short
     from splitfed.tracking import preflight
 
+    if run_dir is None:
+        check_out_dir(cfg, overrides)           # as --dry-run: before anything is written
     preflight(cfg)                              # the MLflow store, before the run directory
     created = run_dir is None or not run_dir.exists()
     if run_dir is None:
@@ -539,7 +595,7 @@ def run_experiment(cfg: RunConfig, *, write: bool = True,
         try:
             run_dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
-            raise ConfigError(f"run directory {run_dir}: cannot create it "
+            raise ConfigError(f"run directory {short(str(run_dir))}: cannot create it "
                               f"({e.strerror or e}); choose another") from None
     with lock_run_dir(run_dir):
         _check_empty(run_dir)                   # again, now that no one else writes it
@@ -592,7 +648,8 @@ def _execute(cfg: RunConfig, algorithm, env: Environment, run_dir: Path | None, 
                                       clock=lambda: time.perf_counter() - t0,
                                       threads=started["threads"],
                                       cpu=started["cpu_capability"],
-                                      resumed_threads=started["resumed_threads"])
+                                      resumed_threads=started["resumed_threads"],
+                                      config=config_data(cfg))
         status = "failed"
         try:
             if finished is None:
@@ -669,6 +726,7 @@ def _restore(run_dir: Path, ckpt: dict, records: list[dict], algorithm, env) -> 
     template = algorithm.checkpoint_template(    # the objects the saved state goes into
         env, algorithm.init_state(env), ckpt["state"])
     state = restore(env, ckpt, template, where=run_dir / CHECKPOINT)
+    check_resume_config(run_dir, ckpt, env.config)   # the same run: the same config
     return Resume(ckpt, state, records)
 
 
@@ -683,7 +741,9 @@ def resume_experiment(run_dir: str | Path) -> RunResult:
     Without a checkpoint the run starts again from round 0 in the same directory. A run
     that already ended (its checkpoint is at the last round, or it diverged) is not run
     again: its result is returned. Raising ``rounds`` in ``config.yaml`` extends a
-    finished run. The summary's ``resumed_from`` lists the rounds the run was resumed at.
+    finished run; any other change to ``config.yaml`` that changes the run's numbers is
+    refused (:func:`check_resume_config`), as is a checkpoint of another run. The
+    summary's ``resumed_from`` lists the rounds the run was resumed at.
     Resuming with another thread count (or CPU kernels) than the run was started with
     prints a warning: the results then differ from an uninterrupted run in the last bits.
     Ctrl-C raises :class:`~splitfed.errors.RunInterrupted`.

@@ -101,9 +101,21 @@ def check_out_dir(cfg, overrides: list[str] | None = None) -> Path:
             problem, key = (f"its name would be longer than the {longest} bytes allowed",
                             "name")
     if problem is not None:
-        raise ConfigError(f"{key}: cannot create the run directory {run_dir} ({problem}); "
-                          f"choose {'a shorter name' if key == 'name' else 'another out_dir'}")
+        raise ConfigError(f"{key}: cannot create the run directory {short(str(run_dir))} "
+                          f"({problem}); choose "
+                          f"{'a shorter name' if key == 'name' else 'another out_dir'}")
     return run_dir
+
+
+#: the most characters of a name or path an error message shows
+SHOWN_CHARS = 60
+
+
+def short(text: str, most: int = SHOWN_CHARS) -> str:
+    """``text`` as an error message shows it: whole up to ``most`` characters, else its
+    first ``most`` characters and its length (a message stays one short line)."""
+    text = str(text)
+    return text if len(text) <= most else f"{text[:most]}... ({len(text)} characters)"
 
 
 # ------------------------------------------------------------------------------ parts
@@ -347,4 +359,4 @@ def dry_run(cfg, config: str | None = None, overrides: list[str] | None = None) 
     return format_plan(build_plan(cfg, overrides), config)
 
 
-__all__ = ["build_plan", "check_out_dir", "dry_run", "format_plan", "run_dir_name"]
+__all__ = ["build_plan", "check_out_dir", "dry_run", "format_plan", "run_dir_name", "short"]

@@ -130,6 +130,7 @@ def check_config(args) -> None:
         if not saved.is_file():
             raise ConfigError(f"--resume {args.resume}: no config.yaml there")
         cfg = build_config(load_yaml(saved))
+        _check_resume(Path(args.resume), cfg)
     elif args.config is None:
         raise ConfigError("give a CONFIG (YAML file or shipped config name), or --resume "
                           "RUN_DIR")
@@ -145,6 +146,18 @@ def check_config(args) -> None:
     else:
         build_plan(cfg, args.overrides)
     preflight(cfg)
+
+
+def _check_resume(run_dir: Path, cfg) -> None:
+    """The checkpoint of the run to resume, if any, is whole and was written under its
+    ``config.yaml`` (:func:`splitfed.experiment.check_resume_config`), before any rank
+    starts; rank 0 checks it again, with the rest, when it resumes."""
+    from splitfed.checkpoint import load_checkpoint
+    from splitfed.experiment import check_resume_config
+
+    ckpt = load_checkpoint(run_dir, rounds=cfg.rounds)
+    if ckpt is not None:
+        check_resume_config(run_dir, ckpt, cfg, warn=False)
 
 
 def worker_argv(args) -> list[str]:

@@ -20,8 +20,14 @@ injection into the connection). Requests are a fixed binary framing (no pickle).
 
 Secrets: ``splitfed launch`` makes a random one per run unless ``SPLITFED_SECRET`` or
 ``--secret-file`` gives one; the ranks receive it in their environment. A secret given by
-the user must have at least :data:`MIN_SECRET` characters; binding to an address that is
-not loopback requires one.
+the user must have at least :data:`MIN_SECRET` characters, of which at least
+:data:`MIN_DISTINCT` distinct ones. There is no run without a secret: the store (server
+and client) and a rank started by hand refuse to start without one, whatever the
+address (an empty key would let any local process join the run).
+
+A peer that connects has :data:`HANDSHAKE_S` seconds to prove the secret; at most
+:data:`MAX_HANDSHAKES` connections wait for their handshake at a time, and the server
+closes any connection beyond them at once (a client retries while it may connect).
 """
 
 from __future__ import annotations
@@ -52,11 +58,19 @@ LISTEN_ENV = "SPLITFED_LISTEN"
 #: fewest characters of a user's secret (defined with the run options, which must not
 #: import torch: ``splitfed`` answers a bad option before torch loads)
 from splitfed.runtime.options import MIN_SECRET  # noqa: E402
+#: fewest distinct characters of a user's secret (32 repeats of one character is no secret)
+MIN_DISTINCT = 8
 MAGIC = b"SFST1"
 NONCE = 32
 TAG = 32
 MAX_FRAME = 64 << 20
 HANDSHAKE_S = 10.0
+#: most connections the store lets wait for their handshake at a time
+MAX_HANDSHAKES = 64
+#: how to give a secret (the end of the errors that ask for one)
+SECRET_HINT = (f"set ${SECRET_ENV} or give --secret-file FILE (the same secret on every "
+               f"rank, at least {MIN_SECRET} characters, e.g. from: openssl rand -hex 32); "
+               "splitfed launch makes one itself")
 
 
 # --------------------------------------------------------------------- secrets/addresses
@@ -74,7 +88,7 @@ MAX_SECRET_BYTES = 64 << 10
 def read_secret(secret_file: str | None = None, env: dict | None = None) -> str | None:
     """The secret from ``secret_file`` (if given) or ``$SPLITFED_SECRET``; None if
     neither. Raises :class:`ConfigError` for a missing, unreadable, group/world-readable
-    or short secret."""
+    or short secret, or one of fewer than :data:`MIN_DISTINCT` distinct characters."""
     env = os.environ if env is None else env
     if secret_file is not None:
         from splitfed.safeio import read_regular
@@ -98,6 +112,11 @@ def read_secret(secret_file: str | None = None, env: dict | None = None) -> str 
     if len(secret) < MIN_SECRET:
         raise ConfigError(f"{where}: the secret has {len(secret)} characters; give at least "
                           f"{MIN_SECRET} (e.g. from: openssl rand -hex 32)")
+    distinct = len(set(secret))
+    if distinct < MIN_DISTINCT:
+        raise ConfigError(f"{where}: the secret has only {distinct} distinct characters; "
+                          f"give one with at least {MIN_DISTINCT} (e.g. from: openssl rand "
+                          "-hex 32)")
     return secret
 
 
@@ -206,8 +225,21 @@ class _Channel:
         return body
 
 
+def require_key(secret: str | None, who: str) -> None:
+    """Raise :class:`AuthError` (one line, saying how to give one) when ``secret`` is
+    None or empty: nothing of the store runs with an empty key."""
+    if secret is None or not str(secret).strip():
+        raise AuthError(f"{who}: no shared secret; the run's store never runs without one: "
+                        f"{SECRET_HINT}")
+
+
 def _secret_bytes(secret: str | None) -> bytes:
-    return b"" if secret is None else secret.encode("utf-8")
+    require_key(secret, "the run's store")
+    return secret.encode("utf-8")
+
+
+class _NoGreeting(ConnectionError):
+    """The store closed the connection before its greeting (too many handshakes)."""
 
 
 def server_handshake(sock: socket.socket, secret: str | None) -> _Channel:
@@ -227,7 +259,10 @@ def server_handshake(sock: socket.socket, secret: str | None) -> _Channel:
 def client_handshake(sock: socket.socket, secret: str | None) -> _Channel:
     key = _secret_bytes(secret)
     sock.settimeout(HANDSHAKE_S)
-    head = _recv_exact(sock, len(MAGIC) + NONCE)
+    try:
+        head = _recv_exact(sock, len(MAGIC) + NONCE)
+    except ConnectionError:
+        raise _NoGreeting("the store closed the connection before its greeting") from None
     if head[:len(MAGIC)] != MAGIC:
         raise AuthError("the store is not a splitfed store")
     ns, nc = head[len(MAGIC):], os.urandom(NONCE)
@@ -270,6 +305,7 @@ class StoreServer:
 
     def __init__(self, secret: str | None, host: str = "127.0.0.1", port: int = 0,
                  sock: socket.socket | None = None):
+        require_key(secret, "the run's store")
         self.secret = secret
         if sock is None:
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -281,6 +317,8 @@ class StoreServer:
         self.data: dict[bytes, bytes] = {}
         self.cond = threading.Condition()
         self.refused = 0
+        self.dropped = 0            # connections closed at once: MAX_HANDSHAKES were waiting
+        self._handshakes = threading.BoundedSemaphore(MAX_HANDSHAKES)
         self._closed = False
         threading.Thread(target=self._accept, daemon=True,
                          name="splitfed-store").start()
@@ -302,7 +340,19 @@ class StoreServer:
                 conn, _ = self.sock.accept()
             except OSError:
                 return
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+            if not self._handshakes.acquire(blocking=False):
+                with self.cond:                 # MAX_HANDSHAKES peers have yet to prove
+                    self.dropped += 1           # the secret: no thread for this one
+                try:
+                    conn.close()
+                except OSError:
+                    pass
+                continue
+            try:
+                threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+            except RuntimeError:                # no thread to be had: drop the connection
+                self._handshakes.release()
+                conn.close()
 
     def _serve(self, conn: socket.socket) -> None:
         try:
@@ -313,6 +363,8 @@ class StoreServer:
                     with self.cond:
                         self.refused += 1
                     return
+                finally:
+                    self._handshakes.release()
                 while True:
                     chan.send(self._handle(_unpack(chan.recv())))
         except Exception:  # noqa: BLE001 - a bad request or a closed peer: drop the link
@@ -380,28 +432,39 @@ class AuthStore(dist.Store):
     def __init__(self, host: str, port: int, secret: str | None,
                  timeout: timedelta = timedelta(seconds=300), connect_s: float = 60.0):
         super().__init__()
+        require_key(secret, f"the run's store at {host}:{port}")
         self._timeout = timeout
         self._lock = threading.Lock()
         deadline = time.monotonic() + connect_s
         while True:
             try:
                 sock = socket.create_connection((host, port), timeout=HANDSHAKE_S)
-                break
             except OSError as e:
                 if time.monotonic() > deadline:
                     raise SplitfedError(f"cannot reach the run's store at {host}:{port} "
                                         f"({e})") from None
                 time.sleep(0.1)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        try:
-            self._chan = client_handshake(sock, secret)
-        except (ConnectionError, OSError) as e:
-            sock.close()
-            raise AuthError(f"the run's store at {host}:{port} refused this process "
-                            f"({e}); the secret differs") from None
-        except AuthError:
-            sock.close()
-            raise
+                continue
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            try:
+                self._chan = client_handshake(sock, secret)
+                break
+            except _NoGreeting:
+                sock.close()
+                if time.monotonic() > deadline:     # it kept dropping us: too busy
+                    raise SplitfedError(f"the run's store at {host}:{port} closed every "
+                                        "connection before its greeting for "
+                                        f"{connect_s:g} s (it has {MAX_HANDSHAKES} "
+                                        "connections waiting for their handshake); try "
+                                        "again") from None
+                time.sleep(0.1)
+            except (ConnectionError, OSError) as e:
+                sock.close()
+                raise AuthError(f"the run's store at {host}:{port} refused this process "
+                                f"({e}); the secret differs") from None
+            except AuthError:
+                sock.close()
+                raise
 
     def _call(self, op: int, *args: bytes) -> list[bytes]:
         with self._lock:

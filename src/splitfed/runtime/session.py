@@ -51,8 +51,8 @@ from splitfed.data.partition import partition_summary
 from splitfed.engine.loop import run_rounds
 from splitfed.errors import ConfigError
 from splitfed.experiment import (RunResult, _check_empty, _new_run_dir, _write_atomic,
-                                 build_algorithm, build_environment, check_run_files,
-                                 lock_run_dir, write_config)
+                                 build_algorithm, build_environment, check_resume_config,
+                                 check_run_files, config_data, lock_run_dir, write_config)
 from splitfed.metrics import MetricLogger, record_summary
 from splitfed.provenance import provenance
 from splitfed.runtime.placement import (RankPlacement, RoundControl, RuntimeClock, StopRun,
@@ -152,9 +152,10 @@ def serve(links: Links, cfg: RunConfig | None = None, *, options: RuntimeOptions
     """Rank 0: run ``cfg`` (or resume the run in ``resume``) with the client ranks.
 
     The run directory is locked (:func:`splitfed.experiment.lock_run_dir`) while rank 0
-    writes it. When resuming, the config, the checkpoint and the metrics records it
-    counts are all checked (and the checkpoint restored into rank 0's environment)
-    before ``metrics.jsonl`` is cut back to the checkpoint."""
+    writes it. When resuming, the config, the checkpoint (written under this
+    ``config.yaml``, :func:`splitfed.experiment.check_resume_config`) and the metrics
+    records it counts are all checked (and the checkpoint restored into rank 0's
+    environment) before ``metrics.jsonl`` is cut back to the checkpoint."""
     if resume is None:
         return _serve(links, cfg, options=options, run_dir=run_dir)
     run_dir = Path(resume)
@@ -168,6 +169,8 @@ def serve(links: Links, cfg: RunConfig | None = None, *, options: RuntimeOptions
     with lock_run_dir(run_dir):
         check_run_files(run_dir)               # before anything is read or changed
         ckpt = load_checkpoint(run_dir, rounds=cfg.rounds)
+        if ckpt is not None:
+            check_resume_config(run_dir, ckpt, cfg)     # the same run: the same config
         records = checkpoint_records(run_dir, ckpt) if ckpt is not None else None
         for line in thread_warnings(ckpt) if ckpt is not None else ():
             print(f"splitfed: warning: {run_dir}: {line}", file=sys.stderr)
@@ -236,7 +239,8 @@ def _run(links, cfg, algorithm, env, control, run_dir: Path, options, ckpt, *, s
                               rounds=cfg.rounds, wall_offset=wall0, resumed_from=resumed,
                               clock=lambda: time.perf_counter() - t0,
                               threads=started["threads"], cpu=started["cpu"],
-                              resumed_threads=started["resumed_threads"])
+                              resumed_threads=started["resumed_threads"],
+                              config=config_data(cfg))
     status = "failed"
     try:
         if finished:

@@ -64,7 +64,8 @@ def add_network_arguments(p: argparse.ArgumentParser, worker: bool = False) -> N
     p.add_argument("--secret-file", metavar="FILE", default=None,
                    help="file holding the run's shared secret (at least "
                         f"{MIN_SECRET} characters, mode 600); default: $SPLITFED_SECRET"
-                        + ("" if worker else ", else a random secret per launch"))
+                        + ("; a rank started by hand needs one of them" if worker
+                           else ", else a random secret per launch"))
     if worker:
         p.add_argument("--store", metavar="HOST:PORT", default=None,
                        help="the run's store, hosted by rank 0 on --listen ADDR and PORT "
@@ -75,7 +76,10 @@ def add_network_arguments(p: argparse.ArgumentParser, worker: bool = False) -> N
 def join(rank: int, world: int, timeout_s: float, *, listen: str | None = None,
          store: str | None = None, secret_file: str | None = None):
     """Join the gloo process group through the run's authenticated store; returns the
-    secret (None: none in use) and the store server rank 0 hosts (None elsewhere)."""
+    secret and the store server rank 0 hosts (None elsewhere). Without a secret
+    (``$SPLITFED_SECRET``, ``--secret-file``; ``splitfed launch`` always gives one) a
+    rank refuses to start, before it binds or connects anything: the store and the
+    ranks' messages are never run with an empty key."""
     import torch.distributed as dist
 
     from splitfed.runtime import secure
@@ -83,17 +87,21 @@ def join(rank: int, world: int, timeout_s: float, *, listen: str | None = None,
     secret = secure.read_secret(secret_file)
     addr = secure.parse_address(listen or os.environ.get(secure.LISTEN_ENV) or "127.0.0.1")
     secure.require_secret(addr, secret)
-    server = None
     if store is not None:
         host_name, port = secure.parse_endpoint(store)
-        if rank == 0:
-            server = secure.StoreServer(secret, addr, port)
     elif os.environ.get(secure.STORE_ENV):
         host_name, port = secure.parse_endpoint(os.environ[secure.STORE_ENV],
                                                 f"${secure.STORE_ENV}")
     else:
         raise ConfigError("give the run's store with --store HOST:PORT (rank 0 hosts it), "
                           "or start the ranks with splitfed launch")
+    if secret is None:
+        raise ConfigError(f"rank {rank}: no shared secret: every rank of a run proves it to "
+                          f"the run's store and signs its messages with it; "
+                          f"{secure.SECRET_HINT}")
+    server = None
+    if store is not None and rank == 0:
+        server = secure.StoreServer(secret, addr, port)
     os.environ["GLOO_SOCKET_IFNAME"] = secure.interface_of(addr)
     timeout = timedelta(seconds=timeout_s)
     auth = secure.AuthStore(host_name, port, secret, timeout=timeout)

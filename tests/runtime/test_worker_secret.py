@@ -1,0 +1,157 @@
+"""No part of the multi-process runtime runs with an empty key: a rank started by hand
+without a secret refuses to start (one line saying how to give one) before it binds or
+connects anything, the store's server and client refuse an empty secret, a secret of too
+little variety is refused, ``splitfed launch`` still makes its own. The store lets at
+most ``MAX_HANDSHAKES`` connections wait for their handshake and closes the others at
+once; a rank so dropped retries."""
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from splitfed.errors import AuthError, ConfigError
+from splitfed.runtime import launch, secure, worker
+from splitfed.runtime.secure import AuthStore, StoreServer
+
+LIMIT_S = 120
+SECRET = secure.new_secret()
+
+
+@pytest.fixture
+def nothing_binds(monkeypatch):
+    """Fail the test if anything would start a store, bind or connect a socket."""
+    def refuse(*a, **k):
+        raise AssertionError("bound or connected something before refusing")
+    monkeypatch.setattr(secure.StoreServer, "__init__", refuse)
+    monkeypatch.setattr(socket.socket, "bind", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    monkeypatch.delenv(secure.SECRET_ENV, raising=False)
+    monkeypatch.delenv(launch.LAUNCHER_ENV, raising=False)
+    monkeypatch.delenv(launch.STATUS_ENV, raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+
+
+@pytest.mark.parametrize("rank", ["0", "1"])
+def test_a_rank_started_by_hand_without_a_secret_refuses_to_start(nothing_binds, capsys,
+                                                                  monkeypatch, rank):
+    monkeypatch.setenv("RANK", rank)
+    code = worker.main(["quick_digits", "--store", "127.0.0.1:29999"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith(f"splitfed: error: rank {rank}: no shared secret"), err
+    assert "$SPLITFED_SECRET" in err[0] and "--secret-file FILE" in err[0], err
+    monkeypatch.setenv(secure.STORE_ENV, "127.0.0.1:29999")       # as launch would set it
+    assert worker.main(["quick_digits"]) == 2
+    assert "no shared secret" in capsys.readouterr().err
+
+
+def test_the_worker_process_refuses_without_a_secret(tmp_path):
+    env = {k: v for k, v in os.environ.items()
+           if k not in (secure.SECRET_ENV, secure.STORE_ENV, launch.LAUNCHER_ENV)}
+    env.update(OMP_NUM_THREADS="1", RANK="0", WORLD_SIZE="2")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.run([sys.executable, "-m", "splitfed.runtime.worker", "quick_digits",
+                           "--store", f"127.0.0.1:{port}"], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=LIMIT_S)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert "no shared secret" in lines[0] and "SPLITFED_SECRET" in lines[0], lines
+
+
+@pytest.mark.parametrize("secret", [None, "", "   "])
+def test_the_store_refuses_an_empty_secret(secret, monkeypatch):
+    with pytest.raises(AuthError, match=r"no shared secret.*\$SPLITFED_SECRET"):
+        StoreServer(secret)
+
+    def refuse(*a, **k):
+        raise AssertionError("connected without a secret")
+
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    with pytest.raises(AuthError, match=r"no shared secret.*--secret-file"):
+        AuthStore("127.0.0.1", 29999, secret)
+
+
+@pytest.mark.parametrize("bad, distinct", [("a" * 32, 1), ("ab" * 20, 2),
+                                           ("abcdefg" * 6, 7)])
+def test_a_secret_of_too_little_variety_is_refused(tmp_path, bad, distinct):
+    with pytest.raises(ConfigError) as info:
+        secure.read_secret(None, {secure.SECRET_ENV: bad})
+    msg = str(info.value)
+    assert "\n" not in msg and msg.startswith("$SPLITFED_SECRET: "), msg
+    assert f"only {distinct} distinct characters" in msg and "at least 8" in msg, msg
+    path = tmp_path / "secret"
+    path.write_text(bad + "\n")
+    path.chmod(0o600)
+    with pytest.raises(ConfigError, match=f"--secret-file {path}: .* only {distinct} "):
+        secure.read_secret(str(path), {})
+
+
+def test_good_secrets_are_accepted(tmp_path):
+    assert secure.read_secret(None, {secure.SECRET_ENV: SECRET}) == SECRET
+    eight = "abcdefgh" * 4
+    assert secure.read_secret(None, {secure.SECRET_ENV: eight}) == eight
+    assert secure.read_secret(None, {}) is None       # launch then makes one
+
+
+def test_launch_makes_a_secret_the_ranks_accept():
+    ranks, env = launch._setup()
+    try:
+        secret = env[secure.SECRET_ENV]
+        assert ranks.secret == secret and ranks.server.secret == secret
+        assert secure.read_secret(None, env) == secret
+        host, port = ranks.server.address
+        AuthStore(host, port, secret).set("k", b"v")
+        assert ranks.server.data == {b"k": b"v"}
+    finally:
+        ranks.close()
+
+
+def test_unauthenticated_connections_are_capped(monkeypatch):
+    monkeypatch.setattr(secure, "MAX_HANDSHAKES", 4)
+    server = StoreServer(SECRET)
+    host, port = server.address
+    idle = []
+    try:
+        threads = threading.active_count()
+        for _ in range(4):                       # they connect and never answer
+            s = socket.create_connection((host, port), timeout=10)
+            assert s.recv(64).startswith(secure.MAGIC)      # each has its handshake
+            idle.append(s)
+        assert threading.active_count() == threads + 4
+        for _ in range(20):                      # the others are closed at once
+            with socket.create_connection((host, port), timeout=10) as s:
+                try:
+                    assert s.recv(64) == b""
+                except ConnectionResetError:
+                    pass
+        assert server.dropped == 20
+        assert threading.active_count() == threads + 4
+        result = {}
+
+        def join():                              # a rank that is dropped retries
+            try:
+                result["store"] = AuthStore(host, port, SECRET, connect_s=30)
+            except Exception as e:  # noqa: BLE001 - reported below
+                result["error"] = e
+
+        t = threading.Thread(target=join)
+        t.start()
+        time.sleep(0.5)
+        assert "store" not in result and server.dropped > 20
+        for s in idle:
+            s.close()
+        t.join(LIMIT_S)
+        assert "error" not in result, result
+        result["store"].set("k", b"v")
+        assert server.data == {b"k": b"v"} and server.refused >= 4
+    finally:
+        for s in idle:
+            s.close()
+        server.close()
