@@ -34,6 +34,15 @@ from splitfed.errors import FormatError
 #: the largest ``metrics.jsonl`` read back (far above any real run's records)
 MAX_METRICS_BYTES = 1 << 30
 
+#: the largest round number and byte count a record may hold (a 64-bit counter's)
+MAX_COUNT = 2**63 - 1
+
+#: the record fields that count bytes (integers 0..MAX_COUNT), besides those beginning
+#: with one of :data:`COUNT_PREFIXES` (``bytes_up/weights``, ``wire_down/activations``)
+COUNT_KEYS = ("bytes_up", "bytes_down", "wire_up", "wire_down", "overhead_bytes",
+              "server_param_bytes")
+COUNT_PREFIXES = ("bytes_up/", "bytes_down/", "wire_up/", "wire_down/")
+
 #: the record fields whose non-finite value makes a run diverge (:func:`divergence`)
 DIVERGENCE_KEYS = ("train_loss", "test_loss", "test_acc")
 
@@ -125,17 +134,108 @@ def decode_record(record: dict) -> dict:
     return out
 
 
+class _Refused(ValueError):
+    """What :func:`loads_strict` refuses in a well-formed JSON text."""
+
+
+def _no_duplicates(pairs: list) -> dict:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set = set()
+        key = next(k for k, _ in pairs if k in seen or seen.add(k))
+        raise _Refused(f"the key {key!r} appears twice in one object")
+    return out
+
+
+def _parse(text: str | bytes) -> tuple[object, str | None]:
+    """``text`` parsed as :func:`loads_strict` does, and the first number in it beyond
+    the range of a float (its text), None when there is none: the caller says which
+    fault it names first."""
+    from splitfed.safeio import MAX_JSON_DEPTH   # (imports torch: load it late)
+
+    too_big: list[str] = []
+
+    def parse_float(literal: str) -> float:
+        value = float(literal)
+        if not math.isfinite(value):
+            too_big.append(literal)
+        return value
+
+    def parse_int(literal: str) -> int:
+        value = int(literal)
+        try:
+            float(value)
+        except OverflowError:
+            too_big.append(literal[:24] + "...")
+        return value
+
+    try:
+        data = json.loads(text, object_pairs_hook=_no_duplicates, parse_float=parse_float,
+                          parse_int=parse_int)
+    except RecursionError:
+        raise ValueError(f"nested deeper than {MAX_JSON_DEPTH} levels") from None
+    stack = [(data, 1)] if isinstance(data, (dict, list)) else []
+    while stack:                                # without recursion: any depth is safe
+        node, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise ValueError(f"nested deeper than {MAX_JSON_DEPTH} levels")
+        items = node.values() if isinstance(node, dict) else node
+        stack.extend((v, depth + 1) for v in items if isinstance(v, (dict, list)))
+    return data, (too_big[0] if too_big else None)
+
+
+def _too_big(literal: str) -> str:
+    return f"the number {literal} is beyond the range of a float"
+
+
+def loads_strict(text: str | bytes):
+    """A JSON document of a run directory (a ``metrics.jsonl`` line, ``summary.json``), as
+    splitfed writes them: ``ValueError`` for a malformed one, one nested deeper than
+    :data:`splitfed.safeio.MAX_JSON_DEPTH` levels, an object with a key twice, or a
+    number beyond the range of a float (``1e400``, an integer of more than 308 digits).
+    The tokens ``NaN``, ``Infinity`` and ``-Infinity`` are read as floats."""
+    data, too_big = _parse(text)
+    if too_big is not None:
+        raise _Refused(_too_big(too_big))
+    return data
+
+
+def is_count_key(key: str) -> bool:
+    """True for the record fields that count bytes (:data:`COUNT_KEYS` and the per-kind
+    ``bytes_up/<kind>``, ``bytes_down/<kind>``, ``wire_up/<kind>``, ``wire_down/<kind>``)."""
+    return key in COUNT_KEYS or key.startswith(COUNT_PREFIXES)
+
+
+def _check_record(record: dict, too_big: str | None) -> str | None:
+    """Why ``record`` is not a metrics record (None when it is one): ``round`` must be an
+    integer 0..MAX_COUNT, no number beyond the range of a float (``too_big``: the first
+    one's text), every byte count an integer 0..MAX_COUNT."""
+    r = record.get("round")
+    if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r <= MAX_COUNT:
+        return f" has no round number (an integer 0..{MAX_COUNT})"
+    if too_big is not None:
+        return f": {_too_big(too_big)}"
+    for key, value in record.items():
+        if is_count_key(key) and (isinstance(value, bool) or not isinstance(value, int)
+                                  or not 0 <= value <= MAX_COUNT):
+            shown = str(value) if len(str(value)) <= 40 else str(value)[:37] + "..."
+            return (f" has {key} = {shown}; a byte count is an integer 0..{MAX_COUNT}")
+    return None
+
+
 def read_records(path: str | Path) -> list[dict]:
     """The records of a ``metrics.jsonl`` file, checked: every non-blank line a JSON
-    object with an integer ``round`` >= 0. Non-finite numbers come back as floats
-    (:func:`decode_record`).
+    object (:func:`loads_strict`: no key twice, no number beyond the range of a float)
+    with an integer ``round`` 0..MAX_COUNT greater than the previous line's, and byte
+    counts (:func:`is_count_key`) that are integers 0..MAX_COUNT. Non-finite numbers
+    written as ``NaN``/``Infinity`` come back as floats (:func:`decode_record`).
 
     Raises :class:`FormatError` naming the file and line when it is not such a file
-    (torn, truncated, foreign), or naming the file when it is not a regular file (a
-    pipe, a device) or is larger than :data:`MAX_METRICS_BYTES`; :class:`OSError` when
-    it cannot be read.
+    (torn, truncated, foreign, edited), or naming the file when it is not a regular file
+    (a pipe, a device) or is larger than :data:`MAX_METRICS_BYTES`; :class:`OSError`
+    when it cannot be read.
     """
-    from splitfed.safeio import loads_json, read_regular   # (imports torch: load it late)
+    from splitfed.safeio import read_regular   # (imports torch: load it late)
 
     path = Path(path)
     try:
@@ -143,21 +243,27 @@ def read_records(path: str | Path) -> list[dict]:
     except UnicodeDecodeError as e:
         raise FormatError(f"{path}: not a metrics file (not UTF-8 text at byte "
                           f"{e.start})") from None
-    records = []
+    records: list[dict] = []
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
-            record = loads_json(line)
+            record, too_big = _parse(line)
+        except _Refused as e:
+            raise FormatError(f"{path}: line {n}: {e}; not a metrics file as splitfed "
+                              "writes it") from None
         except ValueError as e:
             raise FormatError(f"{path}: line {n} is not a JSON record ({e}); the file is "
                               "torn or not a metrics file") from None
         if not isinstance(record, dict):
             raise FormatError(f"{path}: line {n} is not a JSON object; not a metrics file")
-        r = record.get("round")
-        if isinstance(r, bool) or not isinstance(r, int) or r < 0:
-            raise FormatError(f"{path}: line {n} has no round number (an integer >= 0); "
-                              "not a metrics file")
+        why = _check_record(record, too_big)
+        if why is not None:
+            raise FormatError(f"{path}: line {n}{why}; not a metrics file")
+        if records and record["round"] <= records[-1]["round"]:
+            raise FormatError(f"{path}: line {n} is of round {record['round']}, after round "
+                              f"{records[-1]['round']}; rounds must increase (a record "
+                              "repeated or out of order: the file was edited or joined)")
         records.append(decode_record(record))
     return records
 
@@ -193,9 +299,14 @@ def csv_text(rows: list[dict], columns: list[str] | None = None) -> str:
 
 
 def is_finite_number(v) -> bool:
-    """True for an int or a finite float (not a bool, not None, not text)."""
-    return (isinstance(v, numbers.Real) and not isinstance(v, bool)
-            and math.isfinite(float(v)))
+    """True for an int within the range of a float or a finite float (not a bool, not
+    None, not text)."""
+    if not isinstance(v, numbers.Real) or isinstance(v, bool):
+        return False
+    try:
+        return math.isfinite(float(v))
+    except OverflowError:                      # an int beyond the range of a float
+        return False
 
 
 def _non_finite(v) -> bool:

@@ -27,6 +27,7 @@ write leaves the old one intact.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import re
 import tempfile
@@ -83,6 +84,7 @@ def load_curves(runs: Sequence[str | Path], labels: Sequence[str] | None = None
             raise ConfigError(f"{metrics}: no evaluated round (no test_acc) to plot")
         c["label"] = labels[i] if labels is not None else _default_label(metrics)
         c["source"] = metrics.parent.name
+        c["metrics"] = str(metrics)
         out.append(c)
     if labels is None:
         seen = [c["label"] for c in out]
@@ -150,6 +152,9 @@ def plot_runs(runs: Sequence[str | Path], out: str | Path, *,
         raise ConfigError("plotting needs matplotlib: pip install 'splitfed[plot]'") from None
     out = check_output(out, force)
     curves = load_curves(runs, labels)
+    for c in curves:
+        for axis in axes:
+            _check_drawable(c, axis)
     fig = Figure(figsize=(5.2 * len(axes), 3.9), layout="constrained")
     panels = fig.subplots(1, len(axes), squeeze=False, sharey=True)[0]
     for ax, axis in zip(panels, axes):
@@ -175,6 +180,29 @@ def plot_runs(runs: Sequence[str | Path], out: str | Path, *,
         fig.suptitle(title)
     _save(fig, out)
     return out
+
+
+#: what each x axis draws, and how its values are named in an error
+_AXIS_VALUES = {"round": ("round", "round numbers"),
+                "time": ("time_s", "cumulative times (the sum of the rounds' times)"),
+                "bytes": ("bytes", "cumulative bytes")}
+
+
+def _check_drawable(c: dict, axis: str) -> None:
+    """ConfigError naming the run's metrics file when a value it draws on ``axis`` is
+    not a finite float (finite values that add up beyond a float's range)."""
+    key, words = _AXIS_VALUES[axis]
+    values = [*c[key], *([c["diverged_at"][key]] if c["diverged_at"] else [])]
+    for v in values:
+        try:
+            ok = math.isfinite(float(v))
+        except OverflowError:
+            ok = False
+        if not ok:
+            others = ", ".join(a for a in AXES if a != axis)
+            raise ConfigError(f"{c['metrics']}: its {words} exceed the range of a float "
+                              f"and cannot be drawn against {axis}; draw against "
+                              f"{others} (--x)")
 
 
 def formats() -> list[str]:
@@ -225,14 +253,22 @@ def _save(fig, out: Path) -> None:
         raise ConfigError(f"--out {out}: cannot write it ({e.strerror or e})") from None
     except ValueError as e:                    # matplotlib: e.g. unbalanced $...$ math
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise ConfigError(f"cannot draw the figure ({first}); check the $...$ math in "
-                          "--label and --title") from None
+        hint = ("; check the $...$ math in --label and --title" if _has_math(fig)
+                else "")
+        raise ConfigError(f"cannot draw the figure ({first}){hint}") from None
     finally:
         if fd is not None:
             os.close(fd)
         if tmp is not None:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
+
+
+def _has_math(fig) -> bool:
+    """Whether a text of ``fig`` (a legend entry, the title) holds ``$``: mathtext."""
+    from matplotlib.text import Text
+
+    return any("$" in t.get_text() for t in fig.findobj(Text))
 
 
 def _axis_label(axis: str, curves: list[dict]) -> str:

@@ -37,7 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from splitfed.errors import ConfigError, FormatError
-from splitfed.metrics import csv_text, is_finite_number, read_records, record_summary
+from splitfed.metrics import (csv_text, is_finite_number, loads_strict, read_records,
+                              record_summary)
 
 #: sections whose ``options`` mapping holds the chosen component's options
 OPEN_SECTIONS = ("data", "partition", "model", "algorithm", "clock")
@@ -48,6 +49,22 @@ PROVENANCE_COLUMNS = {"splitfed": "splitfed_version", "commit": "git_commit",
                       "torch": "torch_version", "numpy": "numpy_version",
                       "threads": "threads", "cpu_capability": "cpu_capability",
                       "platform": "platform", "command": "command"}
+#: the types of the keys of ``summary.json`` that a reader uses or shows (what
+#: :func:`splitfed.experiment.run_experiment` and ``splitfed launch`` write; other keys
+#: are kept as they are): "count" an integer >= 0, "seconds" a finite number >= 0,
+#: "number" an int or a float (NaN too: a diverged run's final accuracy)
+SUMMARY_TYPES: dict[str, tuple[str, ...]] = {
+    "name": ("text",), "algorithm": ("text",), "dataset": ("text",), "model": ("text",),
+    "status": ("text",), "rounds": ("count", "null"), "diverged_round": ("count", "null"),
+    "final_test_acc": ("number", "null"), "best_test_acc": ("number", "null"),
+    "wall_time_s": ("seconds",), "resumed_from": ("list",), "threads": ("count", "null"),
+    "cpu_capability": ("text", "null"), "resumed_threads": ("list",),
+    "provenance": ("object", "null"), "processes": ("count",), "lost_ranks": ("object",)}
+#: the types of the provenance keys (any other: text or null)
+PROVENANCE_TYPES: dict[str, tuple[str, ...]] = {"dirty": ("boolean", "null"),
+                                                "threads": ("count", "null")}
+#: the largest ``summary.json`` read back (a run's is a few kilobytes)
+MAX_SUMMARY_BYTES = 1 << 24
 FORMATS = ("table", "csv")
 DATA_EXTRA = "pip install 'splitfed[data]'"
 
@@ -176,16 +193,71 @@ def _runs_under(path: Path, strict: bool) -> list[Path]:
 
 
 def _read_summary(path: Path) -> dict:
-    try:
-        from splitfed.safeio import loads_json  # (imports torch: load it late)
+    """``summary.json`` checked (:data:`SUMMARY_TYPES`); {} when there is none."""
+    from splitfed.safeio import read_regular   # (imports torch: load it late)
 
-        data = loads_json(path.read_text(encoding="utf-8"))
+    try:
+        data = loads_strict(read_regular(path, str(path), MAX_SUMMARY_BYTES,
+                                         hint="the run directory is damaged"))
     except FileNotFoundError:
         return {}
-    except (OSError, ValueError) as e:
+    except FormatError:                        # not a regular file, or too large
+        raise
+    except (OSError, ValueError) as e:          # UnicodeDecodeError is a ValueError
         raise FormatError(f"{path}: not a summary file ({e}); the run directory is "
                           "damaged") from None
-    return data if isinstance(data, dict) else {}
+    if not isinstance(data, dict):
+        raise FormatError(f"{path}: not a summary file (a JSON {_json_type(data)}, not an "
+                          "object); the run directory is damaged")
+    for key, value in data.items():
+        kinds = SUMMARY_TYPES.get(key)
+        if kinds is not None and not _is_kind(value, kinds):
+            raise _wrong_type(path, key, value, kinds)
+    prov = data.get("provenance")
+    for key, value in (prov.items() if isinstance(prov, dict) else ()):
+        kinds = PROVENANCE_TYPES.get(key, ("text", "null"))
+        if not _is_kind(value, kinds):
+            raise _wrong_type(path, f"provenance.{key}", value, kinds)
+    return data
+
+
+_KIND_WORDS = {"text": "text", "count": "an integer >= 0", "seconds": "a finite number >= 0",
+               "number": "a number", "list": "a list", "object": "an object",
+               "boolean": "true or false", "null": "null"}
+
+
+def _wrong_type(path: Path, key: str, value, kinds: tuple[str, ...]) -> FormatError:
+    shown = json.dumps(value, default=str)
+    shown = shown if len(shown) <= 40 else shown[:37] + "..."
+    return FormatError(f"{path}: not a summary file ({key} is {shown}; allowed: "
+                       f"{' or '.join(_KIND_WORDS[k] for k in kinds)}); the run directory "
+                       "is damaged")
+
+
+def _is_kind(value, kinds: tuple[str, ...]) -> bool:
+    """True when ``value`` is one of ``kinds`` (the names of :data:`SUMMARY_TYPES`)."""
+    if value is None:
+        return "null" in kinds
+    if isinstance(value, bool):
+        return "boolean" in kinds
+    if isinstance(value, str):
+        return "text" in kinds
+    if isinstance(value, int):
+        return ("count" in kinds and value >= 0) or "number" in kinds or (
+            "seconds" in kinds and value >= 0)
+    if isinstance(value, float):
+        return "number" in kinds or ("seconds" in kinds and math.isfinite(value)
+                                     and value >= 0)
+    if isinstance(value, list):
+        return "list" in kinds
+    if isinstance(value, dict):
+        return "object" in kinds
+    return False
+
+
+def _json_type(value) -> str:
+    return {list: "array", str: "string", bool: "boolean", type(None): "null"}.get(
+        type(value), "number")
 
 
 def _read_config(path: Path) -> dict:

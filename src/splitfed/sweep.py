@@ -29,6 +29,7 @@ from __future__ import annotations
 import csv
 import itertools
 import json
+import math
 import re
 import shlex
 from dataclasses import dataclass
@@ -44,6 +45,7 @@ from splitfed.study import (StudyResult, execute_study, open_study, publish,
 from splitfed.study.parallel import check_options, check_scheduler, resolve_jobs
 from splitfed.study.report import check_publish, provenance_line
 from splitfed.study.runner import parallel_options
+from splitfed.study.spec import check_run_count
 
 DEFAULT_OUT_DIR = "runs/sweeps"
 #: the columns of sweep.csv after the swept keys and the seed (``run_dir`` last)
@@ -84,6 +86,13 @@ def sweep_study(config: str, items: list[str], *, name: str | None = None,
              "out_dir": str(out_dir if out_dir is not None else DEFAULT_OUT_DIR)}
     if seeds is not None:
         study["seeds"] = _check_seeds(seeds)
+        given = [*axes, *(o.partition("=")[0].strip() for o in overrides)]
+        if "seed" in given:
+            raise ConfigError("sweep: 'seed' is given both as seed=... and by --seeds "
+                              "(which gives every run its seed); give the seeds once: "
+                              "seed=1,2 or --seeds 1,2")
+    check_run_count(math.prod(len(v) for v in axes.values()) * len(seeds or [None]),
+                    "sweep")
     if plugins:
         study["plugins"] = list(plugins)
     if group_by is not None:

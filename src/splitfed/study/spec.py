@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import itertools
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -27,6 +28,9 @@ from splitfed.errors import ConfigError
 #: :func:`splitfed.study.publish`)
 DEFAULT_OUT_DIR = "runs/studies"
 _STUDY_KEYS = ("name", "out_dir", "progress")  # set by the study, not by the user
+#: the most runs one study (or sweep) may define: grid points x runs x seeds, counted
+#: before any run is built
+MAX_RUNS = 100_000
 
 
 # ------------------------------------------------------------------ the file format
@@ -220,8 +224,35 @@ def _check_spec(spec: StudySpec) -> None:
             raise ConfigError(f"study.grid.{key}: expected a non-empty list of values")
     if spec.group_by is not None:
         _check_key(spec.group_by, "study.group_by")
-    _check_managed(parse_overrides(spec.overrides), "study.overrides")
+    overrides = parse_overrides(spec.overrides)
+    _check_managed(overrides, "study.overrides")
     _check_managed({key.split(".")[0]: None for key in spec.grid}, "study.grid")
+    if spec.seeds is not None:
+        _check_seed("study.overrides", overrides)
+        _check_seed("study.grid", {key.split(".")[0]: None for key in spec.grid})
+    check_run_count(run_count(spec), "study")
+
+
+def run_count(spec: StudySpec) -> int:
+    """How many runs ``spec`` defines (grid points x explicit runs x seeds), from the
+    lengths of its lists alone."""
+    points = math.prod(len(values) for values in spec.grid.values())
+    return points * max(1, len(spec.runs)) * len(spec.seeds or [None])
+
+
+def check_run_count(count: int, where: str) -> None:
+    """ConfigError when ``count`` runs are more than :data:`MAX_RUNS`."""
+    if count > MAX_RUNS:
+        raise ConfigError(f"{where}: defines {count:,} runs, more than the {MAX_RUNS:,} "
+                          "allowed; use fewer values or seeds, or split it into several")
+
+
+def _check_seed(where: str, over: Mapping) -> None:
+    """``seeds`` gives every run its seed: refuse ``seed`` in ``over`` too, where it would
+    be silently replaced."""
+    if "seed" in over:
+        raise ConfigError(f"{where}: 'seed' is set both here and by 'seeds' (which gives "
+                          "every run its seed); set it in one place only")
 
 
 def _check_key(key: str, where: str) -> None:
@@ -293,6 +324,8 @@ def _variant_config(spec: StudySpec, base: dict, study_dir: Path, run: RunSpec |
                     point: list[tuple[str, Any]], slug: str) -> RunConfig:
     run_set = parse_overrides(run.set) if run else {}
     _check_managed(run_set, "set")
+    if spec.seeds is not None:
+        _check_seed("set", run_set)
     grid_over: dict = {}
     for key, value in point:
         grid_over = merge(grid_over, _nested(key, value))

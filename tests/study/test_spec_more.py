@@ -1,0 +1,130 @@
+"""Study and sweep files refused before anything is built: a seed set twice (by ``seeds``
+and by the grid, the overrides or a run's ``set``), and more runs than ``MAX_RUNS``."""
+
+import pytest
+import yaml
+
+import splitfed.study.spec as spec_mod
+from splitfed.cli import main
+from splitfed.errors import ConfigError
+from splitfed.study import load_study, study_from_mapping
+from splitfed.sweep import sweep_study
+
+BASE = {"name": "tiny", "seed": 0, "rounds": 1,
+        "data": {"name": "digits"},
+        "partition": {"scheme": "iid", "num_clients": 3},
+        "model": {"name": "mlp", "hidden": [16]},
+        "train": {"batch_size": 16, "local_steps": 1, "lr": 0.1},
+        "participation": {"mode": "full"}}
+
+
+def _study(**over):
+    return {"name": "s", "base_config": BASE, **over}
+
+
+def _forbid_builds(monkeypatch):
+    """Fail the test if any run's config is built."""
+    def fail(*args, **kwargs):
+        raise AssertionError("a run was built")
+    monkeypatch.setattr(spec_mod, "_variant", fail)
+
+
+# ------------------------------------------------------------------------------ seeds
+
+
+@pytest.mark.parametrize("over, where", [
+    ({"grid": {"seed": [1, 2]}}, "study.grid"),
+    ({"grid": {"train.lr": [0.1, 0.2]}, "overrides": ["seed=7"]}, "study.overrides"),
+    ({"runs": [{"label": "a", "set": ["seed=4"]}]}, "run 'a': set"),
+    ({"runs": [{"label": "a"}], "grid": {"train.lr": [0.1, 0.2]},
+      "overrides": ["~seed"]}, "study.overrides"),
+])
+def test_a_seed_set_besides_seeds_is_refused(over, where):
+    with pytest.raises(ConfigError) as info:
+        study_from_mapping(_study(seeds=[0], **over))
+    message = str(info.value)
+    assert message.startswith(where + ": 'seed' is set both here and by 'seeds'"), message
+    assert "\n" not in message
+
+
+def test_a_seed_axis_without_seeds_gives_each_point_its_seed():
+    study = study_from_mapping(_study(grid={"seed": [1, 2]}))
+    assert [(r.label, r.seed, r.config.seed) for r in study.runs] == [
+        ("seed=1", 1, 1), ("seed=2", 2, 2)]
+    assert len({r.run_dir for r in study.runs}) == 2
+
+
+def test_seeds_replace_the_base_config_seed():
+    study = study_from_mapping(_study(grid={"train.lr": [0.1, 0.2]}, seeds=[5, 6]))
+    assert [r.config.seed for r in study.runs] == [5, 6, 5, 6]
+
+
+def test_set_seed_on_the_command_line_with_seeds_in_the_file_is_refused(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(_study(grid={"train.lr": [0.1, 0.2]}, seeds=[0, 1])))
+    with pytest.raises(ConfigError, match=r"study\.overrides: 'seed' is set both here"):
+        load_study(path, overrides=["seed=3"])
+    assert len(load_study(path, overrides=["rounds=2"]).runs) == 4
+
+
+@pytest.mark.parametrize("items", [["train.lr=0.1,0.2", "seed=1,2"],
+                                   ["train.lr=0.1,0.2", "seed=1"]])
+def test_a_sweep_with_seed_and_seeds_is_refused(items):
+    with pytest.raises(ConfigError, match=r"^sweep: 'seed' is given both as seed=\.\.\. "
+                                          r"and by --seeds"):
+        sweep_study("quick_digits", items, seeds=[5])
+    assert sweep_study("quick_digits", items)["grid"]["train.lr"] == [0.1, 0.2]
+
+
+def test_the_sweep_command_refuses_seed_and_seeds_and_writes_nothing(tmp_path, capsys):
+    code = main(["sweep", "quick_digits", "rounds=1", "train.lr=0.1,0.2", "seed=1,2",
+                 "--seeds", "5", "--jobs", "1", "--out-dir", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert "'seed' is given both" in err
+    assert not (tmp_path / "out").exists()
+
+
+# ------------------------------------------------------------------------- run count
+
+
+def test_a_huge_grid_is_refused_before_any_run_is_built(monkeypatch):
+    _forbid_builds(monkeypatch)
+    grid = {f"k{i}.x": list(range(20)) for i in range(6)}
+    with pytest.raises(ConfigError) as info:
+        study_from_mapping(_study(grid=grid))
+    assert str(info.value) == ("study: defines 64,000,000 runs, more than the 100,000 "
+                               "allowed; use fewer values or seeds, or split it into several")
+
+
+@pytest.mark.parametrize("over, count", [
+    ({"grid": {"train.lr": [0.1, 0.2], "rounds": [1, 2]}}, 4),
+    ({"grid": {"train.lr": [0.1, 0.2]}, "seeds": [0, 1]}, 4),
+    ({"grid": {"train.lr": [0.1, 0.2]}, "runs": [{"label": "a"}, {"label": "b"}]}, 4),
+    ({"runs": [{"label": "a"}, {"label": "b"}], "seeds": [0, 1]}, 4),
+])
+def test_the_limit_counts_points_runs_and_seeds(monkeypatch, over, count):
+    monkeypatch.setattr(spec_mod, "MAX_RUNS", count)
+    assert len(study_from_mapping(_study(**over)).runs) == count
+    monkeypatch.setattr(spec_mod, "MAX_RUNS", count - 1)
+    with pytest.raises(ConfigError, match=f"^study: defines {count} runs, more than the "
+                                          f"{count - 1} allowed"):
+        study_from_mapping(_study(**over))
+
+
+def test_a_huge_sweep_is_refused_with_its_count(tmp_path, capsys, monkeypatch):
+    _forbid_builds(monkeypatch)
+    values = ",".join(str(v) for v in range(1, 21))
+    items = [f"{key}={values}" for key in ("train.lr", "train.batch_size", "seed",
+                                           "partition.alpha", "train.local_steps",
+                                           "partition.num_clients")]
+    code = main(["sweep", "quick_digits", "rounds=1", *items, "--out-dir",
+                 str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 2 and err == ("splitfed: error: sweep: defines 64,000,000 runs, more "
+                                 "than the 100,000 allowed; use fewer values or seeds, or "
+                                 "split it into several\n")
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(ConfigError, match="^sweep: defines 120,000 runs"):
+        sweep_study("quick_digits", ["train.lr=" + values, "rounds=" + values],
+                    seeds=list(range(300)))
