@@ -433,7 +433,7 @@ def main(argv: list[str] | None = None) -> int:
         parser = build_parser()
         try:
             args, extra = parser.parse_known_args(argv)
-            if (extra and args.func in (_cmd_launch, _cmd_run)
+            if (extra and args.func in (_cmd_launch, _cmd_run, _cmd_partition, _cmd_config)
                     and not any(e.startswith("-") for e in extra)):
                 args.overrides += extra             # run CONFIG --dry-run key=value ...
             elif (extra and args.func is _cmd_sweep

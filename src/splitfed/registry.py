@@ -27,8 +27,11 @@ The registries are the same dicts the package uses for its built-in components
 ``splitfed.engine.profiles.GENERATORS``, ``splitfed.algorithms.TRANSFORMS``); a registered
 component is looked up, and its options are validated, exactly as a built-in one.
 Registering a name that is taken (built in, or by another plugin) raises
-:class:`~splitfed.errors.PluginError` naming the kind, the name and the module of the
-component that holds it, unless ``replace=True``.
+:class:`~splitfed.errors.PluginError` naming the kind, the name, the module of the
+component that holds it and the module registering it again, unless ``replace=True``.
+A component is recorded as coming from the plugin being imported when the module that
+registers it belongs to that plugin's package, else from that module itself (a package
+the plugin imports, which registers its own components).
 
 This module imports neither torch nor the registries until something is registered, so
 ``import splitfed`` stays light.
@@ -166,6 +169,30 @@ def _check_transform(name: str, cls: Any) -> None:
                           f"name = {name!r} (it keys the transform's state)")
 
 
+def _caller() -> str | None:
+    """The module whose code calls the registration (the first frame outside this
+    module), or None when it cannot be told."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_globals.get("__name__") == __name__:
+        frame = frame.f_back
+    return None if frame is None else frame.f_globals.get("__name__")
+
+
+def _origin(caller: str | None, obj: Any) -> str:
+    """Where a registration comes from: the plugin being imported when the registering
+    module belongs to it (the same top-level package), else the registering module (a
+    module the plugin imported: another package, which registered on its own)."""
+    if _LOADING:
+        if caller is None:
+            return _LOADING[-1]
+        for spec in reversed(_LOADING):
+            base = spec.split(":")[0]
+            if caller.split(".")[0] == base.split(".")[0]:
+                return spec
+        return caller
+    return getattr(obj, "__module__", None) or caller or "?"
+
+
 def _register(kind: str, name: str, obj: Any, replace: bool) -> Any:
     key = _key(kind, name)
     if kind == "algorithm":
@@ -175,13 +202,14 @@ def _register(kind: str, name: str, obj: Any, replace: bool) -> Any:
     else:
         _check_function(kind, key, obj)
     table = registry(kind)
+    caller = _caller()
     if key in table and not replace:
+        again = caller or getattr(obj, "__module__", None) or "?"
         raise PluginError(f"{kind} {key!r} is already registered ({_where(kind, key, table[key])})"
-                          f"; choose another name, or pass replace=True to "
-                          f"register_{kind.replace(' ', '_')} to replace it")
+                          f" and {again} registers it again; choose another name, or pass "
+                          f"replace=True to register_{kind.replace(' ', '_')} to replace it")
     table[key] = obj
-    _ORIGINS[kind][key] = _LOADING[-1] if _LOADING else (
-        getattr(obj, "__module__", None) or "?")
+    _ORIGINS[kind][key] = _origin(caller, obj)
     return obj
 
 

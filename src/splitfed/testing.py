@@ -22,6 +22,13 @@ and, for a federated algorithm (class attribute ``federated = True``, the defaul
   reporting a finite loss and uploaded bytes whenever clients took part
   (:func:`check_participation_modes`).
 
+In every check, what the round loop refuses fails the check too: a round that returns
+something other than a :class:`~splitfed.engine.rounds.RoundResult`, a state with other
+keys than ``init_state`` declared, a ``train_loss`` that is not a number, a metric that is
+not a number, ``Round.finish()`` before ``Round.send()`` on a cohort, a gradient
+transform's output of another count or shape than its input
+(:func:`splitfed.engine.loop.check_result`).
+
 A failed check raises :class:`AssertionError` naming the algorithm and the check; the
 functions need no test framework, so any runner (pytest, unittest, a plain script) can
 call them::
@@ -199,14 +206,21 @@ def _build(cfg):
     return algorithm, env
 
 
-def _run(cfg, env=None, algorithm=None):
+def _run(s: _Subject, check: str, cfg, env=None, algorithm=None):
+    """Run ``cfg``'s rounds in memory. What the engine refuses while the rounds run (a
+    round's result that is not a well-formed RoundResult, a transform's output of
+    another shape, Round.finish before Round.send: a PluginError) fails ``check``."""
     from splitfed.engine.loop import run_rounds
+    from splitfed.errors import PluginError
     from splitfed.metrics import MetricLogger
 
     if env is None:
         algorithm, env = _build(cfg)
     logger = MetricLogger(None)                # in memory: no run directory
-    state, status = run_rounds(algorithm, env, logger)
+    try:
+        state, status = run_rounds(algorithm, env, logger)
+    except PluginError as e:
+        raise s.fail(check, f"the round loop refused it: {e}") from e
     return env, logger.records, state, status
 
 
@@ -269,7 +283,7 @@ class _CountingTransport(InProcessTransport):
 
 def _learns(s: _Subject, overrides: Mapping | None, base: Mapping | None) -> None:
     cfg = _config(s, base, overrides)
-    _, records, _, status = _run(cfg)
+    _, records, _, status = _run(s, "learns", cfg)
     hint = ("; if it needs more rounds or other settings to learn this small task, pass "
             "overrides (e.g. overrides={'rounds': 20}; splitfed.testing.base_config() is "
             "the config they change)")
@@ -294,8 +308,8 @@ def _learns(s: _Subject, overrides: Mapping | None, base: Mapping | None) -> Non
 
 def _deterministic(s: _Subject, base: Mapping | None) -> None:
     cfg = _config(s, base, {"rounds": SHORT_ROUNDS})
-    _, rec1, state1, _ = _run(cfg)
-    _, rec2, state2, _ = _run(cfg)
+    _, rec1, state1, _ = _run(s, "deterministic", cfg)
+    _, rec2, state2, _ = _run(s, "deterministic", cfg)
     where = _difference(state1, state2, "state")
     if where:
         raise s.fail("deterministic", f"two runs with seed {cfg.seed} end with different "
@@ -327,7 +341,7 @@ def _non_sampled(s: _Subject, base: Mapping | None) -> None:
         cohorts[t] = cohort
         return own_round(env, state, t, cohort)
     algorithm.round = round_
-    _run(cfg, env, algorithm)
+    _run(s, "non_sampled_clients_send_nothing", cfg, env, algorithm)
     for t in range(1, SHORT_ROUNDS + 1):
         if t not in cohorts:
             raise s.fail("non_sampled_clients_send_nothing", f"round {t} did not run")
@@ -355,7 +369,7 @@ def _ledger(s: _Subject, base: Mapping | None) -> None:
     cfg = _config(s, base, {"rounds": SHORT_ROUNDS})
     algorithm, env = _build(cfg)
     env.transport = transport = _CountingTransport(env.ledger, clock=env.transport.clock)
-    _, records, _, _ = _run(cfg, env, algorithm)
+    _, records, _, _ = _run(s, "ledger_matches_transport", cfg, env, algorithm)
     ledgered = sum(r.get("bytes_up", 0) + r.get("bytes_down", 0) for r in records)
     total = env.ledger.total()
     if not (ledgered == transport.delivered == total > 0):
@@ -372,7 +386,7 @@ def _participation(s: _Subject, modes: Iterable[Mapping], base: Mapping | None) 
         raw = _raw(s, base, {"rounds": SHORT_ROUNDS, "train": LOCAL_EPOCHS})
         raw["participation"] = copy.deepcopy(dict(mode))     # the whole section
         cfg = build_config(raw)
-        _, records, _, status = _run(cfg)
+        _, records, _, status = _run(s, "participation_modes", cfg)
         what = f"participation {dict(mode)} with train.local_epochs 0.5"
         if status != "completed":
             raise s.fail("participation_modes", f"{what}: the run ended with status "

@@ -31,16 +31,17 @@ TOKENS = (2, 16)
     ("mobilenetv2", {"width_mult": "x"}, "model.width_mult"),
 ])
 def test_image_model_options_out_of_range_name_the_key(name, options, key):
-    with pytest.raises(ConfigError, match=rf"^{key}: (must be a|expected a float)"):
+    with pytest.raises(ConfigError, match=rf"^{key}: (must be a|expected a float|expected an "
+                                          rf"integer)"):
         build_model(name, IMAGE if name in ("alexnet", "mobilenetv2") else (3, 32, 32), 10,
                     **options)
 
 
 @pytest.mark.parametrize("options, message", [
     ({"hidden_size": 0}, "model.hidden_size: must be a positive integer, got 0"),
-    ({"hidden_size": 1.5}, "model.hidden_size: must be a positive integer, got 1.5"),
+    ({"hidden_size": 1.5}, "model.hidden_size: expected an integer, got 1.5 (float)"),
     ({"num_heads": 0}, "model.num_heads: must be a positive integer"),
-    ({"num_layers": True}, "model.num_layers: must be a positive integer"),
+    ({"num_layers": True}, "model.num_layers: expected an integer, got True (bool)"),
     ({"ffn_dim": -3}, "model.ffn_dim: must be a positive integer"),
     ({"vocab_size": 0}, "model.vocab_size: must be a positive integer"),
     ({"vocab_size": 3}, "model.vocab_size: must be at least 4"),
@@ -93,8 +94,9 @@ def test_any_failure_of_a_model_builder_is_a_config_error(monkeypatch):
         return 1 // (depth - 1)
 
     monkeypatch.setitem(MODELS, "fragile", fragile)
-    with pytest.raises(ConfigError, match=r"^model: fragile cannot be built with options "
-                                          r"\{'depth': 1\}: ZeroDivisionError"):
+    with pytest.raises(ConfigError, match=r"^model.name: the builder of model 'fragile' "
+                                          r"failed \(options \{'depth': 1\}\): "
+                                          r"ZeroDivisionError"):
         build_model("fragile", IMAGE, 10, depth=1)
 
 

@@ -1,7 +1,11 @@
 """Split a data set's sample indices among clients (names and parameters as in flwr-datasets).
 
 ``partition(labels, num_clients, scheme, rng, **params)`` returns one int64 index array per
-client, each sorted ascending; the same ``rng`` state gives the same partition. Schemes:
+client, each sorted ascending; the same ``rng`` state gives the same partition. The parts
+are disjoint (no sample goes to two clients, nor twice to one) and need not cover every
+sample; what a scheme returns is checked (:func:`checked_parts`), so that a plugin's
+partitioner that returns another number of parts, indices out of range or shared between
+clients is refused naming it. Schemes:
 
 - ``iid``: shuffle, then ``np.array_split`` into ``num_clients`` near-equal parts.
 - ``dirichlet(alpha, min_partition_size=10, self_balancing=False, max_tries=10)``: for each
@@ -252,7 +256,65 @@ def partition(labels, num_clients: int, scheme: str, rng: np.random.Generator,
         raise TypeError(f"rng must be a numpy Generator, got {type(rng).__name__}")
     _check_params(scheme, params)
     params = typed_options(PARTITIONERS[scheme], params, "partition")
-    return PARTITIONERS[scheme](y, int(num_clients), rng, **params)
+    parts = PARTITIONERS[scheme](y, int(num_clients), rng, **params)
+    return checked_parts(parts, scheme, int(num_clients), len(y))
+
+
+def _component(scheme: str) -> str:
+    """``partitioner 'name'``, with the plugin that registered it."""
+    from splitfed.registry import origin
+
+    where = origin("partitioner", scheme)
+    return f"partitioner {scheme!r}" + (f" (plugin {where})" if where else "")
+
+
+def checked_parts(parts, scheme: str, num_clients: int, n: int) -> list[np.ndarray]:
+    """What a partitioner returned, checked: a list (or tuple, or a 2-D array: one row per
+    client) of exactly ``num_clients`` 1-D integer index arrays, indices in ``[0, n)``,
+    no index in two parts (or twice in one); returned as int64 arrays, in the order
+    given. Anything else raises :class:`~splitfed.errors.PluginError` naming the scheme
+    and what it returned."""
+    from splitfed.errors import PluginError
+
+    def bad(what: str) -> PluginError:
+        return PluginError(f"partition.scheme: {_component(scheme)} {what}; it must return "
+                           f"a list of {num_clients} integer index arrays (one per client, "
+                           f"indices in [0, {n}), no index in two clients)")
+
+    if isinstance(parts, np.ndarray) and parts.ndim == 2:
+        parts = list(parts)                     # one row per client
+    if not isinstance(parts, (list, tuple)):
+        raise bad(f"returned {type(parts).__name__}")
+    if len(parts) != num_clients:
+        raise bad(f"returned {len(parts)} parts for num_clients {num_clients}")
+    out = []
+    for i, part in enumerate(parts):
+        try:
+            a = np.asarray(part)
+        except Exception:  # noqa: BLE001 - any object numpy cannot read is refused below
+            a = None
+        if a is None or a.dtype == object or a.ndim != 1:
+            shape = "" if a is None or a.dtype == object else f" of shape {a.shape}"
+            raise bad(f"returned {type(part).__name__}{shape} for client {i}")
+        if a.size == 0:
+            out.append(np.empty(0, dtype=np.int64))
+            continue
+        if a.dtype == bool or not np.issubdtype(a.dtype, np.integer):
+            raise bad(f"returned {a.dtype} indices for client {i}")
+        outside = a[(a < 0) | (a >= n)]
+        if outside.size:
+            raise bad(f"returned index {int(outside[0])} for client {i}, outside the {n} "
+                      "samples")
+        out.append(a.astype(np.int64, copy=False))
+    flat = np.concatenate(out) if out else np.empty(0, np.int64)
+    counts = np.bincount(flat, minlength=n)
+    if flat.size and counts.max() > 1:
+        index = int(np.argmax(counts))
+        holders = [i for i, a in enumerate(out) if np.any(a == index)]
+        where = (f"clients {holders[0]} and {holders[1]}" if len(holders) > 1
+                 else f"client {holders[0]} twice")
+        raise bad(f"gave sample {index} to {where}")
+    return out
 
 
 def partition_stats(parts: list[np.ndarray], labels, num_classes: int) -> np.ndarray:

@@ -5,6 +5,9 @@ the ``algorithm`` section of the config) and three methods:
 
 - ``init_state(env) -> state``: the learned state at round 0 (a dict of tensors and
   plain values: the global model, server optimizer state, the transforms' state...).
+  Its keys are the state's keys for the whole run: a round returns a state with the
+  same keys (the round loop refuses other ones, since a checkpoint of the run could not
+  be resumed; a key that appears only later is declared by ``checkpoint_template``).
 - ``round(env, state, t, cohort) -> RoundResult``: one round for the sampled cohort,
   using the engine's executor, transport and the round helper
   (:class:`~splitfed.engine.rounds.Round`: broadcast, on-time weighted aggregation,
@@ -184,6 +187,17 @@ class Algorithm:
         and the centralized reference (no server-side part; the fed server's copy of the
         global model is not counted)."""
         return 1 if self.split else 0
+
+
+def describe(algorithm, env=None) -> str:
+    """``algorithm 'name'`` for error messages: the name the config gives it (``env``'s
+    config, else the class's ``name``), with the plugin that registered it."""
+    from splitfed.registry import origin
+
+    cfg = getattr(env, "config", None)
+    name = getattr(getattr(cfg, "algorithm", None), "name", None) or algorithm.name
+    where = origin("algorithm", name)
+    return f"algorithm {name!r}" + (f" (plugin {where})" if where else "")
 
 
 def _server_chain(name: str, own: list, given: list) -> list:

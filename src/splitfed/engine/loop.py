@@ -1,18 +1,18 @@
 """The round loop, written once for every algorithm.
 
 Each round: sample the participants, let the algorithm run its round (it returns a
-:class:`~splitfed.engine.rounds.RoundResult`), read the round's bytes from the ledger,
-turn the samples it trained on into client and server multiply-accumulates
-(``server_samples``, when an algorithm's server trains on fewer or more samples than its
-clients; None: the same as ``samples``; ``server_model_samples``: samples on which the
-server trains the whole model, on its own data), record the server-side model memory
-(``server_param_bytes``: ``algorithm.server_copies`` copies of the server part), evaluate
-every ``eval_every`` rounds, every round of the last ``eval_last`` rounds, at round 0 and
-at the last round (:func:`evaluates`), log one record. The run
-diverges (:func:`splitfed.metrics.divergence`) at the first round whose training loss, or
-whose evaluated test loss or accuracy, is not finite: the record of that round is logged
-(a non-finite training loss skips the evaluation) and the run stops with status
-``diverged``.
+:class:`~splitfed.engine.rounds.RoundResult`, checked by :func:`check_result`), read the
+round's bytes from the ledger, turn the samples it trained on into client and server
+multiply-accumulates (``server_samples``, when an algorithm's server trains on fewer or
+more samples than its clients; None: the same as ``samples``; ``server_model_samples``:
+samples on which the server trains the whole model, on its own data), record the
+server-side model memory (``server_param_bytes``: ``algorithm.server_copies`` copies of
+the server part), evaluate every ``eval_every`` rounds, every round of the last
+``eval_last`` rounds, at round 0 and at the last round (:func:`evaluates`), log one
+record. The run diverges (:func:`splitfed.metrics.divergence`) at the first round whose
+training loss, or whose evaluated test loss or accuracy, is not finite: the record of
+that round is logged (a non-finite training loss skips the evaluation) and the run stops
+with status ``diverged``.
 
 Progress: with ``progress: true`` a progress bar (tqdm); with ``progress: false`` and
 ``progress_lines`` (what :func:`splitfed.experiment.run_experiment` passes for a run that
@@ -37,9 +37,11 @@ algorithm's round: every record has ``sim_round_s`` (simulated seconds of the ro
 from __future__ import annotations
 
 import math
+import numbers
 import sys
 import time
 
+import torch
 from tqdm import tqdm
 
 from splitfed.engine.evaluate import evaluate
@@ -105,6 +107,104 @@ def _over_select(env, cohort, work):
                                   model + samples * down)
 
 
+#: the record keys the loop writes before an algorithm's metrics (no metric may take one)
+RESERVED_KEYS = ("round", "participants", "clients_used", "train_loss")
+
+
+def _real(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _keys(keys) -> str:
+    return ", ".join(repr(k) for k in sorted(keys, key=str)[:5]) + (
+        ", ..." if len(keys) > 5 else "")
+
+
+def _check_model(algorithm, env, state: dict, bad) -> None:
+    """With the default ``eval_model`` (which loads ``state["model"]`` into ``env.model``):
+    ``state["model"]`` has the model's keys and tensor shapes."""
+    from splitfed.engine.algorithm import Algorithm
+
+    model = state.get("model")
+    if type(algorithm).eval_model is not Algorithm.eval_model or not isinstance(model, dict):
+        return
+    expected = env.model.state_dict()
+    extra, missing = set(model) - set(expected), set(expected) - set(model)
+    if extra or missing:
+        what = (f"other keys ({_keys(extra)})" if extra else
+                f"no values for {_keys(missing)}")
+        raise bad(f"returned a state['model'] with {what}; it holds the whole model's "
+                  "state_dict (client and server sides)")
+    for key, value in model.items():
+        want = expected[key].shape
+        if not isinstance(value, torch.Tensor) or value.shape != want:
+            got = (f"shape {tuple(value.shape)}" if isinstance(value, torch.Tensor)
+                   else type(value).__name__)
+            raise bad(f"returned state['model'][{key!r}] of {got}; the model's is a tensor "
+                      f"of shape {tuple(want)}")
+
+
+def check_result(algorithm, env, result, t: int, declared: tuple = ()) -> RoundResult:
+    """``result``, what ``algorithm.round`` returned for round ``t``, checked; anything
+    else raises :class:`~splitfed.errors.PluginError` naming the algorithm and what is
+    wrong: a :class:`~splitfed.engine.rounds.RoundResult` whose ``state`` is a dict with
+    the keys of the run's initial state ``declared`` (``init_state``'s; a key an
+    algorithm or transform adds later is declared by its ``checkpoint_template``, as a
+    checkpoint's state is checked on resuming) and, with the default ``eval_model``, a
+    ``state["model"]`` of the model's keys and shapes, ``train_loss`` None or a real number (a
+    non-finite one makes the run diverge), ``samples`` whole numbers >= 0, ``metrics`` a
+    dict of names to real numbers or None, not one of :data:`RESERVED_KEYS`."""
+    from splitfed.engine.algorithm import describe
+    from splitfed.errors import PluginError
+
+    def bad(what: str) -> PluginError:
+        return PluginError(f"{describe(algorithm, env)}: round {t} {what}")
+
+    if not isinstance(result, RoundResult):
+        raise bad(f"returned {type(result).__name__}; round must return a splitfed.engine."
+                  "rounds.RoundResult (what rnd.finish() returns)")
+    state = result.state
+    if not isinstance(state, dict):
+        raise bad(f"returned a state of type {type(state).__name__}; the state is a dict "
+                  "(init_state's keys)")
+    if declared:
+        known = {k: state[k] for k in declared if k in state}
+        allowed = set(algorithm.checkpoint_template(env, known, state))
+        extra, missing = set(state) - allowed, set(declared) - set(state)
+        if extra:
+            raise bad(f"returned state keys that init_state did not declare ({_keys(extra)}); "
+                      "declare every key of the state in init_state (with its round-0 "
+                      "value), so that the run's checkpoints can be resumed")
+        if missing:
+            raise bad(f"returned a state without the keys ({_keys(missing)}) that "
+                      "init_state declared; return the whole state (rnd.finish(state=...) "
+                      "and dataclasses.replace(result, state={**result.state, ...}) keep "
+                      "the other keys)")
+    _check_model(algorithm, env, state, bad)
+    if result.train_loss is not None and not _real(result.train_loss):
+        raise bad(f"returned train_loss {result.train_loss!r:.60} "
+                  f"({type(result.train_loss).__name__}); expected None or a real number "
+                  "(float(loss))")
+    for field in ("samples", "server_samples", "server_model_samples"):
+        value = getattr(result, field)
+        if value is None and field == "server_samples":
+            continue
+        if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 0:
+            raise bad(f"returned {field} {value!r:.60}; expected a whole number >= 0")
+    if not isinstance(result.metrics, dict):
+        raise bad(f"returned metrics of type {type(result.metrics).__name__}; expected a "
+                  "dict of names to numbers")
+    for key, value in result.metrics.items():
+        if not isinstance(key, str) or key in RESERVED_KEYS:
+            raise bad(f"returned the metric name {key!r:.60}; a metric is named by a string "
+                      f"other than {', '.join(RESERVED_KEYS)}")
+        if value is not None and not _real(value):
+            raise bad(f"returned the metric {key!r} = {value!r:.60} "
+                      f"({type(value).__name__}); a metric is a real number or None "
+                      "(float(x))")
+    return result
+
+
 def run_rounds(algorithm, env, logger, state: dict | None = None,
                start_round: int = 1, checkpoint=None,
                progress_lines: bool = False) -> tuple[dict, str]:
@@ -116,6 +216,7 @@ def run_rounds(algorithm, env, logger, state: dict | None = None,
     cfg = env.config
     if state is None:
         state = algorithm.init_state(env)
+    declared = tuple(state) if isinstance(state, dict) else ()
     started = time.perf_counter()
     lines = progress_lines and not cfg.progress
     if start_round == 1:
@@ -140,10 +241,8 @@ def run_rounds(algorithm, env, logger, state: dict | None = None,
         cohort = env.clock.begin_round(env.sampler.sample(env.streams.numpy("participation")))
         if env.clock.keep is not None:
             cohort = _over_select(env, cohort, work)
-        result = algorithm.round(env, state, t, cohort)
-        if not isinstance(result, RoundResult):
-            raise TypeError(f"{type(algorithm).__name__}.round must return a "
-                            f"splitfed.engine.rounds.RoundResult, got {type(result).__name__}")
+        result = check_result(algorithm, env, algorithm.round(env, state, t, cohort), t,
+                              declared)
         state = result.state
         used = env.clock.used(cohort.ids)
         used_any = used_any or used > 0

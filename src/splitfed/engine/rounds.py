@@ -20,7 +20,12 @@ does all of it once; an algorithm's ``round`` only trains::
 training loss, the training samples of the clients (``samples``), of the server-side
 model (``server_samples``, None: the same as the clients') and of the whole model on the
 server (``server_model_samples``: server data; they become the MAC counts) and any
-further metrics, logged as they are.
+further metrics, logged as they are. The round loop checks every result
+(:func:`splitfed.engine.loop.check_result`): the state keeps the keys ``init_state``
+declared, ``train_loss`` is None or a real number, the metrics are numbers (or None).
+To add to a result after ``rnd.finish()``, replace its fields with
+``dataclasses.replace(result, state={**result.state, "model": model},
+metrics={**result.metrics, "norm": 1.0})``.
 """
 
 from __future__ import annotations
@@ -170,6 +175,15 @@ class Round:
         an empty round), the transforms' new states, the result. ``state``: further
         entries of the new state (other model parts go under ``state["model"]``)."""
         algo, env = self.algorithm, self.env
+        if not self.empty and self.acc is None:
+            from splitfed.engine.algorithm import describe
+            from splitfed.errors import PluginError
+
+            raise PluginError(f"{describe(algo, env)}: Round.finish() was called in round "
+                              f"{self.t} for a cohort of {self.cohort.size} client(s) "
+                              "before Round.send() (or aggregate_against()): there is no "
+                              "aggregate to finish; send the clients their part first, "
+                              "or finish at once only when rnd.empty")
         new = {**self.state, **(state or {})}
         model = {**self.model, **new.get("model", {})}
         ctx = StepContext(env, self.t, self.acc, None, self)

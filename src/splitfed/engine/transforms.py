@@ -194,17 +194,92 @@ class _ChainRound(GradientRound):
         return model
 
 
+def describe(transform: Transform) -> str:
+    """``transform 'name'``, with the plugin that registered it (for error messages)."""
+    from splitfed.registry import origin
+
+    where = origin("transform", transform.name)
+    return f"transform {transform.name!r}" + (f" (plugin {where})" if where else "")
+
+
+def _checked(transform: Transform, names, grads, out) -> list[torch.Tensor]:
+    """``out``, what ``transform``'s update returned for ``grads``: one tensor per
+    parameter, each of its gradient's shape; anything else raises PluginError."""
+    def bad(what: str):
+        from splitfed.errors import PluginError
+
+        return PluginError(f"algorithm.client_transforms: the update of {describe(transform)} "
+                           f"{what}; it must return a list of {len(grads)} tensors, each "
+                           "of the shape of the gradient it replaces ([clients, ...] per "
+                           "parameter)")
+
+    if not isinstance(out, (list, tuple)):
+        raise bad(f"returned {type(out).__name__}")
+    if len(out) != len(grads):
+        raise bad(f"returned {len(out)} gradients for {len(grads)} parameters")
+    for name, g, o in zip(names, grads, out):
+        if not isinstance(o, torch.Tensor):
+            raise bad(f"returned {type(o).__name__} for {name}")
+        if o.shape != g.shape:
+            raise bad(f"returned shape {tuple(o.shape)} for {name}, whose gradient has "
+                      f"shape {tuple(g.shape)}")
+    return out if isinstance(out, list) else list(out)
+
+
+class _Checked(GradientRound):
+    """A transform's round whose ``update`` output is checked (:func:`_checked`); the
+    rest is the round's own."""
+
+    def __init__(self, transform: Transform, inner: GradientRound):
+        self.transform, self.inner = transform, inner
+
+    @property
+    def samples(self) -> int:
+        return self.inner.samples
+
+    @property
+    def server_samples(self) -> int:
+        return self.inner.server_samples
+
+    def begin(self, slots, start):
+        self.inner.begin(slots, start)
+
+    def update(self, names, params, grads, slots):
+        return _checked(self.transform, names, grads,
+                        self.inner.update(names, params, grads, slots))
+
+    def collect(self, slots, final):
+        self.inner.collect(slots, final)
+
+    def adjust(self, model, aggregate):
+        return self.inner.adjust(model, aggregate)
+
+    def finish(self):
+        return self.inner.finish()
+
+
 def start_gradients(transforms: Sequence[GradientTransform], env, state: dict, t: int,
                     cohort, round_) -> tuple[GradientRound | None, list]:
     """Open the round of every transform in order; returns the chained round (None when
-    no transform corrects anything this round) and the per-transform rounds."""
-    rounds = []
+    no transform corrects anything this round) and the per-transform rounds. What each
+    transform's ``update`` returns is checked on every step: as many gradients as it was
+    given, each of the same shape (:class:`~splitfed.errors.PluginError` naming the
+    transform otherwise)."""
+    rounds, live = [], []
     for tr in transforms:
         r = tr.start(env, state.get(tr.key), t, cohort, round_)
         if r is not None and not isinstance(r, GradientRound):
+            if not callable(r):
+                from splitfed.errors import PluginError
+
+                raise PluginError(f"algorithm.client_transforms: start of {describe(tr)} "
+                                  f"returned {type(r).__name__}; it must return a "
+                                  "GradientRound, a function update(names, params, grads, "
+                                  "slots) -> grads, or None")
             r = _FunctionRound(r)
         rounds.append(r)
-    live = [r for r in rounds if r is not None]
+        if r is not None:
+            live.append(_Checked(tr, r))
     if not live:
         return None, rounds
     return (live[0] if len(live) == 1 else _ChainRound(live)), rounds

@@ -75,11 +75,43 @@ def model_options(name: str) -> list[str]:
     return [p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY]
 
 
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split())[:300]
+
+
+def _component(name: str) -> str:
+    """``model 'name'``, with the plugin that registered it."""
+    from splitfed.registry import origin
+
+    where = origin("model", name)
+    return f"model {name!r}" + (f" (plugin {where})" if where else "")
+
+
+def _in_dry_run(e: BaseException) -> bool:
+    """Whether ``e`` was raised while :func:`output_shape` ran a sample through a part of
+    the model (the input shape does not fit the layers)."""
+    tb = e.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code is output_shape.__code__:
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def _builder_failed(name: str, options: dict, e: BaseException) -> ConfigError:
+    given = f" (options {options})" if options else ""
+    return ConfigError(f"model.name: the builder of {_component(name)} failed{given}: "
+                       f"{type(e).__name__}: {_one_line(e)}")
+
+
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, **options) -> BlockModel:
     """Build model ``name`` for per-sample ``input_shape`` and ``num_classes`` outputs.
 
     Unknown names, unknown options and input shapes the model cannot take raise
-    :class:`ConfigError` listing what is allowed. Uses torch's global RNG for init.
+    :class:`ConfigError` listing what is allowed; any other failure of the builder raises
+    one naming the model (and its plugin) and the builder's exception, and a builder that
+    returns something other than a :class:`BlockModel` raises
+    :class:`~splitfed.errors.PluginError`. Uses torch's global RNG for init.
     """
     if name not in MODELS:
         raise ConfigError(f"model.name: unknown model {name!r}; "
@@ -94,16 +126,20 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, **opt
         raise ConfigError(f"num_classes must be a positive int, got {num_classes!r}")
     try:
         model = MODELS[name](tuple(input_shape), num_classes, **options)
-    except RuntimeError as e:  # a dry run failed: the input is too small for the model
-        raise ConfigError(f"model.name: input_shape {tuple(input_shape)} of the data does not "
-                          f"fit {name}: {e}") from e
     except ConfigError:
         raise
-    except (TypeError, ValueError) as e:  # an option of the wrong type
-        raise ConfigError(f"model: bad option value in {options} for model {name}: "
-                          f"{e}") from e
-    except Exception as e:  # noqa: BLE001 - any other failure of a builder is the options'
-        raise ConfigError(f"model: {name} cannot be built with options {options}: "
-                          f"{type(e).__name__}: {e}") from e
+    except RuntimeError as e:
+        if _in_dry_run(e):          # output_shape's dry run: the input is too small for it
+            raise ConfigError(f"model.name: input_shape {tuple(input_shape)} of the data "
+                              f"does not fit {name}: {_one_line(e)}") from e
+        raise _builder_failed(name, options, e) from e
+    except Exception as e:  # noqa: BLE001 - the builder's own failure, reported as such
+        raise _builder_failed(name, options, e) from e
+    if not isinstance(model, BlockModel):
+        from splitfed.errors import PluginError
+
+        raise PluginError(f"model.name: the builder of {_component(name)} returned "
+                          f"{type(model).__name__}, expected a splitfed.models.BlockModel "
+                          "(named blocks, cut_descriptions, default_cut)")
     model.input_shape, model.num_classes = tuple(int(s) for s in input_shape), num_classes
     return model

@@ -1,0 +1,384 @@
+"""A plugin author's mistakes: each is refused with one line naming the component (its
+kind, name and plugin module) and what was expected, as early as the engine can tell.
+
+The components are registered in this process (undone after each test) or written as
+small modules into a temporary directory; the runs are the few-round digits runs of
+``splitfed.testing`` (scikit-learn's bundled data), in memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import sys
+from collections import OrderedDict
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import splitfed
+from splitfed import registry
+from splitfed.algorithms.fedavg import FedAvg
+from splitfed.cli import main
+from splitfed.config import build_config
+from splitfed.data.partition import partition
+from splitfed.engine.rounds import Round, RoundResult
+from splitfed.engine.transforms import GradientTransform
+from splitfed.errors import ConfigError, PluginError
+from splitfed.experiment import run_experiment
+from splitfed.models import BlockModel, build_model
+from splitfed.testing import base_config, check_algorithm
+
+HERE = __name__
+
+
+@pytest.fixture
+def scratch():
+    """Undo what a test registers in this process."""
+    saved = {kind: dict(registry.registry(kind)) for kind in registry._REGISTRIES}
+    origins = {kind: dict(v) for kind, v in registry._ORIGINS.items()}
+    yield
+    for kind, table in saved.items():
+        live = registry.registry(kind)
+        live.clear()
+        live.update(table)
+        registry._ORIGINS[kind] = origins[kind]
+
+
+def one_line_error(capsys, argv: list[str]) -> str:
+    """Run the command line; it must fail with exit status 2 and one line on stderr."""
+    assert main(argv) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("splitfed: error: ")
+    return lines[0]
+
+
+def run(**changes):
+    """A 2-round in-memory run of the conformance checks' config, changed."""
+    raw = base_config()
+    raw.update(rounds=2)
+    for key, value in changes.items():
+        raw[key] = {**raw[key], **value} if isinstance(value, dict) else value
+    return run_experiment(build_config(raw), write=False)
+
+
+# ------------------------------------------------------------------- partitioners
+
+
+@pytest.fixture
+def bad_partitioner(scratch):
+    @splitfed.register_partitioner("zz_part")
+    def part(labels, num_clients, rng, mode: str = "ok"):
+        n = len(labels)
+        parts = np.array_split(np.arange(n), num_clients)
+        return {"count": lambda: parts[:-1],
+                "range": lambda: [p + n for p in parts],
+                "negative": lambda: [p - 1 for p in parts],
+                "float": lambda: [p.astype(float) for p in parts],
+                "bool": lambda: [np.ones(n, dtype=bool)] * num_clients,
+                "notlist": lambda: 5,
+                "nested": lambda: [[p] for p in parts],
+                "overlap": lambda: [np.arange(n // 2)] * num_clients,
+                "twice": lambda: [np.concatenate([parts[0], parts[0][:1]]), *parts[1:]],
+                "matrix": lambda: np.arange(n - n % num_clients).reshape(num_clients, -1),
+                "lists": lambda: [[int(i) for i in p] for p in parts],
+                "ok": lambda: parts}[mode]()
+
+
+@pytest.mark.parametrize("mode, what", [
+    ("count", "returned 2 parts for num_clients 3"),
+    ("range", "returned index 30 for client 0, outside the 30 samples"),
+    ("negative", "returned index -1 for client 0, outside the 30 samples"),
+    ("float", "returned float64 indices for client 0"),
+    ("bool", "returned bool indices for client 0"),
+    ("notlist", "returned int"),
+    ("nested", "returned list of shape (1, 10) for client 0"),
+    ("overlap", "gave sample 0 to clients 0 and 1"),
+    ("twice", "gave sample 0 to client 0 twice"),
+])
+def test_a_partitioners_result_is_checked(bad_partitioner, mode, what):
+    labels = np.zeros(30, dtype=np.int64)
+    with pytest.raises(PluginError) as info:
+        partition(labels, 3, "zz_part", np.random.default_rng(0), mode=mode)
+    message = str(info.value)
+    assert message.startswith(f"partition.scheme: partitioner 'zz_part' (plugin {HERE}) "
+                              f"{what}; it must return a list of 3 integer index arrays")
+    assert "\n" not in message
+
+
+def test_a_partitioners_valid_results_are_kept(bad_partitioner):
+    labels = np.zeros(30, dtype=np.int64)
+    for mode in ("ok", "matrix", "lists"):
+        parts = partition(labels, 3, "zz_part", np.random.default_rng(0), mode=mode)
+        assert [p.dtype for p in parts] == [np.int64] * 3
+        assert np.array_equal(np.concatenate(parts), np.arange(30))
+    iid = partition(np.arange(50) % 5, 4, "iid", np.random.default_rng(3))
+    assert sorted(np.concatenate(iid).tolist()) == list(range(50))
+
+
+def test_a_bad_partition_stops_the_dry_run_with_one_line(bad_partitioner, capsys):
+    line = one_line_error(capsys, ["run", "quick_digits", "--dry-run",
+                                   "partition.scheme=zz_part", "partition.mode=count",
+                                   "~partition.alpha", "~partition.min_partition_size"])
+    assert f"partitioner 'zz_part' (plugin {HERE}) returned 7 parts for num_clients 8" in line
+
+
+# ------------------------------------------------------------------- model builders
+
+
+@pytest.fixture
+def bad_model(scratch):
+    @splitfed.register_model("zz_model")
+    def builder(input_shape, num_classes, *, mode: str = "ok"):
+        d = math.prod(input_shape)
+        if mode == "raise":
+            raise RuntimeError("boom in builder")
+        if mode == "bug":
+            return len(5)                       # the builder's own TypeError
+        if mode == "sequential":
+            return nn.Sequential(nn.Flatten(), nn.Linear(d, num_classes))
+        if mode == "badcut":
+            return BlockModel(OrderedDict(flat=nn.Flatten(), fc=nn.Linear(d, num_classes)),
+                              name="zz_model", cut_descriptions={5: "x"}, default_cut=5)
+        return BlockModel(OrderedDict(flat=nn.Flatten(), fc=nn.Linear(d, num_classes)),
+                          name="zz_model", cut_descriptions={1: "after flat"}, default_cut=1)
+
+
+@pytest.mark.parametrize("mode, what", [
+    ("raise", "failed (options {'mode': 'raise'}): RuntimeError: boom in builder"),
+    ("bug", "failed (options {'mode': 'bug'}): TypeError: object of type 'int' has no len()"),
+    ("badcut", "failed (options {'mode': 'badcut'}): ValueError: zz_model: cuts [5] are "
+               "not 1..1"),
+])
+def test_a_failing_builder_is_named_as_failing(bad_model, mode, what):
+    with pytest.raises(ConfigError) as info:
+        build_model("zz_model", (1, 8, 8), 10, mode=mode)
+    assert str(info.value) == (f"model.name: the builder of model 'zz_model' (plugin {HERE}) "
+                               f"{what}")
+
+
+def test_a_builder_must_return_a_block_model(bad_model, capsys):
+    with pytest.raises(PluginError, match=re.escape(
+            f"model.name: the builder of model 'zz_model' (plugin {HERE}) returned "
+            "Sequential, expected a splitfed.models.BlockModel")):
+        build_model("zz_model", (1, 8, 8), 10, mode="sequential")
+    line = one_line_error(capsys, ["run", "quick_digits", "--dry-run", "model.name=zz_model",
+                                   "~model.hidden", "model.mode=sequential"])
+    assert "returned Sequential, expected a splitfed.models.BlockModel" in line
+    assert isinstance(build_model("zz_model", (1, 8, 8), 10), BlockModel)
+
+
+def test_an_input_too_small_for_a_model_is_still_reported_as_such():
+    with pytest.raises(ConfigError, match=r"^model.name: input_shape \(1, 16, 16\) of the "
+                                          r"data does not fit vgg11: "):
+        build_model("vgg11", (1, 16, 16), 10)
+
+
+# ------------------------------------------------------------------- registration
+
+
+def test_a_duplicate_names_the_first_module_and_the_second(scratch, tmp_path, monkeypatch):
+    (tmp_path / "zz_first_lab.py").write_text(
+        "from splitfed import register_model\n"
+        "@register_model('zz_dup')\n"
+        "def f(input_shape, num_classes): ...\n")
+    (tmp_path / "zz_second_lab.py").write_text(
+        "from splitfed import register_model\n"
+        "import zz_first_lab  # registers zz_dup\n"
+        "@register_model('zz_dup')\n"
+        "def g(input_shape, num_classes): ...\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("zz_first_lab", "zz_second_lab"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    with pytest.raises(PluginError) as info:
+        registry.load_plugins(["zz_second_lab"])
+    assert str(info.value).startswith(
+        "plugin zz_second_lab: model 'zz_dup' is already registered (plugin zz_first_lab) "
+        "and zz_second_lab registers it again; choose another name")
+    assert registry.origin("model", "zz_dup") == "zz_first_lab"
+    sys.modules.pop("zz_second_lab", None)
+    sys.modules.pop("zz_first_lab", None)
+
+
+# ------------------------------------------------------------------- the command line
+
+
+def test_partition_and_config_show_take_overrides_after_options(scratch, tmp_path,
+                                                                monkeypatch, capsys):
+    (tmp_path / "zz_noop_lab.py").write_text("# a plugin that registers nothing\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert main(["partition", "quick_digits", "--plugin", "zz_noop_lab",
+                 "partition.num_clients=3"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^ +2 ", out, re.M) and not re.search(r"^ +3 ", out, re.M)
+    assert main(["config", "show", "quick_digits", "--plugin", "zz_noop_lab",
+                 "train.lr=0.05", "~model.hidden"]) == 0
+    shown = capsys.readouterr().out
+    assert "  lr: 0.05\n" in shown and "hidden" not in shown
+    assert "- zz_noop_lab" in shown
+    line = one_line_error(capsys, ["config", "show", "quick_digits", "train.lr=0.05",
+                                   "--bogus"])
+    assert "unrecognized arguments: --bogus" in line
+
+
+# ------------------------------------------------------------------- an algorithm's round
+
+
+@dataclasses.dataclass
+class BadOptions:
+    mode: str = "ok"
+
+
+class BadRounds(FedAvg):
+    """FedAvg whose result is spoiled as ``mode`` says."""
+
+    name = "zz_rounds"
+    Options = BadOptions
+
+    def round(self, env, state, t, cohort):
+        m = self.options.mode
+        if m == "dict":
+            return {"model": state["model"]}
+        if m == "none":
+            return None
+        if m == "nosend":
+            return Round(self, env, state, t, cohort).finish()
+        res = super().round(env, state, t, cohort)
+        key = next(iter(res.state["model"]))
+        return {
+            "nomodel": lambda: dataclasses.replace(res, state={}),
+            "newkey": lambda: dataclasses.replace(res, state={**res.state, "extra": 1}),
+            "notdict": lambda: dataclasses.replace(res, state=list(res.state.items())),
+            "shape": lambda: dataclasses.replace(res, state={**res.state, "model": {
+                **res.state["model"], key: torch.zeros(3)}}),
+            "loss": lambda: dataclasses.replace(res, train_loss="high"),
+            "tensorloss": lambda: dataclasses.replace(res, train_loss=torch.tensor(0.5)),
+            "metric": lambda: dataclasses.replace(res, metrics={"foo": "bar"}),
+            "reserved": lambda: dataclasses.replace(res, metrics={"round": 7}),
+            "samples": lambda: dataclasses.replace(res, samples=1.5),
+            "nan": lambda: dataclasses.replace(res, train_loss=float("nan")),
+            "numpy": lambda: dataclasses.replace(res, train_loss=np.float32(0.5), metrics={
+                "norm": np.float64(2.0), "steps": np.int64(3), "none": None}),
+        }.get(m, lambda: res)()
+
+
+@pytest.fixture
+def bad_rounds(scratch):
+    splitfed.register_algorithm("zz_rounds", BadRounds)
+
+
+@pytest.mark.parametrize("mode, what", [
+    ("dict", "returned dict; round must return a splitfed.engine.rounds.RoundResult"),
+    ("none", "returned NoneType; round must return a splitfed.engine.rounds.RoundResult"),
+    ("nomodel", "returned a state without the keys ('model') that init_state declared"),
+    ("newkey", "returned state keys that init_state did not declare ('extra'); declare "
+               "every key of the state in init_state"),
+    ("notdict", "returned a state of type list"),
+    ("shape", "returned state['model']['fc1.1.weight'] of shape (3,); the model's is a "
+              "tensor of shape (32, 64)"),
+    ("loss", "returned train_loss 'high' (str); expected None or a real number"),
+    ("tensorloss", "returned train_loss tensor(0.5000) (Tensor); expected None or a real"),
+    ("metric", "returned the metric 'foo' = 'bar' (str); a metric is a real number or None"),
+    ("reserved", "returned the metric name 'round'"),
+    ("samples", "returned samples 1.5; expected a whole number >= 0"),
+    ("nosend", "Round.finish() was called in round 1 for a cohort of 3 client(s) before "
+               "Round.send()"),
+])
+def test_a_rounds_result_is_checked_in_the_first_round(bad_rounds, mode, what):
+    with pytest.raises(PluginError) as info:
+        run(algorithm={"name": "zz_rounds", "mode": mode})
+    message = str(info.value)
+    assert message.startswith(f"algorithm 'zz_rounds' (plugin {HERE}): ")
+    assert what in message and "round 1" in message and "\n" not in message
+
+
+def test_valid_results_pass_unchanged(bad_rounds):
+    ok = run(algorithm={"name": "zz_rounds"})
+    plain = run(algorithm={"name": "fedavg"})
+    assert ok.status == plain.status == "completed"
+    drop = {"round_time_s"}
+    assert ([{k: v for k, v in r.items() if k not in drop} for r in ok.records]
+            == [{k: v for k, v in r.items() if k not in drop} for r in plain.records])
+    nan = run(algorithm={"name": "zz_rounds", "mode": "nan"})
+    assert nan.status == "diverged"             # a non-finite loss: divergence, no error
+    numpy = run(algorithm={"name": "zz_rounds", "mode": "numpy"})
+    assert numpy.status == "completed"
+    assert numpy.records[1]["norm"] == 2.0 and numpy.records[1]["steps"] == 3
+
+
+def test_the_conformance_checks_report_a_bad_round(scratch):
+    class Undeclared(FedAvg):
+        name = "zz_undeclared"
+
+        def round(self, env, state, t, cohort):
+            res = super().round(env, state, t, cohort)
+            return dataclasses.replace(res, state={**res.state, "extra": torch.ones(2)})
+
+    with pytest.raises(AssertionError) as info:
+        check_algorithm(Undeclared, checks=["deterministic"])
+    message = str(info.value)
+    assert "fails 1 of 1 conformance checks (deterministic)" in message
+    assert "round 1 returned state keys that init_state did not declare ('extra')" in message
+
+
+# ------------------------------------------------------------------- gradient transforms
+
+
+@dataclasses.dataclass
+class TOptions:
+    mode: str = "ok"
+
+
+class BadTransform(GradientTransform):
+    name = "zz_t"
+    Options = TOptions
+
+    def start(self, env, state, t, cohort, round_):
+        return {"drop": lambda names, params, grads, slots: grads[:-1],
+                "shape": lambda names, params, grads, slots: [g[:1] for g in grads],
+                "none": lambda names, params, grads, slots: None,
+                "obj": 42,
+                "tuple": lambda names, params, grads, slots: tuple(grads),
+                "ok": lambda names, params, grads, slots: grads}[self.options.mode]
+
+
+@pytest.fixture
+def bad_transform(scratch):
+    splitfed.register_transform("zz_t", BadTransform)
+
+
+@pytest.mark.parametrize("mode, what", [
+    ("drop", "the update of transform 'zz_t' (plugin {}) returned 3 gradients for 4 "
+             "parameters; it must return a list of 4 tensors"),
+    ("shape", "the update of transform 'zz_t' (plugin {}) returned shape (1, 32, 64) for "
+              "fc1.1.weight, whose gradient has shape (3, 32, 64)"),
+    ("none", "the update of transform 'zz_t' (plugin {}) returned NoneType"),
+    ("obj", "start of transform 'zz_t' (plugin {}) returned int; it must return a "
+            "GradientRound, a function"),
+])
+def test_a_transforms_output_is_checked(bad_transform, mode, what):
+    with pytest.raises(PluginError) as info:
+        run(algorithm={"client_transforms": [{"name": "zz_t", "mode": mode}]})
+    assert str(info.value).startswith("algorithm.client_transforms: " + what.format(HERE))
+
+
+def test_a_transform_of_the_right_shapes_changes_nothing(bad_transform):
+    plain = run()
+    for mode in ("ok", "tuple"):
+        same = run(algorithm={"client_transforms": [{"name": "zz_t", "mode": mode}]})
+        assert [r["train_loss"] for r in same.records[1:]] == \
+            [r["train_loss"] for r in plain.records[1:]]
+        assert same.records[-1]["test_acc"] == plain.records[-1]["test_acc"]
+
+
+def test_round_result_is_where_the_docs_say():
+    from splitfed.engine import rounds
+
+    assert rounds.RoundResult is RoundResult
+    assert [f.name for f in dataclasses.fields(RoundResult)] == [
+        "state", "train_loss", "samples", "server_samples", "metrics",
+        "server_model_samples"]
