@@ -1,4 +1,4 @@
-"""Where SL's time goes beyond its arithmetic: samples/s of five ways of training the
+"""Where SL's time goes beyond its arithmetic: samples/s of six ways of training the
 same samples sequentially, interleaved round by round (medians printed):
 
 - ``central``: the benchmark's ``central_b32`` (one plain module, ``torch.optim.SGD``);
@@ -12,7 +12,11 @@ same samples sequentially, interleaved round by round (medians printed):
   replaced by no-ops (what the bookkeeping costs);
 - ``sl_step_by_step``: the same with every step through the transport and the clock as
   it happens (``splitfed.engine.split.SETTLE_TURNS`` off: what settling each turn
-  once saves).
+  once saves);
+- ``sl_two_passes``: splitfed SL with each settled step in two backward passes, the
+  server's and then the client's from the cut-layer gradient, and two SGD updates (the
+  step before it became one pass, ``splitfed.engine.split._joint_update``: what that
+  saves).
 
     python -m benchmarks.sl_overhead [-C 10] [-K 6] [--batch 10] [--repeats 21]
 
@@ -90,8 +94,23 @@ def run(clients: int = 10, local_steps: int = 6, batch: int = 10, repeats: int =
         finally:
             split_engine.SETTLE_TURNS = True
 
+    def two_passes():
+        def step(server, server_params, server_opt, client_params, client_opt, acts, y, lr):
+            loss, g_h = split_engine._server_update(server, server_params, server_opt, acts,
+                                                    y, lr)
+            split_engine._client_update(None, client_opt, client_params, acts, g_h, lr)
+            return loss
+
+        one_pass = split_engine._joint_update
+        split_engine._joint_update = step
+        try:
+            sl.round()
+        finally:
+            split_engine._joint_update = one_pass
+
     ways = {"central": central.round, "split_loop": loop, "splitfed_sl": sl.round,
-            "sl_no_accounting": no_accounting, "sl_step_by_step": step_by_step}
+            "sl_no_accounting": no_accounting, "sl_step_by_step": step_by_step,
+            "sl_two_passes": two_passes}
     times = interleaved(ways, repeats)
     return {k: w.samples_per_round / statistics.median(v) for k, v in times.items()}
 
