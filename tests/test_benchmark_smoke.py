@@ -181,9 +181,11 @@ def test_sl_overhead_probe_runs_and_restores_the_bookkeeping():
     from splitfed.transport.ledger import Ledger
 
     real = (Ledger.record, VirtualClock.transfer, VirtualClock.charge, VirtualClock.replay_one)
+    one_pass = split._joint_update
     res = sl_overhead.run(clients=2, local_steps=1, batch=8, repeats=1)
     assert set(res) == {"central", "split_loop", "splitfed_sl", "sl_no_accounting",
-                        "sl_step_by_step"}
+                        "sl_step_by_step", "sl_two_passes"}
+    assert split._joint_update is one_pass
     assert all(v > 0 for v in res.values())
     assert (Ledger.record, VirtualClock.transfer, VirtualClock.charge,
             VirtualClock.replay_one) == real
