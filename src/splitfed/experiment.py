@@ -451,12 +451,58 @@ def _override_parts(overrides: list[str]) -> list[str]:
     return out
 
 
+#: the time in a run directory's name, as a dry run shows it (a run writes the time)
+STAMP = "YYYYmmdd-HHMMSS"
+
+
+def check_out_dir(cfg, overrides: list[str] | None = None) -> Path:
+    """The run directory a run would create (``<out_dir>/<run_dir_name>-<time>``), after
+    checking, without creating anything, that it could: the nearest existing ancestor of
+    ``out_dir`` is a directory this process may write in, and no name on the way is too
+    long. ConfigError otherwise, as the run would fail when it creates it."""
+    out = Path(cfg.out_dir)
+    base = f"{run_dir_name(cfg, overrides)}-{STAMP}"
+    run_dir = out / base
+    probe = Path(os.path.abspath(out))
+    while not os.path.lexists(probe) and probe.parent != probe:
+        probe = probe.parent
+    problem, key = None, "out_dir"
+    if not probe.is_dir():
+        problem = f"{probe} is not a directory"
+    elif not os.access(probe, os.W_OK | os.X_OK):
+        problem = f"{probe}: permission denied"
+    else:
+        try:
+            longest = os.pathconf(probe, "PC_NAME_MAX")
+        except (OSError, ValueError):
+            longest = 255
+        if any(len(os.fsencode(p)) > longest for p in out.parts if p != "/"):
+            problem = f"a directory name of out_dir is longer than the {longest} bytes allowed"
+        elif len(os.fsencode(f"{base}-99")) > longest:
+            problem, key = (f"its name would be longer than the {longest} bytes allowed",
+                            "name")
+    if problem is not None:
+        raise ConfigError(f"{key}: cannot create the run directory {short(str(run_dir))} "
+                          f"({problem}); choose "
+                          f"{'a shorter name' if key == 'name' else 'another out_dir'}")
+    return run_dir
+
+
+#: the most characters of a name or path an error message shows
+SHOWN_CHARS = 60
+
+
+def short(text: str, most: int = SHOWN_CHARS) -> str:
+    """``text`` as an error message shows it: whole up to ``most`` characters, else its
+    first ``most`` characters and its length (a message stays one short line)."""
+    text = str(text)
+    return text if len(text) <= most else f"{text[:most]}... ({len(text)} characters)"
+
+
 def _new_run_dir(cfg: RunConfig, overrides: list[str] | None = None) -> Path:
     """A new directory ``<out_dir>/<run_dir_name>-<YYYYmmdd-HHMMSS>[-k]``, created; what
-    ``--dry-run`` checks (:func:`splitfed.plan.check_out_dir`: a name too long, an
-    ``out_dir`` that cannot be written) is refused the same way first."""
-    from splitfed.plan import check_out_dir, short
-
+    ``--dry-run`` checks (:func:`check_out_dir`: a name too long, an ``out_dir`` that
+    cannot be written) is refused the same way first."""
     check_out_dir(cfg, overrides)
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     base = Path(cfg.out_dir) / f"{run_dir_name(cfg, overrides)}-{stamp}"
@@ -582,7 +628,6 @@ def run_experiment(cfg: RunConfig, *, write: bool = True,
         raise RunInterrupted(None) from None
     if not write:
         return _execute(cfg, algorithm, env, None)
-    from splitfed.plan import check_out_dir, short
     from splitfed.tracking import preflight
 
     if run_dir is None:

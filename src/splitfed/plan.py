@@ -21,15 +21,11 @@ more are counted exactly by the ledger of a real run.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
 
-from splitfed.errors import ConfigError
-
-#: the time in a run directory's name (splitfed.experiment._new_run_dir)
-STAMP = "YYYYmmdd-HHMMSS"
+from splitfed.experiment import STAMP   # the time in a run directory's name, as shown
 
 
 def build_plan(cfg, overrides: list[str] | None = None) -> dict:
@@ -75,47 +71,18 @@ def run_dir_name(cfg, overrides: list[str] | None = None) -> str:
 
 
 def check_out_dir(cfg, overrides: list[str] | None = None) -> Path:
-    """The run directory a run would create (``<out_dir>/<run_dir_name>``), after
-    checking, without creating anything, that it could: the nearest existing ancestor of
-    ``out_dir`` is a directory this process may write in, and no name on the way is too
-    long. ConfigError otherwise, as the run would fail when it creates it."""
-    out = Path(cfg.out_dir)
-    base = run_dir_name(cfg, overrides)
-    run_dir = out / base
-    probe = Path(os.path.abspath(out))
-    while not os.path.lexists(probe) and probe.parent != probe:
-        probe = probe.parent
-    problem, key = None, "out_dir"
-    if not probe.is_dir():
-        problem = f"{probe} is not a directory"
-    elif not os.access(probe, os.W_OK | os.X_OK):
-        problem = f"{probe}: permission denied"
-    else:
-        try:
-            longest = os.pathconf(probe, "PC_NAME_MAX")
-        except (OSError, ValueError):
-            longest = 255
-        if any(len(os.fsencode(p)) > longest for p in out.parts if p != "/"):
-            problem = f"a directory name of out_dir is longer than the {longest} bytes allowed"
-        elif len(os.fsencode(f"{base}-99")) > longest:
-            problem, key = (f"its name would be longer than the {longest} bytes allowed",
-                            "name")
-    if problem is not None:
-        raise ConfigError(f"{key}: cannot create the run directory {short(str(run_dir))} "
-                          f"({problem}); choose "
-                          f"{'a shorter name' if key == 'name' else 'another out_dir'}")
-    return run_dir
+    """:func:`splitfed.experiment.check_out_dir`: the run directory a run would create,
+    checked as the run checks it."""
+    from splitfed.experiment import check_out_dir as check
+
+    return check(cfg, overrides)
 
 
-#: the most characters of a name or path an error message shows
-SHOWN_CHARS = 60
+def short(text: str, most: int | None = None) -> str:
+    """:func:`splitfed.experiment.short`: ``text`` cut for an error message."""
+    from splitfed.experiment import SHOWN_CHARS, short as cut
 
-
-def short(text: str, most: int = SHOWN_CHARS) -> str:
-    """``text`` as an error message shows it: whole up to ``most`` characters, else its
-    first ``most`` characters and its length (a message stays one short line)."""
-    text = str(text)
-    return text if len(text) <= most else f"{text[:most]}... ({len(text)} characters)"
+    return cut(text, SHOWN_CHARS if most is None else most)
 
 
 # ------------------------------------------------------------------------------ parts

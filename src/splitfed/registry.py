@@ -42,6 +42,7 @@ from __future__ import annotations
 import importlib
 import sys
 from splitfed.errors import PluginError, SplitfedError
+from splitfed.origins import ORIGINS, origin  # noqa: F401 - origin: splitfed.registry.origin
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:                               # typing is not imported at run time
@@ -71,8 +72,10 @@ _LEADING = {
 _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.+-")
 
 #: kind -> name -> where a component registered through this module came from (the plugin
-#: as given, or the module that defined it); built-in components are not listed
-_ORIGINS: dict[str, dict[str, str]] = {kind: {} for kind in _REGISTRIES}
+#: as given, or the module that defined it); built-in components are not listed. It is
+#: :data:`splitfed.origins.ORIGINS`, which the lower layers read for their errors.
+_ORIGINS: dict[str, dict[str, str]] = ORIGINS
+_ORIGINS.update({kind: {} for kind in _REGISTRIES})
 #: the plugins being imported (innermost last), to record where registrations come from
 _LOADING: list[str] = []
 #: plugins imported so far (as given), and whether the entry points were loaded
@@ -85,12 +88,6 @@ def registry(kind: str) -> dict:
     ``"partitioner"``, ``"clock profile"`` or ``"transform"``): the package's own dict."""
     module, attr = _REGISTRIES[kind]
     return getattr(importlib.import_module(module), attr)
-
-
-def origin(kind: str, name: str) -> str | None:
-    """Where the plugin component ``name`` of ``kind`` came from (a module name or a file
-    path); None for a built-in component (or an unknown name)."""
-    return _ORIGINS[kind].get(name)
 
 
 def plugin_entries(kind: str) -> dict[str, str]:

@@ -262,7 +262,7 @@ def partition(labels, num_clients: int, scheme: str, rng: np.random.Generator,
 
 def _component(scheme: str) -> str:
     """``partitioner 'name'``, with the plugin that registered it."""
-    from splitfed.registry import origin
+    from splitfed.origins import origin
 
     where = origin("partitioner", scheme)
     return f"partitioner {scheme!r}" + (f" (plugin {where})" if where else "")

@@ -192,7 +192,7 @@ class Algorithm:
 def describe(algorithm, env=None) -> str:
     """``algorithm 'name'`` for error messages: the name the config gives it (``env``'s
     config, else the class's ``name``), with the plugin that registered it."""
-    from splitfed.registry import origin
+    from splitfed.origins import origin
 
     cfg = getattr(env, "config", None)
     name = getattr(getattr(cfg, "algorithm", None), "name", None) or algorithm.name

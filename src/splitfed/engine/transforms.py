@@ -196,7 +196,7 @@ class _ChainRound(GradientRound):
 
 def describe(transform: Transform) -> str:
     """``transform 'name'``, with the plugin that registered it (for error messages)."""
-    from splitfed.registry import origin
+    from splitfed.origins import origin
 
     where = origin("transform", transform.name)
     return f"transform {transform.name!r}" + (f" (plugin {where})" if where else "")

@@ -81,7 +81,7 @@ def _one_line(e: BaseException) -> str:
 
 def _component(name: str) -> str:
     """``model 'name'``, with the plugin that registered it."""
-    from splitfed.registry import origin
+    from splitfed.origins import origin
 
     where = origin("model", name)
     return f"model {name!r}" + (f" (plugin {where})" if where else "")
