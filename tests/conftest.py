@@ -29,3 +29,18 @@ FMNIST_DIR = "/usr/share/datasets/fashion-mnist"
 
 requires_fmnist = pytest.mark.skipif(not os.path.isdir(FMNIST_DIR),
                                      reason="Debian package dataset-fashion-mnist not installed")
+
+
+@pytest.fixture
+def scratch():
+    """Undo what a test registers in this process."""
+    from splitfed import registry
+
+    saved = {kind: dict(registry.registry(kind)) for kind in registry._REGISTRIES}
+    origins = {kind: dict(v) for kind, v in registry._ORIGINS.items()}
+    yield
+    for kind, table in saved.items():
+        live = registry.registry(kind)
+        live.clear()
+        live.update(table)
+        registry._ORIGINS[kind] = origins[kind]

@@ -204,3 +204,17 @@ def register_images(monkeypatch, name: str) -> None:
     bundle = DataBundle(name=name, train=make(96), test=make(40), num_classes=10,
                         input_shape=(1, 28, 28))
     monkeypatch.setitem(DATASETS, name, lambda data_dir, rng: bundle)
+
+
+def dry_run(tmp_path, capsys, overrides):
+    """``splitfed run quick_digits overrides --dry-run``: (exit status, stderr); nothing
+    may be written either way, and no traceback printed."""
+    from splitfed.cli import main
+
+    out = tmp_path / "runs"
+    code = main(["run", "quick_digits", "progress=false", f"out_dir={out}", *overrides,
+                 "--dry-run"])
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert not out.exists()
+    return code, err

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from splitfed.algorithms.fedopt import FedOptOptions
-from splitfed.cli import main
+from tests.helpers import dry_run as run
 from splitfed.configtools import FLOAT32_MAX, FLOAT32_TINY, from_dict, typed_options
 from splitfed.data import load_dataset
 from splitfed.engine.clock import CLIENT, SimulatedTimeError, VirtualClock
@@ -30,18 +30,6 @@ from splitfed.errors import ConfigError
 RANGE = "is outside float32's range (0 or 1.2e-38 .. 3.4e38 in magnitude)"
 SYNTHETIC = ["data.name=synthetic", "partition.scheme=natural", "~partition.alpha",
              "~partition.min_partition_size", "partition.num_clients=30"]
-
-
-def run(tmp_path, capsys, overrides):
-    """``splitfed run quick_digits rounds=2 overrides --dry-run``: (exit status, stderr);
-    nothing may be written either way."""
-    out = tmp_path / "runs"
-    code = main(["run", "quick_digits", "rounds=2", "progress=false", f"out_dir={out}",
-                 *overrides, "--dry-run"])
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    assert not out.exists()
-    return code, err
 
 
 REFUSED = [

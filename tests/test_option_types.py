@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from splitfed.cli import main
+from tests.helpers import dry_run as run
 from splitfed.configtools import parse_overrides
 from splitfed.data.partition import partition
 from splitfed.engine.profiles import build_profiles
@@ -39,18 +39,6 @@ def test_exponent_numbers_are_floats_in_overrides(text, value):
 ])
 def test_strings_stay_strings_in_overrides(text, value):
     assert parse_overrides([f"k={text}"]) == {"k": value}
-
-
-def run(tmp_path, capsys, overrides):
-    """``splitfed run quick_digits overrides --dry-run``: (exit status, stderr); nothing
-    may be written either way."""
-    out = tmp_path / "runs"
-    code = main(["run", "quick_digits", "progress=false", f"out_dir={out}", *overrides,
-                 "--dry-run"])
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    assert not out.exists()
-    return code, err
 
 
 @pytest.mark.parametrize("overrides", [

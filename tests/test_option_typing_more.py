@@ -17,21 +17,10 @@ from collections.abc import Sequence
 import pytest
 
 from splitfed.cli import main
+from tests.helpers import dry_run as run
 from splitfed.configtools import load_yaml, parse_overrides, typed_options
 from splitfed.data import load_dataset
 from splitfed.errors import ConfigError
-
-
-def run(tmp_path, capsys, overrides):
-    """``splitfed run quick_digits rounds=2 overrides --dry-run``: (exit status, stderr);
-    nothing may be written either way."""
-    out = tmp_path / "runs"
-    code = main(["run", "quick_digits", "rounds=2", "progress=false", f"out_dir={out}",
-                 *overrides, "--dry-run"])
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    assert not out.exists()
-    return code, err
 
 
 def refused_line(tmp_path, capsys, overrides) -> str:

@@ -35,19 +35,6 @@ from splitfed.testing import base_config, check_algorithm
 HERE = __name__
 
 
-@pytest.fixture
-def scratch():
-    """Undo what a test registers in this process."""
-    saved = {kind: dict(registry.registry(kind)) for kind in registry._REGISTRIES}
-    origins = {kind: dict(v) for kind, v in registry._ORIGINS.items()}
-    yield
-    for kind, table in saved.items():
-        live = registry.registry(kind)
-        live.clear()
-        live.update(table)
-        registry._ORIGINS[kind] = origins[kind]
-
-
 def one_line_error(capsys, argv: list[str]) -> str:
     """Run the command line; it must fail with exit status 2 and one line on stderr."""
     assert main(argv) == 2

@@ -289,19 +289,6 @@ def test_plugin_name_clash_is_one_line(lab, tmp_path):
 # ------------------------------------------------------------- the registration API
 
 
-@pytest.fixture
-def scratch():
-    """Undo what a test registers in this process."""
-    saved = {kind: dict(registry.registry(kind)) for kind in registry._REGISTRIES}
-    origins = {kind: dict(v) for kind, v in registry._ORIGINS.items()}
-    yield
-    for kind, table in saved.items():
-        live = registry.registry(kind)
-        live.clear()
-        live.update(table)
-        registry._ORIGINS[kind] = origins[kind]
-
-
 def test_registries_are_the_packages_dicts():
     assert registry.registry("algorithm") is ALGORITHMS
     assert registry.registry("model") is MODELS
