@@ -499,7 +499,7 @@ def short(text: str, most: int = SHOWN_CHARS) -> str:
     return text if len(text) <= most else f"{text[:most]}... ({len(text)} characters)"
 
 
-def _new_run_dir(cfg: RunConfig, overrides: list[str] | None = None) -> Path:
+def new_run_dir(cfg: RunConfig, overrides: list[str] | None = None) -> Path:
     """A new directory ``<out_dir>/<run_dir_name>-<YYYYmmdd-HHMMSS>[-k]``, created; what
     ``--dry-run`` checks (:func:`check_out_dir`: a name too long, an ``out_dir`` that
     cannot be written) is refused the same way first."""
@@ -519,7 +519,7 @@ def _new_run_dir(cfg: RunConfig, overrides: list[str] | None = None) -> Path:
                               "out_dir") from None
 
 
-def _check_empty(run_dir: Path) -> None:
+def check_empty(run_dir: Path) -> None:
     """Refuse a ``run_dir`` that exists and holds anything but a lock file."""
     if run_dir.exists() and (not run_dir.is_dir()
                              or any(p.name != LOCK_NAME for p in run_dir.iterdir())):
@@ -537,7 +537,7 @@ def lock_run_dir(run_dir: str | Path) -> DirLock:
                                 "writer at a time)")
 
 
-def _write_atomic(path: Path, text: str) -> None:
+def write_atomic(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` atomically (:func:`~splitfed.checkpoint.atomic_write`:
     a fresh temp file, then :func:`os.replace`, which replaces a symbolic link at ``path``
     itself and never writes into its target)."""
@@ -567,8 +567,8 @@ def check_resume_config(run_dir: Path, ckpt: dict, cfg: RunConfig, *,
 
 
 def write_config(cfg: RunConfig, path: Path) -> None:
-    """``cfg`` as YAML to ``path``, atomically (:func:`_write_atomic`)."""
-    _write_atomic(path, yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    """``cfg`` as YAML to ``path``, atomically (:func:`write_atomic`)."""
+    write_atomic(path, yaml.safe_dump(to_dict(cfg), sort_keys=False))
 
 
 #: every file a run writes in its directory (besides the lock and temp files; the
@@ -619,7 +619,7 @@ def run_experiment(cfg: RunConfig, *, write: bool = True,
     """
     if write and run_dir is not None:
         run_dir = Path(run_dir)
-        _check_empty(run_dir)
+        check_empty(run_dir)
     try:
         algorithm = build_algorithm(cfg)
         env = build_environment(cfg)
@@ -635,7 +635,7 @@ def run_experiment(cfg: RunConfig, *, write: bool = True,
     preflight(cfg)                              # the MLflow store, before the run directory
     created = run_dir is None or not run_dir.exists()
     if run_dir is None:
-        run_dir = _new_run_dir(cfg, overrides)
+        run_dir = new_run_dir(cfg, overrides)
     else:
         try:
             run_dir.mkdir(parents=True, exist_ok=True)
@@ -643,12 +643,12 @@ def run_experiment(cfg: RunConfig, *, write: bool = True,
             raise ConfigError(f"run directory {short(str(run_dir))}: cannot create it "
                               f"({e.strerror or e}); choose another") from None
     with lock_run_dir(run_dir):
-        _check_empty(run_dir)                   # again, now that no one else writes it
+        check_empty(run_dir)                   # again, now that no one else writes it
         check_run_files(run_dir)
         try:
             write_config(cfg, run_dir / "config.yaml")
             labels = env.data.train.y.cpu().numpy()
-            _write_atomic(run_dir / "partition.txt", partition_summary(
+            write_atomic(run_dir / "partition.txt", partition_summary(
                 env.client_indices, labels, env.data.num_classes) + "\n")
         except KeyboardInterrupt:               # before the first round: leave nothing
             for p in run_dir.iterdir():
@@ -724,7 +724,7 @@ def _execute(cfg: RunConfig, algorithm, env: Environment, run_dir: Path | None, 
                        "cpu_capability": started["cpu_capability"],
                        "resumed_threads": list(started["resumed_threads"]),
                        "provenance": provenance()}
-            _write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
+            write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
     except KeyboardInterrupt:
         raise RunInterrupted(run_dir) from None
     return result

@@ -117,7 +117,7 @@ def check_config(args) -> None:
 
     from splitfed.config import build_config, load_config
     from splitfed.configtools import load_yaml
-    from splitfed.experiment import _check_empty
+    from splitfed.experiment import check_empty
     from splitfed.plan import build_plan
     from splitfed.runtime.session import check_supported
     from splitfed.tracking import preflight
@@ -141,7 +141,7 @@ def check_config(args) -> None:
     where = args.resume if args.resume is not None else args.run_dir
     if where is not None:       # the run's own directory: it must be creatable beside it
         if args.run_dir is not None:
-            _check_empty(Path(args.run_dir))
+            check_empty(Path(args.run_dir))
         build_plan(dataclasses.replace(cfg, out_dir=str(Path(where).parent)))
     else:
         build_plan(cfg, args.overrides)

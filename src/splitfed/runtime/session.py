@@ -50,7 +50,7 @@ from splitfed.configtools import load_yaml, to_dict
 from splitfed.data.partition import partition_summary
 from splitfed.engine.loop import run_rounds
 from splitfed.errors import ConfigError
-from splitfed.experiment import (RunResult, _check_empty, _new_run_dir, _write_atomic,
+from splitfed.experiment import (RunResult, check_empty, new_run_dir, write_atomic,
                                  build_algorithm, build_environment, check_resume_config,
                                  check_run_files, config_data, lock_run_dir, write_config)
 from splitfed.metrics import MetricLogger, record_summary
@@ -207,17 +207,17 @@ def _serve(links: Links, cfg: RunConfig, *, options: RuntimeOptions,
                        + [torch.get_num_threads()]}
         else:
             if run_dir is None:
-                run_dir = _new_run_dir(cfg)
+                run_dir = new_run_dir(cfg)
             else:
                 run_dir = Path(run_dir)
-                _check_empty(run_dir)
+                check_empty(run_dir)
                 run_dir.mkdir(parents=True, exist_ok=True)
             if not locked:
                 stack.enter_context(lock_run_dir(run_dir))
-                _check_empty(run_dir)
+                check_empty(run_dir)
             write_config(cfg, run_dir / "config.yaml")
             labels = env.data.train.y.cpu().numpy()
-            _write_atomic(run_dir / "partition.txt", partition_summary(
+            write_atomic(run_dir / "partition.txt", partition_summary(
                 env.client_indices, labels, env.data.num_classes) + "\n")
         return _run(links, cfg, algorithm, env, control, Path(run_dir), options, ckpt,
                     state=state, start=start, records=records or [], wall0=wall0,
@@ -262,7 +262,7 @@ def _run(links, cfg, algorithm, env, control, run_dir: Path, options, ckpt, *, s
                "provenance": provenance(), "processes": links.world_size,
                "lost_ranks": {str(r): why for r, why in sorted(links.lost.items())},
                **env.transport.wire_totals()}
-    _write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
+    write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
     return RunResult(status, logger.records, run_dir, wall, state)
 
 
