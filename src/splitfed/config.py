@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 from splitfed.configtools import from_dict, load_yaml, merge, parse_overrides
 from splitfed.errors import ConfigError
+from splitfed.exact import ceil_times
 from splitfed.limits import MAX_MODEL_PARAMS
 
 CONFIG_DIR = Path(__file__).parent / "configs"
@@ -88,7 +89,8 @@ class TrainConfig:
         "help": "K local steps per round (exclusive with local_epochs)"})
     local_epochs: float | None = field(default=None, metadata={
         "gt": 0, "le": MAX_LOCAL_EPOCHS,
-        "help": "E local epochs: K = ceil(D_n / batch_size) * E (default 1)"})
+        "help": "E local epochs: K = ceil(ceil(D_n / batch_size) * E), exact in the "
+                "decimal written (default 1)"})
     lr: float = field(default=0.01, metadata={"gt": 0, "help": "client learning rate"})
     momentum: float = field(default=0.0, metadata={"ge": 0, "lt": 1})
     weight_decay: float = field(default=0.0, metadata={"ge": 0})
@@ -495,4 +497,4 @@ def _steps(size: int, batch: int, steps: int | None, epochs: float | None) -> in
     """K of a client holding ``size`` samples (as splitfed.engine.batches computes it)."""
     if steps is not None:
         return int(steps)
-    return max(1, math.ceil(math.ceil(size / batch) * float(epochs)))
+    return max(1, ceil_times(math.ceil(size / batch), epochs))

@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
-import math
 import os
 import re
 import shutil
@@ -30,6 +29,7 @@ from splitfed.checkpoint import (CHECKPOINT, Checkpointer, atomic_write, check_c
                                  checkpoint_records, cpu_capability, load_checkpoint,
                                  restore, thread_warnings, truncate_metrics)
 from splitfed.config import RunConfig, build_config
+from splitfed.exact import ceil_times
 from splitfed.configtools import from_dict, load_yaml, to_dict
 from splitfed.data import load_dataset
 from splitfed.data.partition import PARTITIONERS, partition, partition_summary
@@ -330,7 +330,7 @@ def _sampled_per_round(cfg: RunConfig, num_clients: int) -> int | None:
                           f"clients), got {pc.mode!r}; set clock.over_select=0")
     m = pc.clients_per_round
     if isinstance(m, int) and m >= 1:
-        return min(num_clients, math.ceil((1 + over) * m))
+        return min(num_clients, m + ceil_times(m, over))      # exact: splitfed.exact
     return m                                   # the sampler reports what is wrong
 
 

@@ -15,15 +15,20 @@ import math
 
 import numpy as np
 
+from splitfed.exact import ceil_times
+
 
 def local_step_counts(sizes: np.ndarray, batch_size: int, local_steps: int | None,
                       local_epochs: float | None) -> np.ndarray:
-    """K per client: ``local_steps``, or ceil(D_n / B) * E rounded up to an integer."""
+    """K per client: ``local_steps``, or ceil(ceil(D_n / B) * E), the product taken exactly
+    in the decimal E was written as (:func:`splitfed.exact.ceil_times`)."""
     sizes = np.asarray(sizes, dtype=np.int64)
     if local_steps is not None:
         return np.full(sizes.shape, int(local_steps), dtype=np.int64)
-    per_epoch = np.ceil(sizes / batch_size)
-    return np.maximum(1, np.ceil(per_epoch * float(local_epochs))).astype(np.int64)
+    per_epoch = -(-sizes // int(batch_size))
+    # exact in the decimal E was written as (splitfed.exact): ceil(50 * 1.1) is 55
+    counts = {int(n): max(1, ceil_times(int(n), local_epochs)) for n in np.unique(per_epoch)}
+    return np.array([counts[int(n)] for n in per_epoch], dtype=np.int64).reshape(sizes.shape)
 
 
 def sample_stream(indices: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
