@@ -139,7 +139,7 @@ def bad_model(scratch):
     ("raise", "failed (options {'mode': 'raise'}): RuntimeError: boom in builder"),
     ("bug", "failed (options {'mode': 'bug'}): TypeError: object of type 'int' has no len()"),
     ("badcut", "failed (options {'mode': 'badcut'}): ValueError: zz_model: cuts [5] are "
-               "not 1..1"),
+               "not 1..1 (the model has 2 blocks)"),
 ])
 def test_a_failing_builder_is_named_as_failing(bad_model, mode, what):
     with pytest.raises(ConfigError) as info:

@@ -16,3 +16,33 @@ def origin(kind: str, name: str) -> str | None:
     """Where the plugin component ``name`` of ``kind`` came from (a module name or a file
     path); None for a built-in component (or an unknown name)."""
     return ORIGINS.get(kind, {}).get(name)
+
+
+def one_line(e: BaseException) -> str:
+    """An exception's message on one line (at most 300 characters), for error messages."""
+    return " ".join(str(e).split())[:300]
+
+
+def component(kind: str, name: str) -> str:
+    """``kind 'name'``, with the plugin that registered it (for error messages)."""
+    where = origin(kind, name)
+    return f"{kind} {name!r}" + (f" (plugin {where})" if where else "")
+
+
+def call_plugin(kind: str, name: str, field: str, fn, *args, **kwargs):
+    """``fn(*args, **kwargs)``, the code of component ``name`` of ``kind``. When a plugin
+    registered it, an exception of the plugin's own code (anything but splitfed's errors)
+    becomes one :class:`~splitfed.errors.PluginError` naming ``field``, the component,
+    its plugin and the exception, instead of a traceback through splitfed; a built-in
+    component's exceptions pass unchanged."""
+    if origin(kind, name) is None:
+        return fn(*args, **kwargs)
+    from splitfed.errors import PluginError, SplitfedError
+
+    try:
+        return fn(*args, **kwargs)
+    except SplitfedError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the plugin's own failure, reported as such
+        raise PluginError(f"{field}: {component(kind, name)} failed: "
+                          f"{type(e).__name__}: {one_line(e)}") from e

@@ -147,6 +147,9 @@ def _check_algorithm(name: str, cls: Any) -> None:
     if not dataclasses.is_dataclass(cls.Options):
         raise PluginError(f"{what}: {cls.__name__}.Options must be a dataclass (its fields "
                           "are the algorithm's options)")
+    if cls.round is Algorithm.round:
+        raise PluginError(f"{what}: {cls.__name__} does not define round(self, env, state, t, "
+                          "cohort) -> RoundResult, the method every algorithm implements")
 
 
 def _check_transform(name: str, cls: Any) -> None:
@@ -164,6 +167,12 @@ def _check_transform(name: str, cls: Any) -> None:
     if cls.name != name:
         raise PluginError(f"{what}: the class's name attribute is {cls.name!r}; set "
                           f"name = {name!r} (it keys the transform's state)")
+    if issubclass(cls, GradientTransform) and cls.start is GradientTransform.start:
+        raise PluginError(f"{what}: {cls.__name__} does not define start(self, env, state, t, "
+                          "cohort, round_), the method every gradient transform implements")
+    if issubclass(cls, ServerStep) and cls.update is ServerStep.update:
+        raise PluginError(f"{what}: {cls.__name__} does not define update(self, ctx, model), "
+                          "the method every server step implements")
 
 
 def _caller() -> str | None:
@@ -329,7 +338,7 @@ def _import(spec: str, what: str, load: Callable[[], Any]) -> Any:
     except (ImportError, SyntaxError) as e:
         raise PluginError(f"{what} {spec!r} cannot be imported: "
                           f"{type(e).__name__}: {_one_line(e)}") from e
-    except Exception as e:  # noqa: BLE001 - the plugin's own code failed while importing
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - the plugin's code failed (or exited)
         raise PluginError(f"{what} {spec!r} failed while importing: "
                           f"{type(e).__name__}: {_one_line(e)[:300]}") from e
     finally:

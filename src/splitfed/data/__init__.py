@@ -12,6 +12,7 @@ from __future__ import annotations
 import inspect
 
 import numpy as np
+import torch
 
 from splitfed.configtools import typed_options
 from splitfed.data.cifar import load_cifar10, load_cifar100
@@ -22,6 +23,7 @@ from splitfed.data.partition import PARTITIONERS, partition, partition_stats, pa
 from splitfed.data.synthetic import load_synthetic
 from splitfed.data.text import load_sst2, load_synthetic_text
 from splitfed.errors import ConfigError
+from splitfed.origins import call_plugin, component, origin
 
 DEFAULT_DATASET = "fashion_mnist"
 DATASETS = {
@@ -92,5 +94,47 @@ def load_dataset(name: str, data_dir: str | None = None, *,
         )
     options = typed_options(loader, options, "data")
     rng = np.random.default_rng(0) if rng is None else rng
-    bundle = loader(data_dir, rng, **options)
+    key = str(name).lower().replace("-", "_")
+    bundle = call_plugin("dataset", key, "data.name", loader, data_dir, rng, **options)
+    if origin("dataset", key) is not None:
+        check_bundle(bundle, key)
     return limit_bundle(bundle, rng, limit_train, limit_test)
+
+
+def check_bundle(bundle, name: str) -> None:
+    """What the loader of a plugin's data set ``name`` returned, checked: a
+    :class:`DataBundle` whose splits are :class:`ArrayDataset` s of ``input_shape``-shaped
+    rows and 1-D integer labels in ``[0, num_classes)``; anything else raises
+    :class:`~splitfed.errors.PluginError` naming the data set and its plugin."""
+    from splitfed.errors import PluginError
+
+    def bad(what: str) -> PluginError:
+        return PluginError(f"data.name: {component('dataset', name)} {what}; its loader must "
+                           "return a DataBundle (docs/extending.md, A custom data set)")
+
+    if not isinstance(bundle, DataBundle):
+        raise bad(f"returned {type(bundle).__name__}")
+    k = bundle.num_classes
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise bad(f"has num_classes {k!r}, not a positive integer")
+    shape = bundle.input_shape
+    if (not isinstance(shape, (tuple, list)) or not shape
+            or not all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d > 0
+                       for d in shape)):
+        raise bad(f"has input_shape {shape!r}, not a tuple of positive integers")
+    for split in ("train", "test"):
+        data = getattr(bundle, split)
+        if not isinstance(data, ArrayDataset):
+            raise bad(f"has a {split} split of type {type(data).__name__}, not an ArrayDataset")
+        x, y = data.x, data.y
+        if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor):
+            raise bad(f"has {split}.x or {split}.y that is not a torch tensor")
+        if tuple(x.shape[1:]) != tuple(int(d) for d in shape):
+            raise bad(f"has {split} samples of shape {tuple(x.shape[1:])}, but input_shape "
+                      f"{tuple(shape)}")
+        if y.dim() != 1 or y.dtype.is_floating_point or y.dtype.is_complex or y.dtype == torch.bool:
+            raise bad(f"has {split} labels of dtype {y.dtype} and shape {tuple(y.shape)}; "
+                      "labels are a 1-D integer tensor")
+        if y.numel() and (int(y.min()) < 0 or int(y.max()) >= int(k)):
+            raise bad(f"has {split} labels from {int(y.min())} to {int(y.max())}, outside "
+                      f"0..{int(k) - 1} (num_classes {int(k)})")

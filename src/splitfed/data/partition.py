@@ -47,6 +47,7 @@ import numpy as np
 
 from splitfed.configtools import typed_options
 from splitfed.errors import ConfigError
+from splitfed.origins import call_plugin
 
 _MODES = ("deterministic", "first-deterministic", "random")
 
@@ -256,7 +257,8 @@ def partition(labels, num_clients: int, scheme: str, rng: np.random.Generator,
         raise TypeError(f"rng must be a numpy Generator, got {type(rng).__name__}")
     _check_params(scheme, params)
     params = typed_options(PARTITIONERS[scheme], params, "partition")
-    parts = PARTITIONERS[scheme](y, int(num_clients), rng, **params)
+    parts = call_plugin("partitioner", scheme, "partition.scheme", PARTITIONERS[scheme], y,
+                        int(num_clients), rng, **params)
     return checked_parts(parts, scheme, int(num_clients), len(y))
 
 

@@ -49,6 +49,7 @@ import numpy as np
 
 from splitfed.configtools import FLOAT32_MAX, FLOAT32_TINY, FLOAT_RANGE_TEXT, typed_options
 from splitfed.errors import ConfigError
+from splitfed.origins import call_plugin, component
 
 CLIENT_COMPUTE = 1e9      # MAC/s
 SERVER_COMPUTE = 1e11     # MAC/s
@@ -297,8 +298,18 @@ def build_profiles(name: str, options: dict, num_clients: int,
         raise ConfigError("clock.path: the trace profile needs the path of its CSV file")
     options = typed_options(gen, options, "clock")
     try:
-        return gen(num_clients, rng, **options)
+        out = call_plugin("clock profile", name, "clock.profile", gen, num_clients, rng,
+                          **options)
     except ConfigError:
         raise
     except (TypeError, ValueError) as e:
         raise ConfigError(f"clock ({name}): {e}") from None
+    if not isinstance(out, Profiles) or len(out.compute) != num_clients:
+        from splitfed.errors import PluginError
+
+        got = (f"profiles of {len(out.compute)} clients" if isinstance(out, Profiles)
+               else type(out).__name__)
+        raise PluginError(f"clock.profile: {component('clock profile', name)} returned {got}; "
+                          f"it must return Profiles for the {num_clients} clients "
+                          "(docs/extending.md, Reference: the registration API)")
+    return out

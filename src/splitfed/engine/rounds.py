@@ -30,6 +30,7 @@ metrics={**result.metrics, "norm": 1.0})``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -37,6 +38,7 @@ import torch
 
 from splitfed.engine.aggregate import DeltaAccumulator
 from splitfed.engine.transforms import StepContext, start_gradients
+from splitfed.origins import call_plugin
 
 
 @dataclass
@@ -213,7 +215,34 @@ class Round:
 
     def _step(self, step, ctx, model):
         ctx.state = self.states.get(step.key)
-        out = {**model, **step.update(ctx, model)}
+        new = call_plugin("transform", step.name, "algorithm.server_transforms", step.update,
+                          ctx, model)
+        _check_step(step, model, new)
+        out = {**model, **new}
         if ctx.state is not None:
             self.states[step.key] = ctx.state
         return out
+
+
+def _check_step(step, model: dict, new) -> None:
+    """What server step ``step`` returned for ``model``: a mapping of some of its tensors'
+    names to tensors of the same shapes; anything else raises
+    :class:`~splitfed.errors.PluginError` naming the step (and its plugin)."""
+    from splitfed.engine.transforms import describe
+    from splitfed.errors import PluginError
+
+    def bad(what: str) -> PluginError:
+        return PluginError(f"algorithm.server_transforms: the update of {describe(step)} "
+                           f"{what}; it must return a dict of the model's tensors it changes "
+                           "(names of the model it was given, each of its shape)")
+
+    if not isinstance(new, Mapping):
+        raise bad(f"returned {type(new).__name__}")
+    for name, value in new.items():
+        if name not in model:
+            raise bad(f"returned {name!r}, which is not a tensor of the model")
+        if not isinstance(value, torch.Tensor):
+            raise bad(f"returned {type(value).__name__} for {name!r}")
+        if value.shape != model[name].shape:
+            raise bad(f"returned shape {tuple(value.shape)} for {name!r}, whose shape is "
+                      f"{tuple(model[name].shape)}")

@@ -38,6 +38,8 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from splitfed.origins import call_plugin
+
 #: ``update(names, params, grads, slots) -> grads``: the gradient correction of the
 #: active copies before the optimizer step. ``params`` and ``grads`` are stacked over
 #: the clients at cohort positions ``slots`` ([a, ...] per parameter).
@@ -245,8 +247,9 @@ class _Checked(GradientRound):
         self.inner.begin(slots, start)
 
     def update(self, names, params, grads, slots):
-        return _checked(self.transform, names, grads,
-                        self.inner.update(names, params, grads, slots))
+        out = call_plugin("transform", self.transform.name, "algorithm.client_transforms",
+                          self.inner.update, names, params, grads, slots)
+        return _checked(self.transform, names, grads, out)
 
     def collect(self, slots, final):
         self.inner.collect(slots, final)
@@ -267,7 +270,8 @@ def start_gradients(transforms: Sequence[GradientTransform], env, state: dict, t
     transform otherwise)."""
     rounds, live = [], []
     for tr in transforms:
-        r = tr.start(env, state.get(tr.key), t, cohort, round_)
+        r = call_plugin("transform", tr.name, "algorithm.client_transforms", tr.start, env,
+                        state.get(tr.key), t, cohort, round_)
         if r is not None and not isinstance(r, GradientRound):
             if not callable(r):
                 from splitfed.errors import PluginError

@@ -39,9 +39,18 @@ class BlockModel(nn.Sequential):
         self.name = name
         self.cut_descriptions = dict(cut_descriptions)
         self.default_cut = default_cut
-        bad = [k for k in self.cut_descriptions if not 1 <= k < len(blocks)]
-        if bad or (default_cut is not None and default_cut not in self.cut_descriptions):
-            raise ValueError(f"{name}: cuts {bad or [default_cut]} are not 1..{len(blocks) - 1}")
+        bad = [k for k in self.cut_descriptions
+               if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k < len(blocks)]
+        if bad:
+            raise ValueError(f"{name}: cuts {bad} are not 1..{len(blocks) - 1} (the model has "
+                             f"{len(blocks)} blocks)")
+        if default_cut is None and self.cut_descriptions:
+            raise ValueError(f"{name}: default_cut is None, but the model has cuts "
+                             f"{sorted(self.cut_descriptions)}; give one of them (None only "
+                             "for a model without cuts)")
+        if default_cut is not None and default_cut not in self.cut_descriptions:
+            raise ValueError(f"{name}: default_cut {default_cut!r} is not one of its cuts "
+                             f"{sorted(self.cut_descriptions)}")
 
     @property
     def valid_cuts(self) -> list[int]:
