@@ -47,7 +47,7 @@ import numpy as np
 
 from splitfed.configtools import typed_options
 from splitfed.errors import ConfigError
-from splitfed.origins import call_plugin
+from splitfed.origins import call_plugin, component
 
 _MODES = ("deterministic", "first-deterministic", "random")
 
@@ -264,10 +264,7 @@ def partition(labels, num_clients: int, scheme: str, rng: np.random.Generator,
 
 def _component(scheme: str) -> str:
     """``partitioner 'name'``, with the plugin that registered it."""
-    from splitfed.origins import origin
-
-    where = origin("partitioner", scheme)
-    return f"partitioner {scheme!r}" + (f" (plugin {where})" if where else "")
+    return component("partitioner", scheme)
 
 
 def checked_parts(parts, scheme: str, num_clients: int, n: int) -> list[np.ndarray]:

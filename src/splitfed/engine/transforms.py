@@ -38,7 +38,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from splitfed.origins import call_plugin
+from splitfed.origins import call_plugin, component
 
 #: ``update(names, params, grads, slots) -> grads``: the gradient correction of the
 #: active copies before the optimizer step. ``params`` and ``grads`` are stacked over
@@ -198,10 +198,7 @@ class _ChainRound(GradientRound):
 
 def describe(transform: Transform) -> str:
     """``transform 'name'``, with the plugin that registered it (for error messages)."""
-    from splitfed.origins import origin
-
-    where = origin("transform", transform.name)
-    return f"transform {transform.name!r}" + (f" (plugin {where})" if where else "")
+    return component("transform", transform.name)
 
 
 def _checked(transform: Transform, names, grads, out) -> list[torch.Tensor]:

@@ -35,6 +35,7 @@ from splitfed.models.cohort import cohort_forward, stack_states, unstack_state
 from splitfed.models.lenet import lenet5
 from splitfed.models.mlp import mlp
 from splitfed.models.mobilenet import mobilenetv2
+from splitfed.origins import component, one_line
 from splitfed.models.resnet import resnet18
 from splitfed.models.transformer import opt
 from splitfed.models.vgg import vgg11
@@ -75,16 +76,9 @@ def model_options(name: str) -> list[str]:
     return [p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY]
 
 
-def _one_line(e: BaseException) -> str:
-    return " ".join(str(e).split())[:300]
-
-
 def _component(name: str) -> str:
     """``model 'name'``, with the plugin that registered it."""
-    from splitfed.origins import origin
-
-    where = origin("model", name)
-    return f"model {name!r}" + (f" (plugin {where})" if where else "")
+    return component("model", name)
 
 
 def _in_dry_run(e: BaseException) -> bool:
@@ -101,7 +95,7 @@ def _in_dry_run(e: BaseException) -> bool:
 def _builder_failed(name: str, options: dict, e: BaseException) -> ConfigError:
     given = f" (options {options})" if options else ""
     return ConfigError(f"model.name: the builder of {_component(name)} failed{given}: "
-                       f"{type(e).__name__}: {_one_line(e)}")
+                       f"{type(e).__name__}: {one_line(e)}")
 
 
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, **options) -> BlockModel:
@@ -131,7 +125,7 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, **opt
     except RuntimeError as e:
         if _in_dry_run(e):          # output_shape's dry run: the input is too small for it
             raise ConfigError(f"model.name: input_shape {tuple(input_shape)} of the data "
-                              f"does not fit {name}: {_one_line(e)}") from e
+                              f"does not fit {name}: {one_line(e)}") from e
         raise _builder_failed(name, options, e) from e
     except Exception as e:  # noqa: BLE001 - the builder's own failure, reported as such
         raise _builder_failed(name, options, e) from e
