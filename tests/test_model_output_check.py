@@ -137,3 +137,39 @@ def test_torch_is_left_as_it_was():
     state = torch.random.get_rng_state()
     build_plan(digits_config())
     assert torch.equal(state, torch.random.get_rng_state())
+
+
+@pytest.mark.parametrize("model, algorithm", [
+    ({"name": "resnet18", "width": 4, "hidden": None}, "fedavg"),
+    ({"name": "mobilenetv2", "hidden": None}, "sflv2"),
+])
+def test_one_sample_batches_through_batch_norm_are_refused(tmp_path, model, algorithm):
+    # 8x8 digits reach 1x1 before a BatchNorm layer: one sample is one value per channel,
+    # which PyTorch refuses in training (it crashed the first step, after writing)
+    cfg = digits_config(model={k: v for k, v in model.items() if v is not None},
+                        algorithm={"name": algorithm},
+                        train={"batch_size": 1, "local_steps": 2, "local_epochs": None})
+    msg = refused(cfg, tmp_path)
+    assert msg.startswith(f"train.batch_size: 1 sample per batch cannot train {model['name']} "
+                          "on digits: a batch normalisation layer would see one value per "
+                          "channel"), msg
+    assert msg.endswith("use a batch of at least 2 samples"), msg
+
+
+def test_one_sample_batches_that_batch_norm_can_take_run(tmp_path, monkeypatch):
+    # 28x28 images keep 2x2 positions at ResNet-18's last BatchNorm: batch 1 trains; the
+    # check's pass leaves the model's running statistics as they were
+    from splitfed.experiment import _check_single_sample_batches
+    from splitfed.models import build_model
+
+    register_images(monkeypatch, "zz_images28")
+    cfg = digits_config(data={"name": "zz_images28"}, model={"name": "resnet18", "width": 4},
+                        train={"batch_size": 1, "local_steps": 1, "local_epochs": None})
+    model = build_model("resnet18", (1, 28, 28), 10, width=4)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    from splitfed.data import load_dataset
+
+    _check_single_sample_batches(cfg, model, load_dataset("zz_images28"))
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert model.training

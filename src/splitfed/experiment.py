@@ -240,6 +240,41 @@ def _check_forward(cfg: RunConfig, model, bundle) -> None:
     _check_output(cfg, out, int(bundle.num_classes))
 
 
+def _check_single_sample_batches(cfg: RunConfig, model, bundle) -> None:
+    """A batch of one sample cannot train a model whose batch normalisation then sees
+    one value per channel (ResNet-18 or MobileNetV2 on small images: the statistics of
+    one value are undefined, and PyTorch raises in the first step). When a training
+    batch (``train.batch_size``, ``algorithm.server_batch_size``) is 1 and the model has
+    a BatchNorm layer, one sample goes through it in training mode here, so that such a
+    config is refused before anything is written; the model's state is restored (its
+    running statistics) and no random numbers are drawn."""
+    sizes = {("train.batch_size", cfg.train.batch_size),
+             ("algorithm.server_batch_size", cfg.algorithm.options.get("server_batch_size"))}
+    ones = sorted(key for key, b in sizes if b == 1)
+    if not ones or not any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm)
+                           for m in model.modules()):
+        return
+    if sum(p.numel() for p in model.parameters()) > PROBE_MAX_PARAMS:
+        return
+    data = bundle.train if len(bundle.train) else bundle.test
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    was_training = model.training
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            model.train()
+            model(data.x[:1])
+    except ValueError as e:
+        if "value per channel" not in str(e):
+            raise
+        raise ConfigError(f"{ones[0]}: 1 sample per batch cannot train {cfg.model.name} on "
+                          f"{cfg.data.name}: a batch normalisation layer would see one value "
+                          "per channel (PyTorch: " + str(e).splitlines()[0] + "); use a "
+                          "batch of at least 2 samples") from None
+    finally:
+        model.load_state_dict(saved)
+        model.train(was_training)
+
+
 def _check_output(cfg: RunConfig, out, n: int) -> None:
     """``out``, the model's output for one sample, holds one score per class: a floating
     point tensor of shape ``(1, n)``; else a ConfigError naming the model and ``n``."""
@@ -300,6 +335,7 @@ def build_environment(cfg: RunConfig) -> Environment:
     model, cut = _build_model(cfg, bundle, streams)
     model.to(device)
     _check_forward(cfg, model, bundle)
+    _check_single_sample_batches(cfg, model, bundle)
     clock = build_clock(cfg, len(parts), streams)
     never = clock.profiles.never_available()
     if cfg.rounds and never.all():
