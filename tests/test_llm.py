@@ -63,6 +63,28 @@ def test_pretrained_from_a_local_directory(tmp_path):
     assert torch.allclose(got, hf(input_ids=ids, attention_mask=mask).logits, atol=1e-5)
 
 
+def test_a_pretrained_directory_is_sized_before_it_is_built(tmp_path):
+    # its config.json declares ~2.4e9 parameters and its weights file lacks them: loading
+    # would allocate and fill them all; the declared size is refused first
+    import json
+
+    from splitfed.errors import ConfigError
+
+    hf = hf_tiny(layers=2)
+    hf.save_pretrained(tmp_path)
+    conf = json.loads((tmp_path / "config.json").read_text())
+    conf.update(hidden_size=2048, ffn_dim=8192, num_hidden_layers=48, num_attention_heads=16,
+                word_embed_proj_dim=2048)
+    (tmp_path / "config.json").write_text(json.dumps(conf))
+    with pytest.raises(ConfigError, match=r"^model.pretrained: the OPT in .* would have about "
+                                          r"2\d{9} parameters, more than the 1000000000"):
+        build_model("opt", (2, 12), 2, pretrained=str(tmp_path))
+    conf["model_type"] = "gpt2"
+    (tmp_path / "config.json").write_text(json.dumps(conf))
+    with pytest.raises(ConfigError, match=r"holds a 'gpt2' model; model.name=opt loads OPT"):
+        build_model("opt", (2, 12), 2, pretrained=str(tmp_path))
+
+
 def test_cohort_forward_runs_each_client_with_its_own_parameters():
     model = build_model("opt", (2, 12), 2, **{k: v for k, v in TINY.items() if k != "name"})
     other = {k: v + 0.01 * torch.randn_like(v) for k, v in model.state_dict().items()}

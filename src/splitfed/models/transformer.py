@@ -289,6 +289,33 @@ def opt_params(values: dict, num_classes: int) -> int:
     return n + p * num_classes
 
 
+def _check_pretrained_size(tf, path: Path, num_classes: int) -> None:
+    """The model a ``save_pretrained`` directory describes is an OPT of at most
+    :data:`~splitfed.limits.MAX_MODEL_PARAMS` parameters, counted from its config.json
+    before anything is built (loading fills every weight the directory lacks, so a
+    config declaring billions of parameters would be allocated in full)."""
+    try:
+        conf = tf.AutoConfig.from_pretrained(path, local_files_only=True)
+    except Exception as e:  # noqa: BLE001 - a config transformers cannot read
+        raise ConfigError(f"model.pretrained: cannot read {path / 'config.json'}: "
+                          f"{type(e).__name__}: {' '.join(str(e).split())[:200]}") from None
+    if getattr(conf, "model_type", None) != "opt":
+        raise ConfigError(f"model.pretrained: {path} holds a {getattr(conf, 'model_type', None)!r} "
+                          "model; model.name=opt loads OPT models only")
+    values = {k: getattr(conf, k, None) for k in (
+        "hidden_size", "ffn_dim", "word_embed_proj_dim", "vocab_size",
+        "max_position_embeddings", "num_hidden_layers", "do_layer_norm_before")}
+    if not all(isinstance(values[k], int) and not isinstance(values[k], bool) and values[k] > 0
+               for k in ("hidden_size", "ffn_dim", "vocab_size", "max_position_embeddings",
+                         "num_hidden_layers")):
+        raise ConfigError(f"model.pretrained: {path / 'config.json'} gives sizes that are not "
+                          f"positive integers: { {k: v for k, v in values.items()} }")
+    params = opt_params(values, num_classes)
+    if params > MAX_MODEL_PARAMS:
+        raise ConfigError(f"model.pretrained: the OPT in {path} would have about {params} "
+                          f"parameters, more than the {MAX_MODEL_PARAMS} allowed")
+
+
 def _check_shape(input_shape) -> int:
     shape = tuple(int(s) for s in input_shape)
     if len(shape) != 2 or shape[0] != 2 or shape[1] < 1:
@@ -317,8 +344,9 @@ def opt(input_shape, num_classes: int, *, preset: str = "tiny", pretrained: str 
     if pretrained is not None:
         path = Path(pretrained)
         if not (path / "config.json").is_file():
-            raise ConfigError(f"pretrained: {path} is not a save_pretrained directory "
+            raise ConfigError(f"model.pretrained: {path} is not a save_pretrained directory "
                               "(no config.json); models are never downloaded")
+        _check_pretrained_size(tf, path, num_classes)
         hf = tf.AutoModelForSequenceClassification.from_pretrained(
             path, num_labels=num_classes, local_files_only=True, dtype=DTYPES[dtype],
             attn_implementation=attention, **extra)
