@@ -257,11 +257,13 @@ class RunConfig:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
     def __post_init__(self):
-        bad = [c for c in ("/", "\\", "\x00") if c in self.name]
-        if not self.name.strip() or self.name in (".", "..") or bad:
+        bad = [c for c in ("/", "\\") if c in self.name]
+        control = any(ord(c) < 32 or ord(c) == 127 for c in self.name)
+        if not self.name.strip() or self.name in (".", "..") or bad or control:
             raise ConfigError(f"name: {self.name!r} must be a non-empty file name without "
-                              "'/', '\\' or NUL (it prefixes the run directory; choose the "
-                              "parent directory with out_dir)")
+                              "'/', '\\' or control characters (newline, tab, NUL; it "
+                              "prefixes the run directory; choose the parent directory with "
+                              "out_dir)")
         if not self.out_dir or "\x00" in self.out_dir:
             raise ConfigError(f"out_dir: {self.out_dir!r} is not a usable directory path")
 

@@ -206,6 +206,11 @@ def is_count_key(key: str) -> bool:
     return key in COUNT_KEYS or key.startswith(COUNT_PREFIXES)
 
 
+#: the fields splitfed always writes as numbers (NaN and infinities included)
+NUMBER_KEYS = ("test_acc", "test_loss", "train_loss", "sim_time_s", "sim_round_s",
+               "round_time_s")
+
+
 def _check_record(record: dict, too_big: str | None) -> str | None:
     """Why ``record`` is not a metrics record (None when it is one): ``round`` must be an
     integer 0..MAX_COUNT, no number beyond the range of a float (``too_big``: the first
@@ -226,8 +231,9 @@ def _check_record(record: dict, too_big: str | None) -> str | None:
 def read_records(path: str | Path) -> list[dict]:
     """The records of a ``metrics.jsonl`` file, checked: every non-blank line a JSON
     object (:func:`loads_strict`: no key twice, no number beyond the range of a float)
-    with an integer ``round`` 0..MAX_COUNT greater than the previous line's, and byte
-    counts (:func:`is_count_key`) that are integers 0..MAX_COUNT. Non-finite numbers
+    with an integer ``round`` 0..MAX_COUNT greater than the previous line's, byte
+    counts (:func:`is_count_key`) that are integers 0..MAX_COUNT, and numbers (not
+    booleans) in the fields of :data:`NUMBER_KEYS`. Non-finite numbers
     written as ``NaN``/``Infinity`` come back as floats (:func:`decode_record`).
 
     Raises :class:`FormatError` naming the file and line when it is not such a file
@@ -264,7 +270,15 @@ def read_records(path: str | Path) -> list[dict]:
             raise FormatError(f"{path}: line {n} is of round {record['round']}, after round "
                               f"{records[-1]['round']}; rounds must increase (a record "
                               "repeated or out of order: the file was edited or joined)")
-        records.append(decode_record(record))
+        record = decode_record(record)
+        wrong = next((k for k in NUMBER_KEYS if k in record
+                      and (isinstance(record[k], bool)
+                           or not isinstance(record[k], (int, float)))), None)
+        if wrong is not None:
+            shown = str(record[wrong])[:40]
+            raise FormatError(f"{path}: line {n} has {wrong} = {shown!r}, not a number; not a "
+                              "metrics file as splitfed writes it")
+        records.append(record)
     return records
 
 

@@ -338,6 +338,12 @@ def _bytes(record: dict) -> int:
     return total
 
 
+def _seconds(value: float) -> str:
+    """Simulated seconds for the table: two decimals, or 4 significant digits from
+    10^12 s on (a 1e308 would print 309 digits)."""
+    return f"{value:.2f}" if abs(value) < 1e12 else f"{value:.4g}"
+
+
 def _acc(value) -> str:
     if value is None:
         return "n/a"
@@ -399,7 +405,7 @@ def summary_table(paths, last: bool = True) -> str:
         body.append([r["run"], str(r["algorithm"] or "n/a"), status, str(r["round"]),
                      ("" if acc is None and not last else _acc(acc)),
                      _acc(r["best_test_acc"]), f"{r['bytes'] / 1e6:.2f}",
-                     "n/a" if r["sim_time_s"] is None else f"{r['sim_time_s']:.2f}"])
+                     "n/a" if r["sim_time_s"] is None else _seconds(r["sim_time_s"])])
     return _text_table(head, body)
 
 

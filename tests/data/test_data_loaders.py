@@ -88,10 +88,9 @@ def test_fashion_class_names(tmp_path):
     (b"\x00\x00\x08\x03" + struct.pack(">I", 2), "header"),
     (b"\x00\x00\x08\x01" + struct.pack(">I", 5) + b"abc", "need 5 data bytes"),
     (b"\x00\x00\x08\x01" + struct.pack(">I", 2) + b"abc", "need 2 data bytes"),
-    # more dims than an array can have (numpy: 64), and none
+    # more dims than an array can have (numpy: 64)
     (b"\x00\x00\x08\x41" + struct.pack(">I", 1) * 65 + b"a", "declares 65 dims"),
     (b"\x00\x00\x08\xff" + struct.pack(">I", 1) * 255 + b"a", "declares 255 dims"),
-    (b"\x00\x00\x08\x00" + b"a", "declares 0 dims"),
 ])
 def test_read_idx_rejects_corrupt_files(tmp_path, data, problem):
     path = write(tmp_path / "bad-idx", data)

@@ -110,7 +110,8 @@ def test_corrupt_gzip_names_the_file(tmp_path, packed, why):
     (b"\x00\x00\x08\x00" + b"\x07", None),                            # 0-d: a scalar
     (b"\x00\x00\x0b\x01" + struct.pack(">I", 2) + b"\x00\x01\x00\x02", "dtype code 0x0b"),
     (b"\x00\x00\x08\x02" + struct.pack(">II", 2**32 - 1, 2**32 - 1) + b"ab", "need"),
-    (b"\x00\x00\x08\xff" + b"\x00" * 8, "truncated IDX header"),
+    (b"\x00\x00\x08\x10" + b"\x00" * 8, "truncated IDX header"),
+    (b"\x00\x00\x08\xff" + b"\x00" * 8, "declares 255 dims"),
     (b"\x08\x03\x00\x00", "magic"),
 ])
 def test_idx_header_cases(tmp_path, data, why):

@@ -42,7 +42,7 @@ _LAYOUT = ("the four files train-images-idx3-ubyte, train-labels-idx1-ubyte, "
 #: EMNIST's largest split 550 MB): a header declaring more is refused before anything is
 #: read or inflated
 MAX_IDX_BYTES = 1 << 30
-#: the most dimensions an IDX header may declare (images: 3, labels: 1)
+#: the most dimensions an IDX header may declare (images: 3, labels: 1; numpy takes 64)
 MAX_IDX_DIMS = 16
 
 
@@ -72,9 +72,9 @@ def _parse_header(path: Path, f) -> tuple[tuple[int, ...], int]:
     if head[2] != 0x08:
         raise DataError(f"{path}: IDX dtype code 0x{head[2]:02x}, expected 0x08 (uint8)")
     ndim = head[3]
-    if not 1 <= ndim <= MAX_IDX_DIMS:
+    if ndim > MAX_IDX_DIMS:
         raise DataError(f"{path}: IDX header declares {ndim} dims; image and label files have "
-                        f"1 to {MAX_IDX_DIMS} (the file is corrupt or not an IDX file)")
+                        f"at most {MAX_IDX_DIMS} (the file is corrupt or not an IDX file)")
     header = 4 + 4 * ndim
     raw = _read_exactly(f, 4 * ndim)
     if len(raw) < 4 * ndim:

@@ -112,7 +112,7 @@ def _alpha(alpha) -> float:
     return value
 
 
-def dirichlet(labels, num_clients, rng, alpha, min_partition_size=10, self_balancing=False,
+def dirichlet(labels, num_clients, rng, alpha: float, min_partition_size=10, self_balancing=False,
               max_tries=10) -> list[np.ndarray]:
     """Label-skewed split with per-class proportions ~ Dir(alpha); see the module docstring.
 

@@ -215,7 +215,11 @@ def _probabilities(q, n: int) -> np.ndarray:
         arr = np.asarray(q, dtype=np.float64)
     except (TypeError, ValueError) as err:
         raise ConfigError(f"q: expected a number or a list of numbers, got {q!r}") from err
-    if isinstance(q, bool) or arr.ndim > 1 or (arr.ndim == 1 and arr.size != n):
+    if isinstance(q, bool) or (isinstance(q, (list, tuple))
+                              and any(isinstance(v, bool) for v in q)):
+        raise ConfigError(f"q: expected a number or a list of numbers, got {q!r} (true and "
+                          "false are not probabilities)")
+    if arr.ndim > 1 or (arr.ndim == 1 and arr.size != n):
         raise ConfigError(f"q: expected a number or a list of {n} numbers (one per client), "
                           f"got {q!r}")
     if not np.all((arr > 0) & (arr <= 1)):

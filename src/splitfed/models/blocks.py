@@ -81,13 +81,14 @@ def resolve_cut(model: BlockModel, cut: int | str | None) -> int:
     names the block after which to cut. Anything invalid raises :class:`ConfigError`
     naming the model and listing every valid cut with its description.
     """
+    given = cut
     if cut is None:
         cut = model.default_cut
     elif isinstance(cut, str):
         names = model.block_names
         cut = names.index(cut) + 1 if cut in names else cut
     if isinstance(cut, bool) or not isinstance(cut, int) or cut not in model.cut_descriptions:
-        raise _cut_error(model, cut)
+        raise _cut_error(model, cut if given is None else given)   # the value as given
     return cut
 
 
