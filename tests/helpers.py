@@ -1,6 +1,7 @@
 """Shared test helpers: small configs on scikit-learn's digits (real data, no files), and
 floating-point bounds derived from the arithmetic (:func:`float_tolerance`)."""
 
+import dataclasses
 import math
 
 import torch
@@ -218,3 +219,23 @@ def dry_run(tmp_path, capsys, overrides):
     assert "Traceback" not in err
     assert not out.exists()
     return code, err
+
+
+@dataclasses.dataclass
+class ModeOptions:
+    """Options of a test plugin component that misbehaves in the given ``mode``."""
+
+    mode: str = "ok"
+
+
+def plugin_run(**changes):
+    """A 2-round in-memory run of the conformance checks' config (``splitfed.testing.
+    base_config``), each given section updated (a section the config lacks is added)."""
+    from splitfed.experiment import run_experiment
+    from splitfed.testing import base_config
+
+    raw = base_config()
+    raw.update(rounds=2)
+    for key, value in changes.items():
+        raw[key] = {**raw.get(key, {}), **value} if isinstance(value, dict) else value
+    return run_experiment(build_config(raw), write=False)

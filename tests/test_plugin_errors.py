@@ -16,6 +16,7 @@ from collections import OrderedDict
 
 import numpy as np
 import pytest
+from helpers import ModeOptions, plugin_run
 import torch
 from torch import nn
 
@@ -23,14 +24,12 @@ import splitfed
 from splitfed import registry
 from splitfed.algorithms.fedavg import FedAvg
 from splitfed.cli import main
-from splitfed.config import build_config
 from splitfed.data.partition import partition
 from splitfed.engine.rounds import Round, RoundResult
 from splitfed.engine.transforms import GradientTransform
 from splitfed.errors import ConfigError, PluginError
-from splitfed.experiment import run_experiment
 from splitfed.models import BlockModel, build_model
-from splitfed.testing import base_config, check_algorithm
+from splitfed.testing import check_algorithm
 
 HERE = __name__
 
@@ -44,13 +43,6 @@ def one_line_error(capsys, argv: list[str]) -> str:
     return lines[0]
 
 
-def run(**changes):
-    """A 2-round in-memory run of the conformance checks' config, changed."""
-    raw = base_config()
-    raw.update(rounds=2)
-    for key, value in changes.items():
-        raw[key] = {**raw[key], **value} if isinstance(value, dict) else value
-    return run_experiment(build_config(raw), write=False)
 
 
 # ------------------------------------------------------------------- partitioners
@@ -277,22 +269,22 @@ def bad_rounds(scratch):
 ])
 def test_a_rounds_result_is_checked_in_the_first_round(bad_rounds, mode, what):
     with pytest.raises(PluginError) as info:
-        run(algorithm={"name": "zz_rounds", "mode": mode})
+        plugin_run(algorithm={"name": "zz_rounds", "mode": mode})
     message = str(info.value)
     assert message.startswith(f"algorithm 'zz_rounds' (plugin {HERE}): ")
     assert what in message and "round 1" in message and "\n" not in message
 
 
 def test_valid_results_pass_unchanged(bad_rounds):
-    ok = run(algorithm={"name": "zz_rounds"})
-    plain = run(algorithm={"name": "fedavg"})
+    ok = plugin_run(algorithm={"name": "zz_rounds"})
+    plain = plugin_run(algorithm={"name": "fedavg"})
     assert ok.status == plain.status == "completed"
     drop = {"round_time_s"}
     assert ([{k: v for k, v in r.items() if k not in drop} for r in ok.records]
             == [{k: v for k, v in r.items() if k not in drop} for r in plain.records])
-    nan = run(algorithm={"name": "zz_rounds", "mode": "nan"})
+    nan = plugin_run(algorithm={"name": "zz_rounds", "mode": "nan"})
     assert nan.status == "diverged"             # a non-finite loss: divergence, no error
-    numpy = run(algorithm={"name": "zz_rounds", "mode": "numpy"})
+    numpy = plugin_run(algorithm={"name": "zz_rounds", "mode": "numpy"})
     assert numpy.status == "completed"
     assert numpy.records[1]["norm"] == 2.0 and numpy.records[1]["steps"] == 3
 
@@ -315,14 +307,10 @@ def test_the_conformance_checks_report_a_bad_round(scratch):
 # ------------------------------------------------------------------- gradient transforms
 
 
-@dataclasses.dataclass
-class TOptions:
-    mode: str = "ok"
-
 
 class BadTransform(GradientTransform):
     name = "zz_t"
-    Options = TOptions
+    Options = ModeOptions
 
     def start(self, env, state, t, cohort, round_):
         return {"drop": lambda names, params, grads, slots: grads[:-1],
@@ -349,14 +337,14 @@ def bad_transform(scratch):
 ])
 def test_a_transforms_output_is_checked(bad_transform, mode, what):
     with pytest.raises(PluginError) as info:
-        run(algorithm={"client_transforms": [{"name": "zz_t", "mode": mode}]})
+        plugin_run(algorithm={"client_transforms": [{"name": "zz_t", "mode": mode}]})
     assert str(info.value).startswith("algorithm.client_transforms: " + what.format(HERE))
 
 
 def test_a_transform_of_the_right_shapes_changes_nothing(bad_transform):
-    plain = run()
+    plain = plugin_run()
     for mode in ("ok", "tuple"):
-        same = run(algorithm={"client_transforms": [{"name": "zz_t", "mode": mode}]})
+        same = plugin_run(algorithm={"client_transforms": [{"name": "zz_t", "mode": mode}]})
         assert [r["train_loss"] for r in same.records[1:]] == \
             [r["train_loss"] for r in plain.records[1:]]
         assert same.records[-1]["test_acc"] == plain.records[-1]["test_acc"]

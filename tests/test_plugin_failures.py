@@ -14,6 +14,7 @@ from collections import OrderedDict
 
 import numpy as np
 import pytest
+from helpers import ModeOptions, plugin_run
 import torch
 from torch import nn
 
@@ -33,12 +34,6 @@ from splitfed.testing import base_config
 HERE = __name__
 
 
-def run(**changes):
-    raw = base_config()
-    raw.update(rounds=2)
-    for key, value in changes.items():
-        raw[key] = {**raw.get(key, {}), **value} if isinstance(value, dict) else value
-    return run_experiment(build_config(raw), write=False)
 
 
 def one_line(message: str) -> None:
@@ -147,7 +142,7 @@ def zz_clock(scratch):
 ])
 def test_a_clock_profiles_failure_names_it(zz_clock, mode, what):
     with pytest.raises(PluginError) as info:
-        run(clock={"profile": "zz_clock", "options": {"mode": mode}})
+        plugin_run(clock={"profile": "zz_clock", "options": {"mode": mode}})
     message = str(info.value)
     one_line(message)
     assert message.startswith(f"clock.profile: clock profile 'zz_clock' (plugin {HERE}) ")
@@ -155,15 +150,11 @@ def test_a_clock_profiles_failure_names_it(zz_clock, mode, what):
 
 
 def test_a_right_clock_profile_runs(zz_clock):
-    assert len(run(clock={"profile": "zz_clock"}).records) == 3
+    assert len(plugin_run(clock={"profile": "zz_clock"}).records) == 3
 
 
 # ------------------------------------------------------------ transforms, server steps
 
-
-@dataclasses.dataclass
-class ModeOptions:
-    mode: str = "ok"
 
 
 class RaisingTransform(GradientTransform):
@@ -186,7 +177,7 @@ class RaisingTransform(GradientTransform):
 def test_a_gradient_transforms_exception_names_it(scratch, mode, what):
     splitfed.register_transform("zz_raising", RaisingTransform)
     with pytest.raises(PluginError) as info:
-        run(algorithm={"client_transforms": [{"name": "zz_raising", "mode": mode}]})
+        plugin_run(algorithm={"client_transforms": [{"name": "zz_raising", "mode": mode}]})
     message = str(info.value)
     one_line(message)
     assert message.startswith("algorithm.client_transforms: transform 'zz_raising' "
@@ -223,7 +214,7 @@ class OddStep(ServerStep):
 def test_a_server_steps_mistake_names_the_step_not_the_algorithm(scratch, mode, what):
     splitfed.register_transform("zz_step", OddStep)
     with pytest.raises(PluginError) as info:
-        run(algorithm={"server_transforms": [{"name": "zz_step", "mode": mode}]})
+        plugin_run(algorithm={"server_transforms": [{"name": "zz_step", "mode": mode}]})
     message = str(info.value)
     one_line(message)
     assert message.startswith("algorithm.server_transforms: " + what.format(HERE)), message
@@ -232,8 +223,8 @@ def test_a_server_steps_mistake_names_the_step_not_the_algorithm(scratch, mode, 
 
 def test_a_server_step_of_the_right_shape_runs(scratch):
     splitfed.register_transform("zz_step", OddStep)
-    plain = run()
-    same = run(algorithm={"server_transforms": [{"name": "zz_step"}]})
+    plain = plugin_run()
+    same = plugin_run(algorithm={"server_transforms": [{"name": "zz_step"}]})
     assert same.records[-1]["test_acc"] == plain.records[-1]["test_acc"]
 
 
