@@ -23,6 +23,7 @@ from splitfed.cli import main
 from splitfed.config import build_config
 from splitfed.data import load_dataset
 from splitfed.data.datasets import ArrayDataset, DataBundle
+from splitfed.algorithms.fedavg import FedAvg
 from splitfed.engine.algorithm import Algorithm
 from splitfed.engine.profiles import Profiles
 from splitfed.engine.transforms import GradientTransform, ServerStep
@@ -275,3 +276,44 @@ def test_block_models_name_what_is_wrong_with_their_cuts(cuts, default, what):
     assert what in str(info.value)
     BlockModel(_blocks(3), name="t", cut_descriptions={1: "a"}, default_cut=1)
     BlockModel(_blocks(1), name="t", cut_descriptions={}, default_cut=None)
+
+
+class UnsaveableState(FedAvg):
+    """FedAvg whose state carries an object a checkpoint cannot hold."""
+
+    name = "zz_unsaveable"
+
+    def init_state(self, env):
+        return {**super().init_state(env), "extra": {"log": []}}
+
+    def round(self, env, state, t, cohort):
+        result = super().round(env, state, t, cohort)
+        return dataclasses.replace(result, state={**result.state,
+                                                  "extra": {"log": [object()]}})
+
+
+def test_a_state_a_checkpoint_cannot_hold_is_named_in_its_round(scratch):
+    splitfed.register_algorithm("zz_unsaveable", UnsaveableState)
+    with pytest.raises(PluginError) as info:
+        plugin_run(algorithm={"name": "zz_unsaveable"})
+    message = str(info.value)
+    one_line(message)
+    assert message == (f"algorithm 'zz_unsaveable' (plugin {HERE}): round 1 returned a state "
+                       "that a checkpoint cannot hold (state['extra']['log'][0]: a "
+                       "builtins.object); the state holds tensors, numpy arrays, numbers, "
+                       "strings, modules, optimizers, and lists and dicts of these")
+
+
+def test_unsaveable_names_where_and_what():
+    import numpy as np
+    import torch
+
+    from splitfed.safeio import unsaveable
+
+    ok = {"a": [1, 2.5, "x", None, b"y", (True,)], "t": torch.zeros(2), "n": np.zeros(3),
+          3: {"g": np.float32(1)}}
+    assert unsaveable(ok) is None
+    assert unsaveable({"a": [1, {"b": len}]}) == \
+        "value['a'][1]['b']: a builtins.builtin_function_or_method"
+    assert unsaveable({(1, 2): 0}, "s") == "s: the dict key (1, 2) (a tuple)"
+    assert unsaveable(np.array([object()])) == "value: a numpy array of Python objects"

@@ -68,6 +68,34 @@ def encode(obj: Any, where: str = "value") -> Any:
                     "saved; only plain data, tensors and numpy arrays can")
 
 
+def unsaveable(obj: Any, where: str = "value", also: tuple[type, ...] = ()) -> str | None:
+    """Where in ``obj`` the first value :func:`encode` cannot write sits, with its type
+    (``value['x'][2]: a builtins.object``); None when every value can be written.
+    ``also``: further types the caller writes itself (a checkpoint stores modules and
+    optimizers as their ``state_dict()``). It walks the containers without copying."""
+    stack = [(obj, where)]
+    while stack:
+        value, at = stack.pop()
+        if isinstance(value, (*_SCALARS, torch.Tensor, np.generic, *also)):
+            continue
+        if isinstance(value, np.ndarray):
+            if value.dtype.hasobject:
+                return f"{at}: a numpy array of Python objects"
+            continue
+        if isinstance(value, dict):
+            for k, v in value.items():
+                key = k.item() if isinstance(k, np.generic) else k
+                if not isinstance(key, _KEYS):
+                    return f"{at}: the dict key {k!r:.40} (a {type(k).__name__})"
+                stack.append((v, f"{at}[{key!r}]"))
+            continue
+        if isinstance(value, (list, tuple)):
+            stack.extend((v, f"{at}[{i}]") for i, v in enumerate(value))
+            continue
+        return f"{at}: a {type(value).__module__}.{type(value).__qualname__}"
+    return None
+
+
 def decode(obj: Any) -> Any:
     """Inverse of :func:`encode`: tagged dicts back to numpy arrays."""
     if isinstance(obj, dict):

@@ -49,6 +49,7 @@ from splitfed.engine.flops import TRAIN_FACTOR, forward_macs
 from splitfed.engine.rounds import RoundResult
 from splitfed.metrics import divergence
 from splitfed.models import output_shape, split
+from splitfed.safeio import unsaveable
 from splitfed.transport import payload_bytes
 
 
@@ -144,6 +145,10 @@ def _check_model(algorithm, env, state: dict, bad) -> None:
                       f"of shape {tuple(want)}")
 
 
+#: what a checkpoint stores by its ``state_dict()`` (splitfed.checkpoint), besides plain data
+CHECKPOINTED = (torch.nn.Module, torch.optim.Optimizer)
+
+
 def check_result(algorithm, env, result, t: int, declared: tuple = ()) -> RoundResult:
     """``result``, what ``algorithm.round`` returned for round ``t``, checked; anything
     else raises :class:`~splitfed.errors.PluginError` naming the algorithm and what is
@@ -181,6 +186,13 @@ def check_result(algorithm, env, result, t: int, declared: tuple = ()) -> RoundR
                       "and dataclasses.replace(result, state={**result.state, ...}) keep "
                       "the other keys)")
     _check_model(algorithm, env, state, bad)
+    for key in state:
+        where = None if key == "model" else unsaveable(state[key], f"state[{key!r}]",
+                                                        CHECKPOINTED)
+        if where is not None:
+            raise bad(f"returned a state that a checkpoint cannot hold ({where}); the "
+                      "state holds tensors, numpy arrays, numbers, strings, modules, "
+                      "optimizers, and lists and dicts of these")
     if result.train_loss is not None and not _real(result.train_loss):
         raise bad(f"returned train_loss {result.train_loss!r:.60} "
                   f"({type(result.train_loss).__name__}); expected None or a real number "
