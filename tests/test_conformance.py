@@ -50,6 +50,33 @@ def test_deterministic_for_a_seed(name):
     testing.check_deterministic(name)
 
 
+@pytest.mark.parametrize("name", NAMES)
+def test_round_leaves_the_state_it_is_given(name):
+    testing.check_state_untouched(name)
+
+
+def test_a_round_that_changes_its_state_in_place_fails():
+    from splitfed.algorithms.fedavg import FedAvg
+
+    class Halving(FedAvg):                     # scales the global model in place
+        name = "zz_halving"
+
+        def round(self, env, state, t, cohort):
+            result = super().round(env, state, t, cohort)
+            for v in state["model"].values():
+                if v.is_floating_point():
+                    v.mul_(0.5)
+            return result
+
+    with pytest.raises(AssertionError) as info:
+        testing.check_algorithm(Halving, checks=["state_untouched"])
+    message = str(info.value)
+    assert "fails 1 of 1 conformance checks (state_untouched)" in message
+    assert "round 1 changed the state it was given, at state['model']['fc1" in message
+    assert testing.check_algorithm("fedavg", checks=["state_untouched"]) == [
+        "state_untouched"]
+
+
 @pytest.mark.parametrize("name", FEDERATED)
 def test_non_sampled_clients_send_nothing(name):
     testing.check_non_sampled_clients_send_nothing(name)
@@ -146,11 +173,12 @@ TRANSFORM_LEARN_OVERRIDES = {"fedclg_s": {"rounds": 10, "server_data": {"fractio
 def test_gradient_transforms_conform(transform, host):
     testing.check_algorithm(host, base={"algorithm": {"client_transforms": [
         {"name": transform}]}}, overrides=TRANSFORM_LEARN_OVERRIDES.get(transform),
-        checks=["learns", "deterministic", "non_sampled_clients_send_nothing"])
+        checks=["learns", "deterministic", "state_untouched",
+                "non_sampled_clients_send_nothing"])
 
 
 @pytest.mark.parametrize("transform,host", [(n, h) for n in STEPS for h in ("sflv1", "sl")])
 def test_server_steps_conform(transform, host):
     testing.check_algorithm(host, base={"algorithm": {"server_transforms": [
-        {"name": transform}]}}, checks=["learns", "deterministic",
+        {"name": transform}]}}, checks=["learns", "deterministic", "state_untouched",
                                          "non_sampled_clients_send_nothing"])

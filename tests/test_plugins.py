@@ -551,7 +551,7 @@ def test_a_broken_algorithm_fails_the_conformance_checks(scratch, broken, failed
     with pytest.raises(AssertionError) as info:
         check_algorithm(cls)
     (first, *lines) = str(info.value).splitlines()
-    assert first == (f"algorithm {name!r} ({__name__}.{cls.__qualname__}) fails 1 of 5 "
+    assert first == (f"algorithm {name!r} ({__name__}.{cls.__qualname__}) fails 1 of 6 "
                      f"conformance checks ({failed}):")
     assert len(lines) == 1 and lines[0].startswith(f"- {failed!r}: ")
     assert (name in ALGORITHMS) is registered   # a temporary registration is undone

@@ -9,6 +9,9 @@ with no run directory written, and check that the algorithm:
   training loss falls over the run (:func:`check_learns`);
 - ``deterministic``: two runs with the same seed give the same learned state and the
   same metrics, apart from the wall-clock ``round_time_s`` (:func:`check_deterministic`);
+- ``state_untouched``: ``round`` leaves the state it is given as it was (it returns a
+  new one; modules and optimizers in the state, which an algorithm may train in place,
+  are not compared) (:func:`check_state_untouched`);
 
 and, for a federated algorithm (class attribute ``federated = True``, the default):
 
@@ -73,11 +76,12 @@ from splitfed.transport import InProcessTransport
 
 __all__ = ["CHECKS", "FEDERATED_CHECKS", "LEARN_MARGIN", "PARTICIPATION_MODES",
            "base_config", "check_algorithm", "check_deterministic", "check_learns",
+           "check_state_untouched",
            "check_ledger_matches_transport", "check_non_sampled_clients_send_nothing",
            "check_participation_modes"]
 
 #: every check, in the order :func:`check_algorithm` runs them
-CHECKS = ("learns", "deterministic", "non_sampled_clients_send_nothing",
+CHECKS = ("learns", "deterministic", "state_untouched", "non_sampled_clients_send_nothing",
           "ledger_matches_transport", "participation_modes")
 #: the checks that apply to federated algorithms only (not to ``federated = False``)
 FEDERATED_CHECKS = ("non_sampled_clients_send_nothing", "ledger_matches_transport",
@@ -331,6 +335,44 @@ def _deterministic(s: _Subject, base: Mapping | None) -> None:
                                       f"metrics: {detail}")
 
 
+def _snapshot(value: Any) -> Any:
+    """A copy of a state's data for :func:`_difference` (tensors and arrays cloned);
+    modules and optimizers become None: an algorithm may train those in place."""
+    if isinstance(value, (torch.nn.Module, torch.optim.Optimizer)):
+        return None
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, np.ndarray):
+        return value.copy()
+    if isinstance(value, Mapping):
+        return {k: _snapshot(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_snapshot(v) for v in value]
+    return value
+
+
+def _untouched(s: _Subject, base: Mapping | None) -> None:
+    cfg = _config(s, base, {"rounds": SHORT_ROUNDS})
+    algorithm, env = _build(cfg)
+    changed = []
+    own_round = algorithm.round
+
+    def round_(env, state, t, cohort):          # the state as given, compared afterwards
+        before = _snapshot(state)
+        result = own_round(env, state, t, cohort)
+        where = _difference(before, _snapshot(state), "state")
+        if where and not changed:
+            changed.append((t, where))
+        return result
+    algorithm.round = round_
+    _run(s, "state_untouched", cfg, env, algorithm)
+    if changed:
+        t, where = changed[0]
+        raise s.fail("state_untouched", f"round {t} changed the state it was given, at "
+                                        f"{where}; round must return a new state (copy a "
+                                        "tensor before changing it: x = x.clone())")
+
+
 def _non_sampled(s: _Subject, base: Mapping | None) -> None:
     cfg = _config(s, base, {"rounds": SHORT_ROUNDS})
     algorithm, env = _build(cfg)
@@ -433,6 +475,14 @@ def check_deterministic(algorithm: str | type, *, base: Mapping | None = None) -
         _deterministic(s, base)
 
 
+def check_state_untouched(algorithm: str | type, *, base: Mapping | None = None) -> None:
+    """``state_untouched``: over 2 rounds, every round leaves the state it is given as it
+    was (tensors and arrays exactly, element by element; modules and optimizers in the
+    state are not compared)."""
+    with _subject(algorithm) as s:
+        _untouched(s, base)
+
+
 def check_non_sampled_clients_send_nothing(algorithm: str | type, *,
                                            base: Mapping | None = None) -> None:
     """``non_sampled_clients_send_nothing`` (federated algorithms): over 2 rounds, the
@@ -495,6 +545,7 @@ def check_algorithm(algorithm: str | type, *, overrides: Mapping | None = None,
             wanted = [c for c in wanted if c not in FEDERATED_CHECKS]
         runs = {"learns": lambda: _learns(s, overrides, base),
                 "deterministic": lambda: _deterministic(s, base),
+                "state_untouched": lambda: _untouched(s, base),
                 "non_sampled_clients_send_nothing": lambda: _non_sampled(s, base),
                 "ledger_matches_transport": lambda: _ledger(s, base),
                 "participation_modes": lambda: _participation(s, PARTICIPATION_MODES, base)}
