@@ -257,12 +257,14 @@ def _check_single_sample_batches(cfg: RunConfig, model, bundle) -> None:
     if sum(p.numel() for p in model.parameters()) > PROBE_MAX_PARAMS:
         return
     data = bundle.train if len(bundle.train) else bundle.test
+    x = data.x[:1]
     saved = {k: v.clone() for k, v in model.state_dict().items()}
     was_training = model.training
-    try:
-        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+    try:   # dropout in training mode draws on x's device: keep that generator's state too
+        with (torch.no_grad(),
+              torch.random.fork_rng(devices=[x.device.index or 0] if x.is_cuda else [])):
             model.train()
-            model(data.x[:1])
+            model(x)
     except ValueError as e:
         if "value per channel" not in str(e):
             raise
