@@ -73,7 +73,7 @@ def test_components_show_their_options(capsys):
     assert "server step (the round's aggregate): algorithm.server_transforms" in out
     assert main(["config", "explain", "dirichlet"]) == 0    # a partitioner's parameters
     out = capsys.readouterr().out
-    assert "partition.alpha: any = required" in out
+    assert "partition.alpha: float = required" in out
     assert "partition.min_partition_size: int = 10" in out
     assert main(["config", "explain", "Fashion-MNIST"]) == 0  # data set names as data.name
     assert "data set fashion_mnist" in capsys.readouterr().out
