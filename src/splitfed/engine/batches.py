@@ -27,8 +27,9 @@ def local_step_counts(sizes: np.ndarray, batch_size: int, local_steps: int | Non
         return np.full(sizes.shape, int(local_steps), dtype=np.int64)
     per_epoch = -(-sizes // int(batch_size))
     # exact in the decimal E was written as (splitfed.exact): ceil(50 * 1.1) is 55
-    counts = {int(n): max(1, ceil_times(int(n), local_epochs)) for n in np.unique(per_epoch)}
-    return np.array([counts[int(n)] for n in per_epoch], dtype=np.int64).reshape(sizes.shape)
+    unique, index = np.unique(per_epoch, return_inverse=True)
+    counts = np.array([max(1, ceil_times(int(n), local_epochs)) for n in unique], np.int64)
+    return counts[index].reshape(sizes.shape)
 
 
 def sample_stream(indices: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
