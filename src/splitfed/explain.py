@@ -273,9 +273,11 @@ def lookup(name: str) -> tuple[str | None, list[tuple[str, str]]]:
     """``name`` as a section (its name, else None) and as components ([(kind, name)]:
     an algorithm and a transform may share a name). ConfigError, on one line, listing
     what exists when it is neither."""
+    from splitfed.data import dataset_key
+
     found = []
     for kind in KINDS:
-        key = name.lower().replace("-", "_") if kind == "dataset" else name
+        key = dataset_key(name) if kind == "dataset" else name
         if key in registry(kind):
             found.append((kind, key))
     section = name if name in sections() else None

@@ -100,7 +100,11 @@ def _key(kind: str, name: str) -> str:
             or not set(name) <= _NAME_CHARS):
         raise PluginError(f"register_{kind.replace(' ', '_')}: the name must be a non-empty "
                           f"string of letters, digits, '_', '.', '+', '-', got {name!r}")
-    return name.lower().replace("-", "_") if kind == "dataset" else name
+    if kind != "dataset":
+        return name
+    from splitfed.data import dataset_key
+
+    return dataset_key(name)
 
 
 def _where(kind: str, name: str, obj: Any) -> str:

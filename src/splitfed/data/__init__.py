@@ -43,6 +43,7 @@ __all__ = [
     "PARTITIONERS",
     "ArrayDataset",
     "DataBundle",
+    "dataset_key",
     "dataset_names",
     "dataset_options",
     "load_dataset",
@@ -64,8 +65,13 @@ def dataset_options(name: str) -> dict[str, object]:
     return {p.name: p.default for p in params}
 
 
+def dataset_key(name: str) -> str:
+    """A data set's registry key: ``name`` lower-cased, ``-`` read as ``_``."""
+    return str(name).lower().replace("-", "_")
+
+
 def _loader(name: str):
-    key = str(name).lower().replace("-", "_")
+    key = dataset_key(name)
     if key not in DATASETS:
         raise ConfigError(f"data.name: unknown dataset {name!r}; "
                           f"known: {', '.join(dataset_names())}")
@@ -94,7 +100,7 @@ def load_dataset(name: str, data_dir: str | None = None, *,
         )
     options = typed_options(loader, options, "data")
     rng = np.random.default_rng(0) if rng is None else rng
-    key = str(name).lower().replace("-", "_")
+    key = dataset_key(name)
     bundle = call_plugin("dataset", key, "data.name", loader, data_dir, rng, **options)
     if origin("dataset", key) is not None:
         check_bundle(bundle, key)

@@ -192,12 +192,11 @@ class Algorithm:
 def describe(algorithm, env=None) -> str:
     """``algorithm 'name'`` for error messages: the name the config gives it (``env``'s
     config, else the class's ``name``), with the plugin that registered it."""
-    from splitfed.origins import origin
+    from splitfed.origins import component
 
     cfg = getattr(env, "config", None)
-    name = getattr(getattr(cfg, "algorithm", None), "name", None) or algorithm.name
-    where = origin("algorithm", name)
-    return f"algorithm {name!r}" + (f" (plugin {where})" if where else "")
+    return component("algorithm",
+                     getattr(getattr(cfg, "algorithm", None), "name", None) or algorithm.name)
 
 
 def _server_chain(name: str, own: list, given: list) -> list:
