@@ -183,6 +183,31 @@ def test_a_duplicate_names_the_first_module_and_the_second(scratch, tmp_path, mo
     sys.modules.pop("zz_first_lab", None)
 
 
+def test_a_plugin_that_registers_nothing_is_named_in_a_warning(scratch, tmp_path,
+                                                                  monkeypatch, capsys):
+    (tmp_path / "zz_hollow_lab").mkdir()
+    (tmp_path / "zz_hollow_lab" / "__init__.py").write_text("")     # forgot the import
+    (tmp_path / "zz_hollow_lab" / "models.py").write_text(
+        "from splitfed import register_model\n"
+        "@register_model('zz_hollow')\n"
+        "def f(input_shape, num_classes): ...\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("zz_hollow_lab", "zz_hollow_lab.models"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    monkeypatch.setattr(registry, "_LOADED", [])
+    assert registry.load_plugins(["zz_hollow_lab"]) == ["zz_hollow_lab"]
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["splitfed: warning: plugin zz_hollow_lab registered nothing while imported "
+                   "(no register_* call ran; a module holding them that it does not import "
+                   "is not read)"]
+    registry.load_plugins(["zz_hollow_lab"])                  # once per process
+    registry.load_plugins(["zz_hollow_lab.models"])           # this one registers
+    assert capsys.readouterr().err == ""
+    assert registry.origin("model", "zz_hollow") == "zz_hollow_lab.models"
+    for name in ("zz_hollow_lab", "zz_hollow_lab.models"):
+        sys.modules.pop(name, None)
+
+
 # ------------------------------------------------------------------- the command line
 
 

@@ -81,6 +81,9 @@ _LOADING: list[str] = []
 #: plugins imported so far (as given), and whether the entry points were loaded
 _LOADED: list[str] = []
 _ENTRY_POINTS_LOADED = False
+#: registrations made so far (replacements included): a plugin whose import adds none is
+#: reported (its ``@register_...`` lines live in a module it does not import)
+_COUNT = [0]
 
 
 def registry(kind: str) -> dict:
@@ -220,6 +223,7 @@ def _register(kind: str, name: str, obj: Any, replace: bool) -> Any:
                           f"replace=True to register_{kind.replace(' ', '_')} to replace it")
     table[key] = obj
     _ORIGINS[kind][key] = _origin(caller, obj)
+    _COUNT[0] += 1
     return obj
 
 
@@ -352,15 +356,22 @@ def _import(spec: str, what: str, load: Callable[[], Any]) -> Any:
 def load_plugins(specs: Iterable[str] | None) -> list[str]:
     """Import the plugins ``specs`` (module names) that this process has not imported yet,
     in order; returns them as :func:`plugin_spec` records them. A plugin that cannot be
-    imported raises :class:`~splitfed.errors.PluginError` naming it."""
+    imported raises :class:`~splitfed.errors.PluginError` naming it; one whose import
+    registers nothing (and that this process had not imported before) is named in a
+    warning on stderr: the names a config gives it would be unknown."""
     out = []
     for raw in specs or ():
         spec = plugin_spec(raw)
         out.append(spec)
         if spec in _LOADED:
             continue
+        fresh, before = spec not in sys.modules, _COUNT[0]
         _import(spec, "plugin", lambda s=spec: _import_module(s))
         _LOADED.append(spec)
+        if fresh and _COUNT[0] == before:
+            print(f"splitfed: warning: plugin {spec} registered nothing while imported "
+                  "(no register_* call ran; a module holding them that it does not import "
+                  "is not read)", file=sys.stderr, flush=True)
     return out
 
 
