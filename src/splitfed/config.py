@@ -95,8 +95,10 @@ class TrainConfig:
     momentum: float = field(default=0.0, metadata={"ge": 0, "lt": 1})
     weight_decay: float = field(default=0.0, metadata={"ge": 0})
     lr_decay: float = field(default=1.0, metadata={
-        "gt": 0, "le": 1, "help": "learning rates are multiplied by this every round "
-                                 "(paper 004 Sec. VI: 0.99)"})
+        "gt": 0, "le": 1, "help": "the step sizes of client and server training steps "
+                                 "(train.lr, algorithm.server_lr) are multiplied by this "
+                                 "every round; global rates applied to the aggregate are "
+                                 "not (paper 004 Sec. VI: 0.99)"})
     lr_min: float = field(default=0.0, metadata={
         "ge": 0, "help": "floor of the decayed learning rates (paper 004: 0.001)"})
 

@@ -21,7 +21,9 @@ default, a_n / q_n under bernoulli participation), which is the paper's mean for
 Options (defaults): ``server_optimizer`` "adam" (or "yogi", "adagrad"), ``server_lr`` eta
 0.01, ``beta1`` 0.9, ``beta2`` 0.99, ``tau`` 1e-3 (the adaptivity), ``v_init`` null
 (= tau^2). beta1 = 0.9 and beta2 = 0.99 are the paper's experimental settings; the best
-eta and tau depend on the task (the paper grid-searches both).
+eta and tau depend on the task (the paper grid-searches both). eta is the paper's constant
+server rate: ``train.lr_decay`` / ``lr_min`` schedule the clients' step size eta_l only
+(as every global rate applied to a round's aggregate, ``env.lr``).
 
 The server step is ``fedopt``, which every algorithm with clients takes
 (docs/transforms.md).

@@ -45,7 +45,8 @@ more than ``batch_size`` real activations keeps all of them (the reference trunc
 to the batch size); the reference's logit adjustment on the client loss is not used
 (paper 001 describes GAS by its buffer and generated activations only). Client
 optimizer state does not exist (ZO steps); eta_c is ``train.lr``, eta_s ``server_lr``,
-lambda ``smoothing``, eta_g ``global_lr`` (1: GAS averages the client models).
+lambda ``smoothing``, eta_g ``global_lr`` (1: GAS averages the client models); under
+``train.lr_decay`` / ``lr_min`` eta_c and eta_s follow the schedule (``env.lr``).
 
 Within the engine's round structure a round ends when the last participant's model has
 arrived: a straggler's steps do not spill into the next aggregation period, as they do
@@ -219,7 +220,7 @@ class GAS(Algorithm):
         buffer = [] if state["buffer"] is None else [(int(c), h, y) for c, h, y in zip(
             state["buffer"]["ids"].tolist(), state["buffer"]["h"], state["buffer"]["y"])]
         server_steps, server_samples = int(state["server_steps"]), 0
-        losses, lr = [], env.lr(t)
+        losses, lr, server_lr = [], env.lr(t), env.lr(t, o.server_lr)
         x_all, y_all = env.data.train.x, env.data.train.y
         queue, uploads = EventQueue(), {}
 
@@ -256,7 +257,7 @@ class GAS(Algorithm):
             if len(buffer) >= size:
                 server_steps += 1
                 server_samples += self._server_step(env, server, stats, buffer, server_steps,
-                                                    cid, base, gen)
+                                                    cid, base, gen, server_lr)
                 buffer = []
             if k + 1 < steps[i]:
                 launch(i, k + 1)
@@ -278,7 +279,7 @@ class GAS(Algorithm):
                           metrics={"server_steps": server_steps - int(state["server_steps"])})
 
     def _server_step(self, env, server: ForwardCopies, stats: dict, buffer, step: int, cid: int,
-                     base: int, gen: torch.Generator) -> int:
+                     base: int, gen: torch.Generator, lr: float) -> int:
         """One server step on the buffered activations and the generated ones (module doc,
         item 3); charged to the shared lane after ``cid``'s upload. Returns its samples."""
         o = self.options
@@ -298,5 +299,5 @@ class GAS(Algorithm):
             grads = zo.zo_gradient(
                 lambda p: per_client_loss(server.forward(x, p, charge_to=[cid]), y),
                 server.params(), o.smoothing, seeds, o.direction_kind)
-        server.step(grads, o.server_lr)
+        server.step(grads, lr)
         return int(y.numel())

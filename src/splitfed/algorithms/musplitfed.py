@@ -30,8 +30,10 @@ clock (rounded down, at least 1, at most ``max_tau``; every record has ``tau``).
 the scaling the paper's Theorems 4.1 and 4.3 require (eta_s = eta_c / tau); with it the
 server copy moves about as far per round for every tau (docs/results/paper001.md). eta_c is
 ``train.lr`` (Table 6: 0.005); eta_s ``server_lr`` (0.01); eta_g ``global_lr`` (0.3);
-lambda ``smoothing`` (0.005). Aggregation weights w_m are the engine's (a_n / sum a by
-default; the paper uses 1/M, which ``participation.weighting=uniform`` gives). One local
+lambda ``smoothing`` (0.005). Under ``train.lr_decay`` / ``lr_min`` both step sizes of
+round t, eta_c^t and eta_s^t, follow the schedule (``env.lr``); eta_g stays.
+Aggregation weights w_m are the engine's (a_n / sum a by default; the paper uses 1/M,
+which ``participation.weighting=uniform`` gives). One local
 step per round by definition: ``train.local_steps``/``local_epochs`` do not apply.
 Directions are regenerated from per-round seeds, never stored beyond a step. With
 ``in_place`` both sides perturb their parameters in place and regenerate each direction
@@ -138,7 +140,7 @@ class MUSplitFed(Algorithm):
         y_s = env.transport.upload("labels", ids, y)
         h_s = received[0]
         tau = self._adaptive_tau(env, ids, parts.server, h_s) if o.adaptive_tau else o.tau
-        losses = self._server_steps(server, h_s, y_s, base, tau)
+        losses = self._server_steps(server, h_s, y_s, base, tau, env.lr(t, o.server_lr))
         self._client_step(env, client, server, received, y_s, ids, c_seeds, scales, x,
                           env.lr(t))
         up = env.transport.upload("model", ids, client.state)
@@ -161,10 +163,12 @@ class MUSplitFed(Algorithm):
         t_straggler = float(env.clock.arrival_time(ids).max()) - env.clock.now
         return int(min(o.max_tau, max(1, np.floor(t_straggler / t_server))))
 
-    def _server_steps(self, server: ForwardCopies, h, y, base: int, tau: int) -> torch.Tensor:
-        """tau server updates on the unperturbed activations; returns the first losses."""
+    def _server_steps(self, server: ForwardCopies, h, y, base: int, tau: int,
+                      server_lr: float) -> torch.Tensor:
+        """tau server updates of step ``server_lr`` (eta_s of the round, or eta_s / tau) on
+        the unperturbed activations; returns the first losses."""
         o = self.options
-        lr = o.server_lr / tau if o.server_lr_over_tau else o.server_lr
+        lr = server_lr / tau if o.server_lr_over_tau else server_lr
         first = None
         for i in range(tau):
             seeds = self._seeds(base, "server", i)

@@ -73,8 +73,9 @@ class Environment:
 
     def lr(self, t: int, base: float | None = None) -> float:
         """The step size of round ``t`` (1-based): ``base`` (default ``train.lr``) times
-        ``lr_decay ** (t - 1)``, floored at ``lr_min``; the schedule applies to every
-        learning rate of the run (clients' and servers')."""
+        ``lr_decay ** (t - 1)``, floored at ``lr_min``. Every training step's size follows
+        it, the clients' and the servers' (an algorithm's ``server_lr``); rates applied to
+        a round's aggregate (``global_lr``, FedOpt's server optimizer) stay constant."""
         tr = self.config.train
         base = tr.lr if base is None else base
         return max(base * tr.lr_decay ** (t - 1), min(tr.lr_min, base))
