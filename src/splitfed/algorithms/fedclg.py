@@ -45,7 +45,9 @@ Decisions (docs/design.md and what the paper leaves open):
   bounds the variance of grad f_s over D_s^t by sigma^2 / m_s, and Remark 6 and the
   Fig. 6 text tie the quality of the correction to m_s, which a fixed-size minibatch
   would not). "full" changes g^s_t only: the E server steps of eq. 5 keep their
-  minibatches (``server_data.full_batch`` makes both full-batch).
+  minibatches (``server_data.full_batch`` makes both full-batch). In ``fedclg_c`` and
+  ``fedclg_s`` the one ``algorithm.server_batch_size`` is the B_s of both, g^s_t's
+  minibatch and the server steps' (Algorithm 1 has one B_s).
 - eta = ``env.lr(t)``, gamma = ``env.lr(t, server_lr)`` (Sec. VI decay); K_i is client i's
   own step count (``train.local_steps``, or ceil(D_i / B) * ``train.local_epochs``); the
   paper's 1/M is w_i = 1/M (``participation.weighting=uniform`` or equal data sizes, as in
