@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -22,7 +23,7 @@ import yaml
 import splitfed.study.parallel as parallel
 from splitfed.cli import main
 from splitfed.configtools import dump_yaml
-from splitfed.errors import ConfigError
+from splitfed.errors import ConfigError, SplitfedError
 from splitfed.locking import LOCK_NAME
 from splitfed.sweep import run_sweep
 from tests.helpers import digits_config
@@ -206,6 +207,33 @@ def test_the_api_checks_the_options_too(tmp_path, monkeypatch):
                                           r"with pip install 'splitfed\[cluster\]'$"):
         run_sweep(cfg, AXES, out_dir=tmp_path / "out", quiet=True, executor="dask")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_script_reimported_by_a_worker_does_not_start_a_study_again(tmp_path, monkeypatch):
+    """A spawned worker imports the parent's main script again as ``__mp_main__``: a
+    study or sweep started at that script's top level (directly or through a function it
+    calls there) is refused there, naming the guard; the same lines run as ``__main__``
+    (the parent) pass the check."""
+    script = str(tmp_path / "my_study.py")
+    line = "from splitfed.study.parallel import check_options\ncheck_options(jobs=2)\n"
+    code = compile(line, script, "exec")
+    with pytest.raises(SplitfedError, match=(
+            rf"^a study worker process imported {re.escape(script)} again and it started a "
+            r"study or sweep at its top level; put the run_study / run_sweep call under "
+            r"`if __name__ == \"__main__\":`")):
+        exec(code, {"__name__": "__mp_main__", "__file__": script})
+    exec(code, {"__name__": "__main__", "__file__": script})
+    inside = compile("def go():\n    " + line.replace("\n", "\n    ") + "\ngo()\n", script,
+                     "exec")
+    with pytest.raises(SplitfedError):                # called from the top level, via go()
+        exec(inside, {"__name__": "__mp_main__", "__file__": script})
+    # the parent's message when its workers die as they start names the guard for scripts
+    monkeypatch.setattr(sys.modules["__main__"], "__file__", script, raising=False)
+    assert parallel._script_hint() == (
+        f"; a script that starts a study or sweep ({script}) must do it under "
+        "`if __name__ == \"__main__\":`, since each worker process imports it again")
+    monkeypatch.setattr(sys.modules["__main__"], "__file__", "/venv/bin/splitfed")
+    assert parallel._script_hint() == ""
 
 
 @pytest.mark.parametrize("how", ["--address", "DASK_SCHEDULER_ADDRESS"])

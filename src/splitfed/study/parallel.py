@@ -85,7 +85,15 @@ def check_options(jobs: int | None = None, threads: int = 1, executor: str | Non
                   address: str | None = None) -> None:
     """Raise :class:`~splitfed.errors.ConfigError`, naming the option and what it takes,
     for a bad ``--jobs``, ``--threads``, ``--executor`` or ``--address``, or for
-    ``--executor dask`` without Dask installed. Writes and starts nothing."""
+    ``--executor dask`` without Dask installed; and :class:`~splitfed.errors.SplitfedError`
+    when called from the top level of a script that a worker process is importing again
+    (:func:`_in_worker_import`). Writes and starts nothing."""
+    script = _in_worker_import()
+    if script is not None:
+        raise SplitfedError(f"a study worker process imported {script} again and it started "
+                            "a study or sweep at its top level; put the run_study / "
+                            "run_sweep call under `if __name__ == \"__main__\":` (each "
+                            "worker process imports the script that started it)")
     if jobs is not None and (not _whole(jobs) or not 1 <= jobs <= MAX_JOBS):
         raise ConfigError(f"--jobs: expected a whole number from 1 to {MAX_JOBS} (runs at "
                           f"the same time; default: the usable cores), got {jobs!r}")
@@ -321,6 +329,28 @@ class _Worker:
             pass
 
 
+def _in_worker_import() -> str | None:
+    """The script's path when the caller runs at the top level of the main script that a
+    ``spawn`` worker process is importing again (as ``__mp_main__``, to find what the
+    parent defined there), else None."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if (frame.f_code.co_name == "<module>"
+                and frame.f_globals.get("__name__") == "__mp_main__"):
+            return str(frame.f_globals.get("__file__", "the main script"))
+        frame = frame.f_back
+    return None
+
+
+def _script_hint() -> str:
+    """For the error of workers that exit as they start: the guard a script needs."""
+    path = getattr(sys.modules.get("__main__"), "__file__", None)
+    if not path or Path(path).stem in ("splitfed", "__main__"):
+        return ""
+    return (f"; a script that starts a study or sweep ({path}) must do it under "
+            "`if __name__ == \"__main__\":`, since each worker process imports it again")
+
+
 def run_local(tasks: list[PointTask], jobs: int, on_start: OnStart,
               on_finish: OnFinish) -> None:
     """Run ``tasks`` on ``jobs`` worker processes of this machine (see the module doc);
@@ -372,7 +402,7 @@ def run_local(tasks: list[PointTask], jobs: int, on_start: OnStart,
                         if failed_starts > 3:
                             raise SplitfedError(f"study worker processes exit as they "
                                                 f"start (exit code {code}); run with "
-                                                "--jobs 1 to see why")
+                                                f"--jobs 1 to see why{_script_hint()}")
                     if pending and len(workers) < jobs:
                         workers.append(_Worker(ctx))
         for w in workers:
