@@ -3,8 +3,10 @@ trained and nothing written."""
 
 import re
 
+import numpy as np
 import pytest
 
+from splitfed.algorithms.fedavg import FedAvg
 from splitfed.cli import main
 from splitfed.config import build_config
 from splitfed.plan import build_plan
@@ -64,6 +66,31 @@ def test_split_plan_counts_each_side_and_the_activations(here, capsys):
     assert m["bytes"]["down_per_sample"] == 8 * 4
     assert plan["clients"]["samples_per_round"]["mean"] == 4 * 2 * 8   # full participation
     assert written(here) == ["tiny.yaml"]
+
+
+def test_an_algorithm_that_fixes_its_local_steps_plans_with_them(here, capsys):
+    """MU-SplitFed takes one client step a round whatever train.local_steps says: the
+    plan counts that, and over-selection predicts each client's work from it."""
+    argv = ["run", "tiny.yaml", "--dry-run", "algorithm.name=musplitfed", "model.cut=1",
+            "model.hidden=[8,8]", "train.local_steps=5"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert ("local steps    K per client min 1, median 1, max 1 (musplitfed takes 1 a round; "
+            "train.local_steps and local_epochs do not apply, batch_size 8)") in out
+    assert "samples/round  16 (" in out                        # 2 clients x 1 step x 8
+    from splitfed.algorithms.musplitfed import MUSplitFed
+    from splitfed.engine.loop import local_steps_of
+    from splitfed.experiment import build_environment
+
+    cfg = build_config({"name": "t", "data": {"name": "digits"},
+                        "model": {"name": "mlp", "hidden": [8]},
+                        "partition": {"scheme": "iid", "num_clients": 4},
+                        "train": {"batch_size": 8, "local_epochs": 2}})
+    env = build_environment(cfg)
+    ids = np.arange(4)
+    assert local_steps_of(MUSplitFed(), env, ids).tolist() == [1, 1, 1, 1]
+    assert local_steps_of(FedAvg(), env, ids).tolist() == env.local_steps(ids).tolist() \
+        == [90, 90, 90, 90]                         # ceil(359 or 360 / 8) = 45, 2 epochs
 
 
 @pytest.mark.parametrize("override, match", [

@@ -127,9 +127,11 @@ def _spread(values) -> dict:
 
 
 def _clients(cfg, algorithm, env) -> dict:
+    from splitfed.engine.loop import local_steps_of
+
     sizes = env.data_sizes
     n = len(sizes)
-    steps = env.local_steps(np.arange(n))
+    steps = local_steps_of(algorithm, env, np.arange(n))
     batch = cfg.train.batch_size
     work = steps.astype(np.int64) * batch                 # samples each client trains on
     pc = cfg.participation
@@ -162,6 +164,7 @@ def _clients(cfg, algorithm, env) -> dict:
             "scheme_options": dict(cfg.partition.options),
             "data": _spread(sizes), "local_steps": _spread(steps),
             "batch_size": batch, "local_steps_given": cfg.train.local_steps,
+            "local_steps_fixed": algorithm.fixed_local_steps,
             "local_epochs": cfg.train.local_epochs,
             "participation": pc.mode, "per_round": per_round, "kept": kept,
             "samples_per_round": samples,
@@ -234,6 +237,9 @@ def format_plan(plan: dict, config: str | None = None) -> str:
         k = c["local_steps"]
         how = (f"local_steps={c['local_steps_given']}" if c["local_steps_given"] is not None
                else f"local_epochs={_num(c['local_epochs'])}")
+        if c.get("local_steps_fixed") is not None:
+            how = (f"{a['name']} takes {c['local_steps_fixed']} a round; train.local_steps "
+                   "and local_epochs do not apply")
         rows.append(("local steps", f"K per client min {k['min']}, median "
                                     f"{_num(k['median'])}, max {k['max']} ({how}, "
                                     f"batch_size {c['batch_size']})"))
@@ -257,7 +263,7 @@ def format_plan(plan: dict, config: str | None = None) -> str:
         if b["up_per_sample"]:
             text += (f"; per training sample at the cut: {_bytes(b['up_per_sample'])} up "
                      f"(activations and label), {_bytes(b['down_per_sample'])} down "
-                     "(their gradient)")
+                     "(their gradient, as first-order clients receive it)")
         clients = c["kept"] if c["kept"] is not None else c["per_round"]["mean"]
         total = (2 * b["model"] * clients
                  + (b["up_per_sample"] + b["down_per_sample"]) * c["samples_per_round"]["mean"])

@@ -105,6 +105,7 @@ class MUSplitFed(Algorithm):
     distributed = True
     split = True
     aggregates_all = True                 # client copies and server copies, eta_g
+    fixed_local_steps = 1                 # one client step a round (module docstring)
 
     def _seeds(self, base: int, side: str, step: int) -> list[int]:
         return [derive_seed(base, f"{side}/{step}/{j}") for j in range(self.options.directions)]

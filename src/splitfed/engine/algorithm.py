@@ -68,6 +68,9 @@ class Algorithm:
     trains_whole_model: ClassVar[bool] = True
     #: the keys of the algorithm's own state (a transform may not take one as its name)
     state_keys: ClassVar[tuple[str, ...]] = ("model",)
+    #: local steps per client and round when the algorithm fixes them (MU-SplitFed: 1),
+    #: for the plan and over-selection; None: ``train.local_steps`` / ``local_epochs``
+    fixed_local_steps: ClassVar[int | None] = None
 
     def __init__(self, options: Any = None, *, client_transforms=(), server_transforms=()):
         self.options = options if options is not None else self.Options()

@@ -41,6 +41,7 @@ import numbers
 import sys
 import time
 
+import numpy as np
 import torch
 from tqdm import tqdm
 
@@ -100,10 +101,19 @@ def client_work(algorithm, env) -> tuple[int, int, int, int]:
             acts + env.data.train.y.element_size(), acts)
 
 
-def _over_select(env, cohort, work):
+def local_steps_of(algorithm, env, ids: np.ndarray) -> np.ndarray:
+    """The local steps of clients ``ids`` in a round of ``algorithm``: its
+    ``fixed_local_steps`` when it fixes them, else the config's (``env.local_steps``)."""
+    fixed = algorithm.fixed_local_steps
+    if fixed is not None:
+        return np.full(len(ids), int(fixed), dtype=np.int64)
+    return env.local_steps(ids)
+
+
+def _over_select(algorithm, env, cohort, work):
     """Keep the round's ``clock.keep`` predicted-fastest clients (over-selection)."""
     macs, model, up, down = work
-    samples = env.local_steps(cohort.ids) * env.config.train.batch_size
+    samples = local_steps_of(algorithm, env, cohort.ids) * env.config.train.batch_size
     return env.clock.keep_fastest(cohort, samples * macs, model + samples * up,
                                   model + samples * down)
 
@@ -252,7 +262,7 @@ def run_rounds(algorithm, env, logger, state: dict | None = None,
         t0 = time.perf_counter()
         cohort = env.clock.begin_round(env.sampler.sample(env.streams.numpy("participation")))
         if env.clock.keep is not None:
-            cohort = _over_select(env, cohort, work)
+            cohort = _over_select(algorithm, env, cohort, work)
         result = check_result(algorithm, env, algorithm.round(env, state, t, cohort), t,
                               declared)
         state = result.state
