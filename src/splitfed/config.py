@@ -336,7 +336,9 @@ def _with_plugins(merged, extra: list[str] | None):
     try:
         specs = load_plugins([*given, *(extra or [])])
     except ConfigError as e:
-        raise type(e)(f"plugins: {e}") from None
+        message = str(e)
+        raise type(e)(message if message.startswith("plugins: ") else f"plugins: {message}"
+                      ) from None
     return {**merged, "plugins": list(dict.fromkeys(specs))}
 
 
