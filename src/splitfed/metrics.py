@@ -38,7 +38,7 @@ MAX_METRICS_BYTES = 1 << 30
 MAX_COUNT = 2**63 - 1
 
 #: the record fields that count bytes (integers 0..MAX_COUNT), besides those beginning
-#: with one of :data:`COUNT_PREFIXES` (``bytes_up/weights``, ``wire_down/activations``)
+#: with one of :data:`COUNT_PREFIXES` (``bytes_up/model``, ``wire_down/activations``)
 COUNT_KEYS = ("bytes_up", "bytes_down", "wire_up", "wire_down", "overhead_bytes",
               "server_param_bytes")
 COUNT_PREFIXES = ("bytes_up/", "bytes_down/", "wire_up/", "wire_down/")

@@ -13,9 +13,9 @@ read these formats. Each is a *sink* of the run's :class:`~splitfed.metrics.Metr
 
 - every record's numbers (ints and floats; NaN and infinities too) are logged with the
   record's ``round`` as the step: TensorBoard scalars (``torch.utils.tensorboard``, stored
-  as float32 by TensorBoard; ``bytes_up/weights`` is the tag ``weights`` in the group
+  as float32 by TensorBoard; ``bytes_up/model`` is the tag ``model`` in the group
   ``bytes_up``), MLflow metrics (float64; a ``/`` in a name becomes ``.``:
-  ``bytes_up.weights``, since MLflow's file store keeps each metric in a file named after
+  ``bytes_up.model``, since MLflow's file store keeps each metric in a file named after
   it, and ``bytes_up`` is a metric too; other characters MLflow refuses become ``_``);
 - MLflow also gets the flattened config as parameters (``train.lr``, ``partition.alpha``,
   ... :func:`splitfed.results.flatten_config`) and the provenance as tags

@@ -75,7 +75,7 @@ class StudySpec:
     out_dir: str = field(default=DEFAULT_OUT_DIR, metadata={
         "help": "parent of the study directory (default runs/studies; --out-dir wins)"})
     plugins: list[str] = field(default_factory=list, metadata={
-        "help": "plugin modules (or .py files) imported before the runs are built, and "
+        "help": "plugin modules (names, not file paths) imported before the runs are built, and "
                 "added to every run's plugins (docs/extending.md)"})
 
 
