@@ -170,6 +170,30 @@ def test_diverged_run_is_checkpointed_and_not_rerun(tmp_path):
     assert again.status == "diverged" and again.records == first.records
 
 
+def test_resuming_a_finished_run_leaves_its_summary_as_it_was(tmp_path):
+    """Its provenance (which code made the run, what a study's reuse check reads) and
+    wall time stay; a missing summary is written again without a provenance, which a
+    study treats as another code version (the run is rerun, not reused)."""
+    from splitfed.study.reuse import run_dir_state
+    from splitfed.study.spec import StudyRun
+
+    d = tmp_path / "d"
+    study_run = StudyRun("r", 3, digits_config(rounds=2), d)
+    run_experiment(digits_config(rounds=2), run_dir=d)
+    summary = json.loads((d / "summary.json").read_text())
+    summary["provenance"]["splitfed"] = "0.0.1"              # made by other code
+    (d / "summary.json").write_text(json.dumps(summary))
+    before = (d / "summary.json").read_bytes()
+    again = resume_experiment(d)
+    assert again.status == "completed" and (d / "summary.json").read_bytes() == before
+    assert run_dir_state(study_run).state == "stale"
+    (d / "summary.json").unlink()
+    resume_experiment(d)
+    rewritten = json.loads((d / "summary.json").read_text())
+    assert rewritten["status"] == "completed" and rewritten["provenance"] is None
+    assert run_dir_state(study_run).state == "stale"
+
+
 def test_resume_extends_a_finished_run_when_rounds_grow(tmp_path):
     run_experiment(digits_config(rounds=5, checkpoint_every=2), run_dir=tmp_path / "full")
     short = tmp_path / "short"

@@ -45,6 +45,7 @@ from splitfed.metrics import MetricLogger, decode_record, record_summary
 from splitfed.models import build_model, resolve_cut
 from splitfed.provenance import git_commit, provenance
 from splitfed.rng import RandomStreams, derive_seed
+from splitfed.safeio import loads_json
 from splitfed.tracking import open_trackers
 from splitfed.transport import InProcessTransport, Ledger
 
@@ -583,6 +584,25 @@ def write_atomic(path: Path, text: str) -> None:
     atomic_write(path, lambda fh: fh.write(data))
 
 
+def write_summary(run_dir: Path, summary: dict, *, finished: bool = False) -> None:
+    """Write ``run_dir/summary.json``. When the run had already ended (``finished``: a
+    resume that ran no round), a whole summary of the same status is kept as it is: its
+    provenance and wall time say which code made the run and how long that took (a
+    study's reuse check reads them). A missing or damaged one is written again with
+    ``provenance`` null: the code that made the run is not known here, and a study then
+    reruns the run instead of reusing it."""
+    path = run_dir / "summary.json"
+    if finished:
+        try:
+            kept = loads_json(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            kept = None
+        if isinstance(kept, dict) and kept.get("status") == summary["status"]:
+            return
+        summary = {**summary, "provenance": None}
+    write_atomic(path, json.dumps(summary, indent=2) + "\n")
+
+
 def config_data(cfg: RunConfig) -> dict:
     """``cfg`` as plain data, as ``config.yaml`` holds it and a resume reads it back (the
     record each checkpoint keeps, :func:`splitfed.checkpoint.config_record`)."""
@@ -762,7 +782,7 @@ def _execute(cfg: RunConfig, algorithm, env: Environment, run_dir: Path | None, 
                        "cpu_capability": started["cpu_capability"],
                        "resumed_threads": list(started["resumed_threads"]),
                        "provenance": provenance()}
-            write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
+            write_summary(run_dir, summary, finished=finished is not None)
     except KeyboardInterrupt:
         raise RunInterrupted(run_dir) from None
     return result

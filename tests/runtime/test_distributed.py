@@ -243,6 +243,18 @@ def test_a_killed_server_resumes_to_the_uninterrupted_parameters(tmp_path):
     _params_close(ref.state["model"], ckpt["state"]["model"])
     records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in records] == list(range(6))
+    # the summary's wire totals cover the rounds before the resume too, and the control
+    # overhead is a running total over the whole run
+    for key in ("wire_up", "wire_down", "wire_up/model", "wire_down/model"):
+        assert summary[key] == sum(r[key] for r in records[1:]) > 0, key
+    assert summary["wire_up"] == sum(r["bytes_up"] for r in records[1:])
+    overhead = [r["overhead_bytes"] for r in records[1:]]
+    assert overhead == sorted(overhead)
+    # resuming the finished run again changes nothing
+    before = (run_dir / "summary.json").read_bytes()
+    procs = spawn(3, ["--resume", str(run_dir)], env=ENV)
+    assert _finish(procs) == [0, 0, 0]
+    assert (run_dir / "summary.json").read_bytes() == before
 
 
 def test_launch_through_torchrun_refuses_an_unsupported_algorithm(tmp_path):

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import sys
 import time
 from dataclasses import dataclass
@@ -52,7 +51,8 @@ from splitfed.engine.loop import run_rounds
 from splitfed.errors import ConfigError
 from splitfed.experiment import (RunResult, check_empty, new_run_dir, write_atomic,
                                  build_algorithm, build_environment, check_resume_config,
-                                 check_run_files, config_data, lock_run_dir, write_config)
+                                 check_run_files, config_data, lock_run_dir, write_config,
+                                 write_summary)
 from splitfed.metrics import MetricLogger, record_summary
 from splitfed.provenance import provenance
 from splitfed.runtime.placement import (RankPlacement, RoundControl, RuntimeClock, StopRun,
@@ -131,20 +131,44 @@ def adapt(env, links: Links, delay_scale: float | None) -> RoundControl:
 
 class _WireLogger(MetricLogger):
     """Rank 0's logger: every round's record also has the payload bytes that really
-    crossed (``wire_up``, ``wire_down``, by kind) and the control/metric overhead."""
+    crossed (``wire_up``, ``wire_down``, by kind) and the control/metric overhead, a
+    running total over the whole run: a resumed run continues from the last record
+    before the resume (``records``)."""
 
     def __init__(self, run_dir, transport: DistributedTransport, records):
         super().__init__(run_dir)
         self.records = list(records)
         self.transport = transport
+        self.overhead0 = next((int(r["overhead_bytes"]) for r in reversed(self.records)
+                               if isinstance(r.get("overhead_bytes"), (int, float))), 0)
+        self.wire0 = _wire_sum(self.records)        # the rounds before a resume
 
     def log(self, record: dict) -> None:
         t = record.get("round")
         if t:
             record = {**record, **self.transport.wire_totals(t),
-                      "overhead_bytes": self.transport.links.overhead_bytes,
+                      "overhead_bytes": self.overhead0 + self.transport.links.overhead_bytes,
                       "lost_ranks": sorted(self.transport.links.lost)}
         super().log(record)
+
+    def wire_totals(self) -> dict[str, int]:
+        """The run's wire bytes: the rounds before a resume (their records) and this
+        process's."""
+        out = dict(self.wire0)
+        for key, n in self.transport.wire_totals().items():
+            out[key] = out.get(key, 0) + n
+        return out
+
+
+def _wire_sum(records: list[dict]) -> dict[str, int]:
+    """The ``wire_*`` fields of round records, summed by key."""
+    out = {"wire_up": 0, "wire_down": 0}
+    for r in records:
+        if r.get("round"):
+            for key, n in r.items():
+                if key.startswith("wire_") and isinstance(n, (int, float)):
+                    out[key] = out.get(key, 0) + int(n)
+    return out
 
 
 def serve(links: Links, cfg: RunConfig | None = None, *, options: RuntimeOptions,
@@ -261,8 +285,8 @@ def _run(links, cfg, algorithm, env, control, run_dir: Path, options, ckpt, *, s
                "resumed_threads": list(started["resumed_threads"]),
                "provenance": provenance(), "processes": links.world_size,
                "lost_ranks": {str(r): why for r, why in sorted(links.lost.items())},
-               **env.transport.wire_totals()}
-    write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
+               **logger.wire_totals()}
+    write_summary(run_dir, summary, finished=finished)
     return RunResult(status, logger.records, run_dir, wall, state)
 
 
