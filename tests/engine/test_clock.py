@@ -324,6 +324,18 @@ def test_trace_loader_refuses_malformed_files(tmp_path, text, column):
     assert str(path) in str(err.value) and repr(column) in str(err.value)
 
 
+@pytest.mark.parametrize("text, says", [
+    (TRACE + "x" * 200_000 + "\n", "line 5: not a CSV row (field larger than field limit"),
+    ("x" * 200_000 + TRACE, "line 1: not a CSV row (field larger than field limit"),
+])
+def test_trace_rows_the_csv_reader_cannot_read_are_one_error(tmp_path, text, says):
+    path = tmp_path / "bad.csv"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load_trace(path, 4)
+    assert str(err.value).startswith(f"clock trace {path}, {says}")
+
+
 # ------------------------------------------------------------------- the rest
 
 def test_event_queue_orders_by_time_then_insertion():

@@ -222,6 +222,14 @@ def load_trace(path: str | Path, num_clients: int) -> dict[str, np.ndarray]:
         raise ConfigError(f"clock trace {path}: not UTF-8 text (at byte {e.start}); give "
                           "the path of a CSV file (clock.path)") from None
     reader = csv.DictReader(text.splitlines())
+    try:
+        return _read_trace(reader, path, num_clients)
+    except csv.Error as e:          # a field over the csv module's limit, a NUL byte, ...
+        raise ConfigError(f"clock trace {path}, line {reader.line_num + 1}: not a CSV "
+                          f"row ({e})") from None
+
+
+def _read_trace(reader: csv.DictReader, path, num_clients: int) -> dict[str, np.ndarray]:
     header = [h.strip() for h in (reader.fieldnames or [])]
     for col in TRACE_COLUMNS:
         if col not in header:
