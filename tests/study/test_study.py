@@ -145,6 +145,7 @@ def test_typo_in_one_run_fails_before_any_run_dir(tmp_path, monkeypatch):
     ({"overrides": ["out_dir=elsewhere"]}, "set by the study"),
     ({"runs": [], "grid": {}}, "no run is defined"),
     ({"runs": [{"label": " "}]}, "non-empty label"),
+    ({"runs": [{"label": "a\nb"}]}, r"label 'a\\nb' has a control character"),
     ({"group_by": "partition.nosuch"}, "group_by"),
     ({"base": "no_such_config"}, "study.base"),
 ])

@@ -298,6 +298,9 @@ def _variant(spec: StudySpec, base: dict, study_dir: Path, run: RunSpec | None,
              point: list[tuple[str, Any]]) -> Variant:
     if run is not None and not run.label.strip():
         raise ConfigError("study.runs: every run needs a non-empty label")
+    if run is not None and any(ord(c) < 32 or ord(c) == 127 for c in run.label):
+        raise ConfigError(f"study.runs: label {run.label!r} has a control character "
+                          "(newline, tab, ...); a label is one line of the table")
     pairs = [f"{k}={value_text(v)}" for k, v in point]
     label = _join_label(run.label if run else None, pairs)
     try:
