@@ -19,6 +19,7 @@ from splitfed.configtools import (
     merge,
     parse_overrides,
     to_dict,
+    yaml_load,
 )
 from splitfed.errors import ConfigError
 
@@ -408,3 +409,27 @@ def test_yaml_refuses_a_repeated_key(tmp_path):
         load_yaml(path)
     path.write_text("a: {x: 1}\nb: {x: 1}\n")                # the same key in two maps
     assert load_yaml(path) == {"a": {"x": 1}, "b": {"x": 1}}
+
+
+@pytest.mark.parametrize("text, value", [
+    ("010", 10), ("-007", -7), ("+3", 3), ("0x1F", 31), ("0o17", 15),   # YAML 1.2 integers
+    ("1:20", "1:20"), ("1:20.5", "1:20.5"), ("1_000", "1_000"),    # 1.1's base 60 and _
+    ("0b101", "0b101"), ("1.5", 1.5), (".5", 0.5), ("1_0.5", 10.5), (".inf", math.inf),
+])
+def test_yaml_integers_are_yaml_1_2s(tmp_path, text, value):
+    """YAML 1.1 (PyYAML's default) reads 010 as 8 and 1:20 as 80: a value changed without
+    a word. Files and key=value overrides read integers as YAML 1.2 does."""
+    path = tmp_path / "c.yaml"
+    path.write_text(f"a: {text}\n")
+    for got in (load_yaml(path)["a"], yaml_load(text, "x", exponents=True)):
+        assert got == value and type(got) is type(value)
+
+
+def test_an_old_style_integer_is_refused_by_an_integer_field(tmp_path, capsys):
+    from splitfed.cli import main
+
+    assert main(["run", "quick_digits", "--dry-run", "rounds=010",
+                 f"out_dir={tmp_path}"]) == 0
+    assert "rounds         10 (" in capsys.readouterr().out
+    assert main(["run", "quick_digits", "--dry-run", "seed=1:20", f"out_dir={tmp_path}"]) == 2
+    assert "seed: expected an integer, got '1:20'" in capsys.readouterr().err

@@ -536,6 +536,34 @@ class _PlainLoader(yaml.SafeLoader):
             self._depth = depth
 
 
+#: YAML 1.2's integers (core schema): decimal (a leading zero is still decimal), 0o octal
+#: and 0x hexadecimal. YAML 1.1's other forms, which PyYAML reads by default, change a
+#: value without a word: 010 is 8 (octal), 1:20 is 80 and 1:20.5 is 80.5 (base 60),
+#: 1_000 is 1000; here they are text, which a number field then refuses. Floats are
+#: otherwise YAML 1.1's (1.5, .5, .inf, .nan; 1e-3 without a dot is text in a file).
+_INT_TAG, _FLOAT_TAG = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+_INT_12 = re.compile(r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$")
+_FLOAT_11 = re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?
+                           |\.[0-9][0-9_]*(?:[eE][-+][0-9]+)?
+                           |[-+]?\.(?:inf|Inf|INF)
+                           |\.(?:nan|NaN|NAN))$""", re.X)
+
+
+def _construct_int(loader, node) -> int:
+    text = loader.construct_scalar(node)
+    if text.startswith(("0o", "0x")):
+        return int(text[2:], 8 if text[1] == "o" else 16)
+    return int(text, 10)
+
+
+_PlainLoader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag not in (_INT_TAG, _FLOAT_TAG)]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_PlainLoader.add_implicit_resolver(_FLOAT_TAG, _FLOAT_11, list("-+0123456789."))
+_PlainLoader.add_implicit_resolver(_INT_TAG, _INT_12, list("-+0123456789"))
+_PlainLoader.add_constructor(_INT_TAG, _construct_int)
+
+
 class _ValueLoader(_PlainLoader):
     """:class:`_PlainLoader` for the value of a ``key=value`` override, which also reads
     a number written with an exponent but without a dot (``1e-9``, ``-2E5``, ``1.5e3``)
