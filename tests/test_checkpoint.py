@@ -194,6 +194,19 @@ def test_resuming_a_finished_run_leaves_its_summary_as_it_was(tmp_path):
     assert run_dir_state(study_run).state == "stale"
 
 
+def test_lowering_rounds_of_a_run_is_refused_without_calling_its_checkpoint_bad(tmp_path):
+    d = tmp_path / "d"
+    run_experiment(digits_config(rounds=4, checkpoint_every=2), run_dir=d)
+    dump_yaml(digits_config(rounds=3, checkpoint_every=2), d / "config.yaml")
+    with pytest.raises(ConfigError) as err:
+        resume_experiment(d)
+    assert str(err.value) == (f"{d / CHECKPOINT}: the run has reached round 4, after "
+                              "config.yaml's rounds 3; a run's rounds may only be raised (set "
+                              "rounds to 4 or more to keep the run)")
+    dump_yaml(digits_config(rounds=4, checkpoint_every=2), d / "config.yaml")
+    assert resume_experiment(d).status == "completed"
+
+
 def test_resume_extends_a_finished_run_when_rounds_grow(tmp_path):
     run_experiment(digits_config(rounds=5, checkpoint_every=2), run_dir=tmp_path / "full")
     short = tmp_path / "short"

@@ -68,7 +68,7 @@ import numpy as np
 import torch
 
 from splitfed import safeio
-from splitfed.errors import FormatError
+from splitfed.errors import ConfigError, FormatError
 from splitfed.provenance import cpu_capability  # noqa: F401 - re-exported
 
 CHECKPOINT = "checkpoint.pt"
@@ -362,7 +362,8 @@ def _check_archive(fh: BinaryIO, path) -> None:
 def check_checkpoint(ckpt: Any, path: str | Path = CHECKPOINT, *,
                      rounds: int | None = None) -> None:
     """Raise :class:`FormatError` unless ``ckpt`` has every key of a checkpoint of this
-    format, of the right type and in range (``round`` within ``0..rounds``)."""
+    format, of the right type and in range; then :class:`ConfigError` when its ``round``
+    is past ``rounds`` (config.yaml's rounds were lowered)."""
     if not isinstance(ckpt, dict):
         raise _bad(path, f"it holds a {type(ckpt).__name__}, not a dict")
     fmt = ckpt.get("format")
@@ -383,12 +384,11 @@ def check_checkpoint(ckpt: Any, path: str | Path = CHECKPOINT, *,
             raise _bad(path, f"{key} is a {type(v).__name__}")
     _check_config_record(ckpt, path)
     t = ckpt["round"]
-    if t < 0 or (rounds is not None and t > rounds):
-        limit = f"0..{rounds}" if rounds is not None else ">= 0"
-        raise _bad(path, f"round {_short(t)} is not in {limit} (config.yaml's rounds)")
+    if t < 0:
+        raise _bad(path, f"round {_short(t)} is not >= 0")
     if ckpt["records"] != t + 1:
-        raise _bad(path, f"it counts {_short(ckpt['records'])} records after round {t}, "
-                         f"not {t + 1}")
+        raise _bad(path, f"it counts {_short(ckpt['records'])} records after round "
+                         f"{_short(t)}, not {_short(t + 1)}")
     if ckpt["status"] not in STATUSES:
         raise _bad(path, f"status {ckpt['status'][:40]!r} is not one of {', '.join(STATUSES)}")
     wall = ckpt["wall_time_s"]
@@ -410,6 +410,11 @@ def check_checkpoint(ckpt: Any, path: str | Path = CHECKPOINT, *,
     unknown = [repr(k)[:40] for k in ckpt["components"] if k not in COMPONENTS]
     if unknown:
         raise _bad(path, f"unknown components {', '.join(unknown[:5])}")
+    if rounds is not None and t > rounds:
+        # a whole checkpoint of a run past config.yaml's rounds: they were lowered
+        raise ConfigError(f"{path}: the run has reached round {_short(t)}, after "
+                          f"config.yaml's rounds {rounds}; a run's rounds may only be "
+                          f"raised (set rounds to {_short(t)} or more to keep the run)")
 
 
 def _check_config_record(ckpt: dict, path) -> None:
