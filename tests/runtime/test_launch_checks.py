@@ -102,9 +102,10 @@ def test_the_command_refuses_in_one_line_before_any_rank(tmp_path, capsys, no_ra
     assert not (tmp_path / "runs").exists()
 
 
-def test_a_launched_run_sends_its_records_to_the_trackers(tmp_path):
+def test_a_launched_run_sends_its_records_to_the_trackers(tmp_path, monkeypatch):
     pytest.importorskip("tensorboard")
     pytest.importorskip("mlflow")
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")    # this process reads it too
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MLFLOW_ALLOW_FILE_STORE": "true"}
     proc = subprocess.run([sys.executable, "-m", "splitfed", "launch", "quick_digits",
                            "--nproc", "2", "rounds=1", "tracking.tensorboard=true",
@@ -127,3 +128,7 @@ def test_a_launched_run_sends_its_records_to_the_trackers(tmp_path):
     acc.Reload()
     assert [e.step for e in acc.Scalars("test_acc")] == [r["round"] for r in records
                                                          if "test_acc" in r]
+    # the run records the command the user gave, not the rank's worker command line
+    command = json.loads((run_dir / "summary.json").read_text())["provenance"]["command"]
+    assert command.endswith(f"launch quick_digits --nproc 2 rounds=1 tracking.tensorboard="
+                            f"true tracking.mlflow=true --run-dir {run_dir}"), command

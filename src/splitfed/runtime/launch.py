@@ -31,6 +31,7 @@ prints one line and exits 130), and report their status to the launcher through 
 from __future__ import annotations
 
 import ctypes
+import json
 import math
 import os
 import shutil
@@ -49,6 +50,8 @@ WORKER = "splitfed.runtime.worker"
 #: most processes ``splitfed launch`` starts
 MAX_NPROC = 256
 LAUNCHER_ENV = "SPLITFED_LAUNCHER_PID"
+#: the launcher's command line (a JSON list), which rank 0 records as the run's command
+COMMAND_ENV = "SPLITFED_LAUNCH_COMMAND"
 STATUS_ENV = "SPLITFED_STATUS_DIR"
 _PR_SET_PDEATHSIG = 1
 
@@ -316,7 +319,8 @@ def launch(args) -> int:
         listen, secret = check_options(args)
         check_config(args)
         start = spawn if args.launcher == "spawn" else torchrun
-        ranks = start(args.nproc, worker_argv(args), listen=listen, secret=secret)
+        ranks = start(args.nproc, worker_argv(args), listen=listen, secret=secret,
+                      env={COMMAND_ENV: json.dumps(list(sys.argv))})
         code = wait_all(ranks) if args.launcher == "spawn" else ranks[0].wait()
         code = ranks.status(code)
         return 128 - code if code < 0 else code      # killed by a signal: 128 + its number

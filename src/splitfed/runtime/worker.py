@@ -13,6 +13,7 @@ A rank dies with its parent process and exits when ``splitfed launch`` is gone.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
@@ -161,6 +162,19 @@ def _report(rank: int, code: int) -> int:
     return 0 if code in (2, 3) and "TORCHELASTIC_RUN_ID" in os.environ else code
 
 
+def _take_launch_command() -> None:
+    """Started by ``splitfed launch``: the launcher's command line becomes this process's
+    ``sys.argv``, which the run's provenance records as its command (not the worker's)."""
+    from splitfed.runtime.launch import COMMAND_ENV
+
+    try:
+        command = json.loads(os.environ.get(COMMAND_ENV, "null"))
+    except ValueError:
+        return
+    if isinstance(command, list) and command and all(isinstance(c, str) for c in command):
+        sys.argv = command
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -169,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"splitfed worker: {e.args[0]} is not set; start the ranks with splitfed "
               "launch or torchrun (docs/distributed.md)", file=sys.stderr)
         return 2
+    _take_launch_command()
     launcher = os.environ.get("SPLITFED_LAUNCHER_PID")
     if launcher or "TORCHELASTIC_RUN_ID" in os.environ:
         guard(int(launcher) if launcher else None)
