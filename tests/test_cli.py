@@ -202,6 +202,26 @@ def test_ctrl_c_during_a_run_then_resume(tmp_path):
     assert rounds == list(range(31))
 
 
+def test_sigterm_stops_a_run_as_ctrl_c_does(tmp_path):
+    """``kill`` (or a batch system's stop) during a run: the last checkpoint stays, one
+    line says how to continue, exit status 143 (128 + SIGTERM)."""
+    (tmp_path / "slow.yaml").write_text(SLOW)
+    runs = tmp_path / "runs"
+    proc = start(["run", "slow.yaml", "out_dir=runs"], tmp_path)
+    deadline = time.monotonic() + 60
+    while not any(runs.glob("*/checkpoint.pt")):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    (run_dir,) = runs.iterdir()
+    assert proc.returncode == 143, err
+    assert err == ("splitfed: terminated; continue it with: splitfed run --resume "
+                   f"{Path('runs') / run_dir.name}\n")
+    assert main(["run", "--resume", str(run_dir)]) == 0
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"
+
+
 def test_a_closed_stdout_ends_the_command_quietly(tmp_path):
     proc = subprocess.Popen(splitfed_command() + ["list"], cwd=tmp_path, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)

@@ -37,12 +37,13 @@ to the config's ``plugins``; installed packages' entry points of the group
 
 Exit status: 0 done, 3 a run did not complete (diverged, no_client_trained), 2 an error
 (one line: splitfed: error: ...), 130 interrupted (Ctrl-C; an interrupted run, sweep or
-study continues where it stopped, the line printed says how).
+study continues where it stopped, the line printed says how), 143 the same after SIGTERM.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import os
 import shlex
@@ -53,6 +54,8 @@ from splitfed.registry import add_plugin_argument
 
 #: exit status of an interrupted command (128 + SIGINT, as a shell reports Ctrl-C)
 INTERRUPTED = 130
+#: the exit status after SIGTERM (128 + 15), which stops a command as Ctrl-C does
+TERMINATED = 143
 #: exit status when stdout was closed by its reader (128 + SIGPIPE, as a shell reports it)
 BROKEN_PIPE = 141
 #: OSErrors without a file name that still come from the user's files or disk
@@ -425,10 +428,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit status: 0 done, 3 a run did not complete
     (diverged), 2 a user error (one line on stderr: ``splitfed: error: ...``), 130
-    interrupted (Ctrl-C; the line says how to continue), 141 stdout closed by its reader.
+    interrupted (Ctrl-C; the line says how to continue), 143 the same after SIGTERM, 141
+    stdout closed by its reader.
     An exception of any other kind is a bug and keeps its traceback."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = None
+    args, terminated = None, []
     try:
         parser = build_parser()
         try:
@@ -444,9 +448,14 @@ def main(argv: list[str] | None = None) -> int:
         except SystemExit as e:                     # --help, or a usage error (printed)
             return e.code if isinstance(e.code, int) else 2
         _load_plugins(args)
-        return args.func(args)
+        with _sigterm_interrupts() as terminated:
+            return args.func(args)
     except (KeyboardInterrupt, RunInterrupted) as e:
-        print(f"splitfed: {_interrupted(args, argv, e)}", file=sys.stderr)
+        line = _interrupted(args, argv, e)
+        if terminated:
+            print(f"splitfed: terminated{line.removeprefix('interrupted')}", file=sys.stderr)
+            return TERMINATED
+        print(f"splitfed: {line}", file=sys.stderr)
         return INTERRUPTED
     except SplitfedError as e:
         print(f"splitfed: error: {_printable(str(e))}", file=sys.stderr)
@@ -470,6 +479,36 @@ _ESCAPES = str.maketrans({c: repr(c)[1:-1]
 def _printable(message: str) -> str:
     """``message`` with the line-breaking characters other than newline escaped."""
     return message.translate(_ESCAPES)
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the command is, so that it stops as on Ctrl-C."""
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts():
+    """While the command runs, SIGTERM (``kill``, a batch system's stop) interrupts it as
+    Ctrl-C does: a run keeps its last checkpoint and the line says how to continue.
+    Yields a list that holds True once SIGTERM arrived. Only where SIGTERM has its
+    default action, in the main thread (a handler of the caller's stays)."""
+    import signal
+    import threading
+
+    seen: list[bool] = []
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
+        yield seen
+        return
+
+    def on_sigterm(signum, frame):
+        seen.append(True)
+        raise _Terminated
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield seen
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _interrupted(args, argv: list[str], e: BaseException) -> str:
