@@ -43,13 +43,12 @@ study continues where it stopped, the line printed says how), 143 the same after
 from __future__ import annotations
 
 import argparse
-import contextlib
 import errno
 import os
 import shlex
 import sys
 
-from splitfed.errors import RunInterrupted, SplitfedError
+from splitfed.errors import RunInterrupted, SplitfedError, sigterm_interrupts
 from splitfed.registry import add_plugin_argument
 
 #: exit status of an interrupted command (128 + SIGINT, as a shell reports Ctrl-C)
@@ -448,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
         except SystemExit as e:                     # --help, or a usage error (printed)
             return e.code if isinstance(e.code, int) else 2
         _load_plugins(args)
-        with _sigterm_interrupts() as terminated:
+        with sigterm_interrupts() as terminated:
             return args.func(args)
     except (KeyboardInterrupt, RunInterrupted) as e:
         line = _interrupted(args, argv, e)
@@ -479,36 +478,6 @@ _ESCAPES = str.maketrans({c: repr(c)[1:-1]
 def _printable(message: str) -> str:
     """``message`` with the line-breaking characters other than newline escaped."""
     return message.translate(_ESCAPES)
-
-
-class _Terminated(KeyboardInterrupt):
-    """SIGTERM, raised where the command is, so that it stops as on Ctrl-C."""
-
-
-@contextlib.contextmanager
-def _sigterm_interrupts():
-    """While the command runs, SIGTERM (``kill``, a batch system's stop) interrupts it as
-    Ctrl-C does: a run keeps its last checkpoint and the line says how to continue.
-    Yields a list that holds True once SIGTERM arrived. Only where SIGTERM has its
-    default action, in the main thread (a handler of the caller's stays)."""
-    import signal
-    import threading
-
-    seen: list[bool] = []
-    if (threading.current_thread() is not threading.main_thread()
-            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
-        yield seen
-        return
-
-    def on_sigterm(signum, frame):
-        seen.append(True)
-        raise _Terminated
-
-    signal.signal(signal.SIGTERM, on_sigterm)
-    try:
-        yield seen
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _interrupted(args, argv: list[str], e: BaseException) -> str:

@@ -1,4 +1,7 @@
-"""Exceptions raised by splitfed. Every user-facing error derives from SplitfedError."""
+"""Exceptions raised by splitfed. Every user-facing error derives from SplitfedError;
+SIGTERM becomes :class:`Terminated` while :func:`sigterm_interrupts` is active."""
+
+import contextlib
 
 
 class SplitfedError(Exception):
@@ -43,3 +46,35 @@ class PluginError(ConfigError):
     """A plugin cannot be imported, or registers a component badly (a name that is taken,
     a function without the parameters its kind is called with). The message names the
     plugin or the kind and name of the component."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``kill``, a batch system's stop), raised where the command is, so that it
+    stops as on Ctrl-C (:func:`sigterm_interrupts`)."""
+
+
+@contextlib.contextmanager
+def sigterm_interrupts():
+    """While active, SIGTERM raises :class:`Terminated`: the command stops as Ctrl-C
+    stops it (a run keeps its last checkpoint). Yields a list that holds True once
+    SIGTERM arrived (the exception may have been turned into another on its way up).
+    Only where SIGTERM has its default action, in the main thread; a handler already
+    there (the caller's, or an outer ``sigterm_interrupts``) stays."""
+    import signal
+    import threading
+
+    seen: list[bool] = []
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
+        yield seen
+        return
+
+    def on_sigterm(signum, frame):
+        seen.append(True)
+        raise Terminated
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield seen
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)

@@ -43,7 +43,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from splitfed.errors import ConfigError
+from splitfed.errors import ConfigError, Terminated, sigterm_interrupts
 from splitfed.runtime import secure
 
 WORKER = "splitfed.runtime.worker"
@@ -301,19 +301,15 @@ def stop(procs: list[subprocess.Popen]) -> None:
         p.wait()
 
 
-class _Terminated(Exception):
-    pass
-
-
-def _on_sigterm(signum, frame):
-    raise _Terminated
-
-
 def launch(args) -> int:
     """``splitfed launch``: check the options and the config, start the ranks, wait;
     returns rank 0's status (0 completed, 2 error, 3 another end of the run), 130 after
-    Ctrl-C."""
-    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    Ctrl-C, 143 after SIGTERM (:func:`splitfed.errors.sigterm_interrupts`)."""
+    with sigterm_interrupts():
+        return _launch(args)
+
+
+def _launch(args) -> int:
     ranks = None
     try:
         listen, secret = check_options(args)
@@ -324,16 +320,15 @@ def launch(args) -> int:
         code = wait_all(ranks) if args.launcher == "spawn" else ranks[0].wait()
         code = ranks.status(code)
         return 128 - code if code < 0 else code      # killed by a signal: 128 + its number
-    except (KeyboardInterrupt, _Terminated) as e:
+    except KeyboardInterrupt as e:
         if ranks is not None:
             stop(ranks)
-        interrupted = isinstance(e, KeyboardInterrupt)
+        interrupted = not isinstance(e, Terminated)
         print(f"splitfed: {'interrupted' if interrupted else 'terminated'}: all ranks "
               "stopped (continue the run with splitfed launch --resume RUN_DIR)",
               file=sys.stderr, flush=True)
         return 130 if interrupted else 143
     finally:
-        signal.signal(signal.SIGTERM, previous)
         if ranks is not None:
             ranks.close()
 
