@@ -160,40 +160,49 @@ def test_an_input_too_small_for_a_model_is_still_reported_as_such():
 # ------------------------------------------------------------------- registration
 
 
-def test_a_duplicate_names_the_first_module_and_the_second(scratch, tmp_path, monkeypatch):
-    (tmp_path / "zz_first_lab.py").write_text(
-        "from splitfed import register_model\n"
-        "@register_model('zz_dup')\n"
-        "def f(input_shape, num_classes): ...\n")
-    (tmp_path / "zz_second_lab.py").write_text(
-        "from splitfed import register_model\n"
-        "import zz_first_lab  # registers zz_dup\n"
-        "@register_model('zz_dup')\n"
-        "def g(input_shape, num_classes): ...\n")
+@pytest.fixture
+def plugin_files(tmp_path, monkeypatch):
+    """``write({"pkg/__init__.py": source, "mod.py": source})``: plugin modules in a
+    directory on ``sys.path``, imported afresh by the test and forgotten after it."""
     monkeypatch.syspath_prepend(str(tmp_path))
-    for name in ("zz_first_lab", "zz_second_lab"):
-        monkeypatch.delitem(sys.modules, name, raising=False)
+    names = []
+
+    def write(files: dict[str, str]) -> None:
+        for rel, text in files.items():
+            path = tmp_path / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            name = rel.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+            names.append(name)
+            sys.modules.pop(name, None)
+    yield write
+    for name in names:
+        sys.modules.pop(name, None)
+
+
+def test_a_duplicate_names_the_first_module_and_the_second(scratch, plugin_files):
+    plugin_files({
+        "zz_first_lab.py": "from splitfed import register_model\n"
+                           "@register_model('zz_dup')\n"
+                           "def f(input_shape, num_classes): ...\n",
+        "zz_second_lab.py": "from splitfed import register_model\n"
+                            "import zz_first_lab  # registers zz_dup\n"
+                            "@register_model('zz_dup')\n"
+                            "def g(input_shape, num_classes): ...\n"})
     with pytest.raises(PluginError) as info:
         registry.load_plugins(["zz_second_lab"])
     assert str(info.value).startswith(
         "plugin zz_second_lab: model 'zz_dup' is already registered (plugin zz_first_lab) "
         "and zz_second_lab registers it again; choose another name")
     assert registry.origin("model", "zz_dup") == "zz_first_lab"
-    sys.modules.pop("zz_second_lab", None)
-    sys.modules.pop("zz_first_lab", None)
 
 
-def test_a_plugin_that_registers_nothing_is_named_in_a_warning(scratch, tmp_path,
+def test_a_plugin_that_registers_nothing_is_named_in_a_warning(scratch, plugin_files,
                                                                   monkeypatch, capsys):
-    (tmp_path / "zz_hollow_lab").mkdir()
-    (tmp_path / "zz_hollow_lab" / "__init__.py").write_text("")     # forgot the import
-    (tmp_path / "zz_hollow_lab" / "models.py").write_text(
-        "from splitfed import register_model\n"
-        "@register_model('zz_hollow')\n"
-        "def f(input_shape, num_classes): ...\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    for name in ("zz_hollow_lab", "zz_hollow_lab.models"):
-        monkeypatch.delitem(sys.modules, name, raising=False)
+    plugin_files({"zz_hollow_lab/__init__.py": "",                  # forgot the import
+                  "zz_hollow_lab/models.py": "from splitfed import register_model\n"
+                                             "@register_model('zz_hollow')\n"
+                                             "def f(input_shape, num_classes): ...\n"})
     monkeypatch.setattr(registry, "_LOADED", [])
     assert registry.load_plugins(["zz_hollow_lab"]) == ["zz_hollow_lab"]
     err = capsys.readouterr().err.strip().splitlines()
@@ -204,8 +213,6 @@ def test_a_plugin_that_registers_nothing_is_named_in_a_warning(scratch, tmp_path
     registry.load_plugins(["zz_hollow_lab.models"])           # this one registers
     assert capsys.readouterr().err == ""
     assert registry.origin("model", "zz_hollow") == "zz_hollow_lab.models"
-    for name in ("zz_hollow_lab", "zz_hollow_lab.models"):
-        sys.modules.pop(name, None)
 
 
 # ------------------------------------------------------------------- the command line
