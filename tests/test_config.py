@@ -23,6 +23,33 @@ def test_override_and_option_folding():
     assert cfg.train.lr == 1e-3 and cfg.rounds == 3
 
 
+FLAT = {"partition": {"scheme": "dirichlet", "num_clients": 10, "alpha": 1.0}}
+NESTED = {"partition": {"scheme": "dirichlet", "num_clients": 10, "options": {"alpha": 1.0}}}
+
+
+@pytest.mark.parametrize("raw,override,expected", [
+    (FLAT, "partition.options={alpha: 0.5}", {"alpha": 0.5}),
+    (NESTED, "partition.alpha=0.5", {"alpha": 0.5}),
+    (NESTED, "partition.options.alpha=0.5", {"alpha": 0.5}),
+    (FLAT, "partition.options.beta=2", {"alpha": 1.0, "beta": 2}),
+    (NESTED, "~partition.alpha", {}),
+    (FLAT, "~partition.options.alpha", {}),
+    (NESTED, "~partition.options", {}),
+])
+def test_an_option_is_one_key_flat_or_under_options(raw, override, expected):
+    # the later source wins whichever spelling either used
+    cfg = build_config(raw, [override])
+    assert cfg.partition.options == expected and cfg.partition.scheme == "dirichlet"
+
+
+def test_one_source_giving_an_option_twice_is_refused_unless_equal():
+    both = {"partition": {"scheme": "dirichlet", "alpha": 1.0, "options": {"alpha": 0.5}}}
+    with pytest.raises(ConfigError, match=r"partition\.alpha: given twice.*give it once"):
+        build_config(both)
+    same = {"partition": {"scheme": "dirichlet", "alpha": 0.5, "options": {"alpha": 0.5}}}
+    assert build_config(same).partition.options == {"alpha": 0.5}
+
+
 @pytest.mark.parametrize("overrides,fragment", [
     (["train.lrr=0.1"], "train.lrr"),
     (["rounds=many"], "rounds"),

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
-from splitfed.configtools import from_dict, load_yaml, merge, parse_overrides
+from splitfed.configtools import DELETE, from_dict, load_yaml, merge, parse_overrides
 from splitfed.errors import ConfigError
 from splitfed.exact import ceil_times
 from splitfed.limits import MAX_MODEL_PARAMS
@@ -274,6 +274,80 @@ _OPEN_SECTIONS = {"data": DataConfig, "partition": PartitionConfig, "model": Mod
                   "algorithm": AlgorithmConfig, "clock": ClockConfig}
 
 
+def merge_config(base: dict, override: dict) -> dict:
+    """Deep-merge two config mappings (:func:`splitfed.configtools.merge`) where an option
+    of an open section is one key whether it is written flat (``partition.alpha``) or
+    under the section's ``options`` (``partition.options.alpha``).
+
+    Each side is brought to the flat spelling first, so the later source wins whichever
+    spelling either used; one source giving both spellings different values is refused.
+    ``~section.options`` (an override removing the options) removes every option."""
+    base, override = _lift_options(base), _lift_options(override)
+    for section in _OPEN_SECTIONS:
+        body, there = override.get(section), base.get(section)
+        if (isinstance(body, dict) and body.get("options") is DELETE
+                and isinstance(there, dict)):
+            known = {f.name for f in fields(_OPEN_SECTIONS[section])}
+            override = {**override, section: {k: v for k, v in body.items()
+                                              if k != "options"}}
+            base = {**base, section: {k: v for k, v in there.items() if k in known}}
+    return merge(base, override)
+
+
+def keys_overlap(a: str, b: str) -> bool:
+    """Whether dotted keys ``a`` and ``b`` set a common value: equal, one inside the other,
+    or one option spelled flat and under its section's ``options``."""
+    x, y = _option_key(a), _option_key(b)
+    if x == y or x.startswith(y + ".") or y.startswith(x + "."):
+        return True
+    return _all_options(x, y) or _all_options(y, x)
+
+
+def _option_key(key: str) -> str:
+    """``section.options.name...`` as ``section.name...`` for an open section."""
+    section, _, rest = key.partition(".")
+    if section in _OPEN_SECTIONS and rest.startswith("options."):
+        return f"{section}.{rest[len('options.'):]}"
+    return key
+
+
+def _all_options(whole: str, key: str) -> bool:
+    """Whether ``whole`` is ``section.options`` and ``key`` one of that section's options."""
+    section, _, rest = whole.partition(".")
+    if section not in _OPEN_SECTIONS or rest != "options":
+        return False
+    other, _, name = key.partition(".")
+    known = {f.name for f in fields(_OPEN_SECTIONS[section])}
+    return other == section and name.split(".")[0] not in known
+
+
+def _lift_options(raw: Any) -> Any:
+    """``raw`` with the ``options`` mapping of each open section moved to flat keys."""
+    if not isinstance(raw, dict):
+        return raw
+    out = dict(raw)
+    for section, cls in _OPEN_SECTIONS.items():
+        body = out.get(section)
+        if not isinstance(body, dict) or not isinstance(body.get("options"), dict):
+            continue
+        known = {f.name for f in fields(cls)}
+        flat = {k: v for k, v in body.items() if k != "options"}
+        kept = {}
+        for key, value in body["options"].items():
+            if key in known:                    # a field's name: stays an option
+                kept[key] = value
+            elif key in flat and flat[key] != value:
+                raise ConfigError(
+                    f"{section}.{key}: given twice, as {section}.{key} ({flat[key]!r}) and "
+                    f"{section}.options.{key} ({value!r}); give it once")
+            else:
+                flat[key] = value
+        if kept:
+            flat["options"] = kept
+        out[section] = flat
+    return out
+
+
 def _fold_options(raw: dict) -> dict:
     """Move unknown keys of open sections into their ``options`` mapping."""
     out = dict(raw)
@@ -315,7 +389,7 @@ def build_config(raw: dict | None = None, overrides: list[str] | None = None, *,
     group ``splitfed.plugins``, then the config's ``plugins`` and ``plugins`` given here
     (the command line's ``--plugin``), which are added to the config's list; so the
     components they register are known when the config is validated."""
-    merged = merge(raw or {}, parse_overrides(overrides or []))
+    merged = merge_config(raw or {}, parse_overrides(overrides or []))
     return from_dict(RunConfig, _fold_options(_with_plugins(merged, plugins)))
 
 

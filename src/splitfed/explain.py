@@ -406,7 +406,10 @@ then the options of every built-in algorithm, transform, model, data set, partit
 and clock profile. A config is YAML; every key can also be given on the command line as
 `key=value` (`splitfed run CONFIG train.lr=0.05`). In the sections `algorithm`, `data`,
 `partition`, `model` and `clock`, any key that is not listed is an option of the chosen
-component (`model: {{name: mlp, hidden: [64]}}`). `splitfed config explain [NAME]` prints
+component (`model: {{name: mlp, hidden: [64]}}`); it may also be written under the
+section's `options` (`partition.options.alpha` is `partition.alpha`): either spelling
+replaces the other from a later source (a command-line override, a study's grid), and
+one source giving both with different values is refused. `splitfed config explain [NAME]` prints
 the same on the console, with the components of plugins; `splitfed config show CONFIG`
 prints the resolved config a run would use.
 """

@@ -128,3 +128,28 @@ def test_a_huge_sweep_is_refused_with_its_count(tmp_path, capsys, monkeypatch):
     with pytest.raises(ConfigError, match="^sweep: defines 120,000 runs"):
         sweep_study("quick_digits", ["train.lr=" + values, "rounds=" + values],
                     seeds=list(range(300)))
+
+
+# ---------------------------------------------------------------- options, two spellings
+
+DIRICHLET = {**BASE, "partition": {"scheme": "dirichlet", "num_clients": 3,
+                                   "options": {"alpha": 1.0}}}
+
+
+@pytest.mark.parametrize("grid_key, set_key", [
+    ("partition.alpha", "partition.options.alpha=0.3"),
+    ("partition.options.alpha", "partition.alpha=0.3"),
+    ("partition.alpha", "partition.options={alpha: 0.3}"),
+])
+def test_a_run_setting_a_grid_option_in_another_spelling_is_refused(grid_key, set_key):
+    with pytest.raises(ConfigError, match="set both by the run and by the grid"):
+        study_from_mapping({"name": "s", "base_config": DIRICHLET,
+                            "grid": {grid_key: [0.1, 0.5]},
+                            "runs": [{"label": "a", "set": [set_key]}]})
+
+
+def test_a_grid_option_overrides_the_base_option_in_either_spelling():
+    study = study_from_mapping({"name": "s", "base_config": DIRICHLET,
+                                "grid": {"partition.options.alpha": [0.1, 0.5]},
+                                "overrides": ["partition.alpha=9.0"]})
+    assert [r.config.partition.options["alpha"] for r in study.runs] == [0.1, 0.5]

@@ -19,7 +19,15 @@ from typing import Any, Literal
 
 import yaml
 
-from splitfed.config import MAX_SEED, MIN_SEED, RunConfig, build_config, resolve_config_path
+from splitfed.config import (
+    MAX_SEED,
+    MIN_SEED,
+    RunConfig,
+    build_config,
+    keys_overlap,
+    merge_config,
+    resolve_config_path,
+)
 from splitfed.configtools import from_dict, load_yaml, merge, parse_overrides, to_dict
 from splitfed.errors import ConfigError
 
@@ -334,7 +342,8 @@ def _variant_config(spec: StudySpec, base: dict, study_dir: Path, run: RunSpec |
         grid_over = merge(grid_over, _nested(key, value))
     if run:
         _check_overlap([i.partition("=")[0].strip() for i in run.set], [k for k, _ in point])
-    raw = merge(merge(merge(base, parse_overrides(spec.overrides)), grid_over), run_set)
+    raw = merge_config(merge_config(merge_config(base, parse_overrides(spec.overrides)),
+                                    grid_over), run_set)
     raw = merge(raw, {"name": slug, "out_dir": str(study_dir / "runs"), "progress": False})
     cfg = build_config(raw, plugins=spec.plugins)
     preflight(cfg)
@@ -351,7 +360,7 @@ def _nested(key: str, value: Any) -> dict:
 def _check_overlap(set_keys: list[str], grid_keys: list[str]) -> None:
     for a in set_keys:
         for b in grid_keys:
-            if a == b or a.startswith(b + ".") or b.startswith(a + "."):
+            if keys_overlap(a, b):
                 raise ConfigError(f"'{a}' is set both by the run and by the grid ('{b}')")
 
 
