@@ -194,6 +194,20 @@ def test_resuming_a_finished_run_leaves_its_summary_as_it_was(tmp_path):
     assert run_dir_state(study_run).state == "stale"
 
 
+def test_a_deleted_partition_file_is_written_again_on_resume(tmp_path):
+    d = tmp_path / "d"
+    run_experiment(digits_config(rounds=3, checkpoint_every=1), run_dir=d)
+    expected = (d / "partition.txt").read_text()
+    assert expected.strip()
+    (d / "partition.txt").unlink()
+    resume_experiment(d)                                # a finished run
+    assert (d / "partition.txt").read_text() == expected
+    (d / "partition.txt").unlink()
+    (d / CHECKPOINT).unlink()                           # no checkpoint: from round 0
+    resume_experiment(d)
+    assert (d / "partition.txt").read_text() == expected
+
+
 def test_lowering_rounds_of_a_run_is_refused_without_calling_its_checkpoint_bad(tmp_path):
     d = tmp_path / "d"
     run_experiment(digits_config(rounds=4, checkpoint_every=2), run_dir=d)

@@ -705,9 +705,7 @@ def run_experiment(cfg: RunConfig, *, write: bool = True,
         check_run_files(run_dir)
         try:
             write_config(cfg, run_dir / "config.yaml")
-            labels = env.data.train.y.cpu().numpy()
-            write_atomic(run_dir / "partition.txt", partition_summary(
-                env.client_indices, labels, env.data.num_classes) + "\n")
+            write_partition(run_dir, env)
         except KeyboardInterrupt:               # before the first round: leave nothing
             for p in run_dir.iterdir():
                 if p.name != LOCK_NAME:
@@ -716,6 +714,17 @@ def run_experiment(cfg: RunConfig, *, write: bool = True,
                 shutil.rmtree(run_dir, ignore_errors=True)
             raise RunInterrupted(None) from None
         return _execute(cfg, algorithm, env, run_dir)
+
+
+def write_partition(run_dir: Path, env: Environment, *, if_missing: bool = False) -> None:
+    """``partition.txt``: each client's sample count and label histogram; with
+    ``if_missing`` only where it is absent (a resumed run whose file was deleted)."""
+    where = run_dir / "partition.txt"
+    if if_missing and where.exists():
+        return
+    labels = env.data.train.y.cpu().numpy()
+    write_atomic(where, partition_summary(env.client_indices, labels,
+                                          env.data.num_classes) + "\n")
 
 
 def _execute(cfg: RunConfig, algorithm, env: Environment, run_dir: Path | None, *,
@@ -876,6 +885,7 @@ def _resume(run_dir: Path, saved: Path) -> RunResult:
     resume = None                                         # every check; no file changed
     if ckpt is not None:
         resume = _restore(run_dir, ckpt, records, algorithm, env)
+    write_partition(run_dir, env, if_missing=True)
     if resume is None:
         for name in ("metrics.jsonl", "summary.json", *LEGACY_FILES):
             (run_dir / name).unlink(missing_ok=True)

@@ -250,11 +250,15 @@ def test_a_killed_server_resumes_to_the_uninterrupted_parameters(tmp_path):
     assert summary["wire_up"] == sum(r["bytes_up"] for r in records[1:])
     overhead = [r["overhead_bytes"] for r in records[1:]]
     assert overhead == sorted(overhead)
-    # resuming the finished run again changes nothing
+    # resuming the finished run again changes nothing, and writes a deleted
+    # partition.txt again
     before = (run_dir / "summary.json").read_bytes()
+    partition = (run_dir / "partition.txt").read_text()
+    (run_dir / "partition.txt").unlink()
     procs = spawn(3, ["--resume", str(run_dir)], env=ENV)
     assert _finish(procs) == [0, 0, 0]
     assert (run_dir / "summary.json").read_bytes() == before
+    assert (run_dir / "partition.txt").read_text() == partition
 
 
 def test_launch_through_torchrun_refuses_an_unsupported_algorithm(tmp_path):

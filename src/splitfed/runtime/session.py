@@ -46,13 +46,12 @@ from splitfed.checkpoint import (CHECKPOINT, Checkpointer, checkpoint_records,
                                  truncate_metrics)
 from splitfed.config import RunConfig, build_config
 from splitfed.configtools import load_yaml, to_dict
-from splitfed.data.partition import partition_summary
 from splitfed.engine.loop import run_rounds
 from splitfed.errors import ConfigError
-from splitfed.experiment import (RunResult, check_empty, new_run_dir, write_atomic,
+from splitfed.experiment import (RunResult, check_empty, new_run_dir,
                                  build_algorithm, build_environment, check_resume_config,
                                  check_run_files, config_data, lock_run_dir, write_config,
-                                 write_summary)
+                                 write_partition, write_summary)
 from splitfed.metrics import MetricLogger, record_summary
 from splitfed.provenance import provenance
 from splitfed.runtime.placement import (RankPlacement, RoundControl, RuntimeClock, StopRun,
@@ -229,6 +228,7 @@ def _serve(links: Links, cfg: RunConfig, *, options: RuntimeOptions,
             started = {"threads": ckpt["threads"], "cpu": ckpt["cpu_capability"],
                        "resumed_threads": list(ckpt["resumed_threads"])
                        + [torch.get_num_threads()]}
+            write_partition(Path(run_dir), env, if_missing=True)
         else:
             if run_dir is None:
                 run_dir = new_run_dir(cfg)
@@ -240,9 +240,7 @@ def _serve(links: Links, cfg: RunConfig, *, options: RuntimeOptions,
                 stack.enter_context(lock_run_dir(run_dir))
                 check_empty(run_dir)
             write_config(cfg, run_dir / "config.yaml")
-            labels = env.data.train.y.cpu().numpy()
-            write_atomic(run_dir / "partition.txt", partition_summary(
-                env.client_indices, labels, env.data.num_classes) + "\n")
+            write_partition(run_dir, env)
         return _run(links, cfg, algorithm, env, control, Path(run_dir), options, ckpt,
                     state=state, start=start, records=records or [], wall0=wall0,
                     resumed=resumed, started=started)
