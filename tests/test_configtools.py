@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional
@@ -20,7 +21,9 @@ from splitfed.configtools import (
     parse_overrides,
     to_dict,
     yaml_load,
+    yaml_round_trip,
 )
+from splitfed.config import load_config, shipped_configs
 from splitfed.errors import ConfigError
 
 
@@ -433,3 +436,16 @@ def test_an_old_style_integer_is_refused_by_an_integer_field(tmp_path, capsys):
     assert "rounds         10 (" in capsys.readouterr().out
     assert main(["run", "quick_digits", "--dry-run", "seed=1:20", f"out_dir={tmp_path}"]) == 2
     assert "seed: expected an integer, got '1:20'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", shipped_configs())
+def test_the_fast_yaml_round_trip_gives_what_pyyaml_gives(name):
+    # libyaml where installed: the same data as PyYAML's own parser and emitter
+
+    data = to_dict(load_config(name))
+    data["extra"] = ["1e-3", "yes", "null", "~", "0x10", "010", "1:20", float("inf"),
+                     -0.0, 1e-300, 10**30, "ünï", "a: b", "", None, True, [[1, 2], {}]]
+    expected = yaml.safe_load(yaml.safe_dump(data, sort_keys=False))
+    got = yaml_round_trip(data)
+    assert got == expected and list(got) == list(expected)
+    assert json.dumps(got, sort_keys=True) == json.dumps(expected, sort_keys=True)

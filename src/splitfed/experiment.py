@@ -30,7 +30,7 @@ from splitfed.checkpoint import (CHECKPOINT, Checkpointer, atomic_write, check_c
                                  restore, thread_warnings, truncate_metrics)
 from splitfed.config import RunConfig, build_config
 from splitfed.exact import ceil_times
-from splitfed.configtools import from_dict, load_yaml, to_dict
+from splitfed.configtools import from_dict, load_yaml, to_dict, yaml_round_trip
 from splitfed.data import load_dataset
 from splitfed.data.partition import PARTITIONERS, partition, partition_summary
 from splitfed.data.server_data import build_server_data
@@ -123,13 +123,29 @@ def resolve_device(name: str) -> torch.device:
     return dev
 
 
-def load_data(cfg: RunConfig, streams: RandomStreams, device: torch.device):
+def load_data(cfg: RunConfig, streams: RandomStreams, device: torch.device,
+              cache: dict | None = None):
+    """The data set of ``cfg`` on ``device``; with ``cache``, the one held there when it
+    was loaded for the same data section and seed, else loaded and held (only the last)."""
     d = cfg.data
+    key = data_key(cfg, device) if cache is not None else None
+    if cache is not None and key in cache:
+        return cache[key]
     bundle = load_dataset(d.name, d.data_dir, rng=streams.numpy("data"),
                           limit_train=d.limit_train, limit_test=d.limit_test, **d.options)
     for split in (bundle.train, bundle.test):
         split.x, split.y = split.x.to(device), split.y.to(device)
+    if cache is not None:
+        cache.clear()
+        cache[key] = bundle
     return bundle
+
+
+def data_key(cfg: RunConfig, device: torch.device | str | None = None) -> str:
+    """What the data set a run loads depends on: its data section, its seed (the loader's
+    random stream) and the device."""
+    return json.dumps([to_dict(cfg.data), cfg.seed, str(device)], sort_keys=True,
+                      default=str)
 
 
 def make_partition(cfg: RunConfig, bundle, streams: RandomStreams,
@@ -300,19 +316,23 @@ def _check_output(cfg: RunConfig, out, n: int) -> None:
                           "floating point")
 
 
-def build_environment(cfg: RunConfig) -> Environment:
+def build_environment(cfg: RunConfig, *, data_cache: dict | None = None) -> Environment:
     """Load data, partition it, build the model and engine parts; validates everything.
 
     Besides each part's own checks, the config is checked against the data and the
     machine before anything is allocated for the run: the model's parameter count (built
     on the meta device first), the batch size and the samples a round trains on
     (:func:`splitfed.config.check_against_data`), and a clock trace under which no client
-    could ever take part."""
+    could ever take part.
+
+    ``data_cache`` (a dict, kept by the caller): the data set of the last call with the
+    same ``data`` section, seed and device is reused instead of loaded again (checking
+    many runs of a study, which only read it)."""
     from splitfed.config import check_against_data, check_model_size
 
     streams = RandomStreams(cfg.seed)
     device = resolve_device(cfg.engine.device)
-    bundle = load_data(cfg, streams, device)
+    bundle = load_data(cfg, streams, device, cache=data_cache)
     server = _server_data(cfg, bundle, streams)
     pool = server.pool if server is not None and cfg.server_data.disjoint else None
     parts = make_partition(cfg, bundle, streams, exclude=pool)
@@ -606,7 +626,7 @@ def write_summary(run_dir: Path, summary: dict, *, finished: bool = False) -> No
 def config_data(cfg: RunConfig) -> dict:
     """``cfg`` as plain data, as ``config.yaml`` holds it and a resume reads it back (the
     record each checkpoint keeps, :func:`splitfed.checkpoint.config_record`)."""
-    return yaml.safe_load(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    return yaml_round_trip(to_dict(cfg))
 
 
 def check_resume_config(run_dir: Path, ckpt: dict, cfg: RunConfig, *,

@@ -270,15 +270,35 @@ def test_each_distinct_config_is_built_once(tmp_path, monkeypatch):
     built = []
     real = experiment.build_environment
 
-    def counting(cfg):
+    def counting(cfg, **kwargs):
         built.append(cfg.seed)
-        return real(cfg)
+        return real(cfg, **kwargs)
+
+    loaded = []
+    real_load = experiment.load_dataset
+
+    def counting_load(*args, **kwargs):
+        loaded.append(1)
+        return real_load(*args, **kwargs)
 
     monkeypatch.setattr(experiment, "build_environment", counting)
+    monkeypatch.setattr(experiment, "load_dataset", counting_load)
     study = study_from_mapping(dict(STUDY, seeds=[0, 1]), out_dir=tmp_path,
                                base_dir=_write_study(tmp_path / "spec").parent)
     study_mod.check_runs(study.runs + study.runs)
     assert sorted(built) == [0] * 4 + [1] * 4
+    assert len(loaded) == 2                 # one data set a seed, shared by its 4 configs
+
+
+def test_checking_many_runs_says_how_far_it_is(tmp_path, monkeypatch, capsys):
+    import splitfed.study.runner as runner
+    monkeypatch.setattr(runner, "CHECK_PROGRESS_S", 0.0)
+    study = study_from_mapping(dict(STUDY, seeds=[0, 1]), out_dir=tmp_path,
+                               base_dir=_write_study(tmp_path / "spec").parent)
+    study_mod.check_runs(study.runs)
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.split(" (elapsed")[0] for line in lines] == [
+        f"splitfed: checking the runs before any starts: {i} of 8" for i in range(8)]
 
 
 def test_damaged_study_directories_are_refused_before_any_run(done, tmp_path, monkeypatch):

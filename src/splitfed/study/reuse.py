@@ -19,10 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 
 from splitfed.config import RunConfig, build_config
-from splitfed.configtools import load_yaml, to_dict
+from splitfed.configtools import load_yaml, to_dict, yaml_round_trip
 from splitfed.errors import ConfigError
 from splitfed.experiment import RUN_FILES
 from splitfed.locking import LOCK_NAME
@@ -54,7 +53,7 @@ def config_identity(cfg: RunConfig | Mapping) -> dict:
         except ConfigError:
             pass
     data = to_dict(cfg) if isinstance(cfg, RunConfig) else dict(cfg)
-    data = yaml.safe_load(yaml.safe_dump(data, sort_keys=False))
+    data = yaml_round_trip(data)
     out = {k: v for k, v in data.items() if k not in _NOT_COMPARED}
     for section, keys in _NOT_COMPARED_IN.items():
         if isinstance(out.get(section), Mapping):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -216,18 +217,33 @@ def _scan(study: Study, current: Mapping, keep_stale: bool
     return states, records
 
 
+#: seconds between the lines that :func:`check_runs` prints while it checks a large grid
+CHECK_PROGRESS_S = 10.0
+
+
 def check_runs(runs: list[StudyRun]) -> None:
     """Build each run as :func:`~splitfed.experiment.run_experiment` builds it before
     writing anything (algorithm, data, partition, model and cut, sampler, clock,
-    the algorithm's checks), each distinct config once; the first failure raises its
-    error with the run's label (and seed) in front. Nothing is written."""
-    from splitfed.experiment import build_algorithm, build_environment
+    the algorithm's checks), each distinct config once, runs of the same data set one
+    after another (they share it, loaded once); the first failure raises its error
+    with the run's label (and seed) in front. Nothing is written. When it takes long, a
+    line on stderr every :data:`CHECK_PROGRESS_S` seconds says how many are checked."""
+    from splitfed.experiment import build_algorithm, build_environment, data_key
 
     seen: set[str] = set()
     seeds = {r.label: 0 for r in runs}
     for r in runs:
         seeds[r.label] += 1
-    for run in runs:
+    data: dict = {}                      # runs that load the same data set in a row share it
+    order = sorted(runs, key=lambda r: data_key(r.config))   # a stable sort
+    start = last = time.monotonic()
+    for done, run in enumerate(order):
+        now = time.monotonic()
+        if now - last >= CHECK_PROGRESS_S:           # a large grid: say how far it is
+            last = now
+            print(f"splitfed: checking the runs before any starts: {done:,} of "
+                  f"{len(order):,} (elapsed {now - start:.0f} s)", file=sys.stderr,
+                  flush=True)
         identity = {k: v for k, v in config_identity(run.config).items() if k != "name"}
         key = json.dumps(identity, sort_keys=True, default=str)
         if key in seen:
@@ -235,7 +251,7 @@ def check_runs(runs: list[StudyRun]) -> None:
         seen.add(key)
         try:
             algorithm = build_algorithm(run.config)
-            env = build_environment(run.config)
+            env = build_environment(run.config, data_cache=data)
             algorithm.check(env)
         except RunInterrupted:
             raise

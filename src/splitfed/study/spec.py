@@ -183,7 +183,7 @@ def _build_study(raw: Mapping, *, base_dir: Path, default_name: str | None,
     name = _check_name(spec.name if spec.name is not None else default_name)
     _check_spec(spec)
     study_dir = Path(out_dir if out_dir is not None else spec.out_dir) / name
-    base = _base_raw(spec, base_dir)
+    base = merge_config(_base_raw(spec, base_dir), parse_overrides(spec.overrides))
     variants = [_variant(spec, base, study_dir, run, point)
                 for point in _grid_points(spec.grid) for run in (spec.runs or [None])]
     _check_unique(variants)
@@ -342,8 +342,7 @@ def _variant_config(spec: StudySpec, base: dict, study_dir: Path, run: RunSpec |
         grid_over = merge(grid_over, _nested(key, value))
     if run:
         _check_overlap([i.partition("=")[0].strip() for i in run.set], [k for k, _ in point])
-    raw = merge_config(merge_config(merge_config(base, parse_overrides(spec.overrides)),
-                                    grid_over), run_set)
+    raw = merge_config(merge_config(base, grid_over), run_set)   # base: with the overrides
     raw = merge(raw, {"name": slug, "out_dir": str(study_dir / "runs"), "progress": False})
     cfg = build_config(raw, plugins=spec.plugins)
     preflight(cfg)
