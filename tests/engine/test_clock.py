@@ -125,6 +125,41 @@ def test_fedavg_deadline_drops_the_late_client_and_renormalises():
     check_round(rec[1], times, max(times) + 1)
 
 
+def test_clgsgd_server_epochs_start_at_the_deadline_and_are_not_cut():
+    """The server's own training starts once the latest upload is in, or at the deadline
+    when a later one is dropped; the round lasts until that training ends."""
+    over = {"server_data": {"samples_per_round": 40}}
+    env = build_environment(config("clgsgd", **over))
+    times = fedavg_times(sizes(env))
+    _, rec, *_ = run(config("clgsgd", **over))
+    server = rec[1]["server_macs"] / SERVER          # the server's own work, seconds
+    assert server > 1.0                              # far longer than any client's
+    assert rec[1]["sim_round_s"] == pytest.approx(max(times) + server, rel=1e-12)
+    deadline = between(times, 1)
+    _, rec, *_ = run(config("clgsgd", deadline=deadline, **over))
+    assert rec[1]["dropped"] == 1
+    assert rec[1]["sim_round_s"] == pytest.approx(deadline + server, rel=1e-12)
+
+
+@pytest.mark.parametrize("name", ["clgsgd", "fedclg_c", "fedclg_s", "scaffold_plus"])
+def test_hybrid_rounds_whose_every_client_is_late_last_the_deadline_and_server_work(
+        name, monkeypatch):
+    own = []
+    compute = VirtualClock.compute
+
+    def spy(self, role, ids, macs):
+        if role == "server" and (ids is None or np.size(ids) == 0):
+            own.append(float(np.sum(macs)) / SERVER)
+        return compute(self, role, ids, macs)
+
+    monkeypatch.setattr(VirtualClock, "compute", spy)
+    deadline = 0.25                                  # before any client's upload
+    _, rec, *_ = run(config(name, deadline=deadline,
+                            server_data={"samples_per_round": 40}))
+    assert rec[1]["dropped"] == 3 and sum(own) > 1.0
+    assert rec[1]["sim_round_s"] == pytest.approx(deadline + sum(own), rel=1e-12)
+
+
 # ------------------------------------------------------------------- SL
 
 def sl_times(z, order):

@@ -21,7 +21,8 @@ copies, all starting at ``start``:
 - server work for c on a lane: ``lane = max(lane, arrival[c]) + macs / server_compute``;
   c's reply is ready at ``reply[c] = lane``. The server's own work (centralized
   training, hybrid FL's server epochs) runs on the shared lane once the latest model
-  upload of the round has arrived (``start`` if none);
+  upload of the round has arrived (``start`` if none; with a deadline, at the latest at
+  the deadline: a later upload is dropped, not waited for);
 - download to c: ``t[c] = max(t[c], depart) + bytes / downlink[c]``, where ``depart`` is
   ``reply[c]`` for per-client replies (activation gradients, scalars) and, for a model,
   the latest model upload that has arrived so far this round (``start`` if none): the
@@ -41,8 +42,9 @@ Deadline (``clock.deadline`` seconds after the round's start): a participant who
 model upload arrives after ``start + deadline`` is dropped: :meth:`on_time` (asked by
 the aggregation) says so and its update is not aggregated (the kept clients' weights are
 renormalised, except under bernoulli participation), and the round ends at
-``min(end, start + deadline)`` (without a dropped client it ends at ``end``: the
-deadline never cuts the server's own work). :meth:`can_start` (asked by SL's
+``min(end, start + deadline)``, or when the server's own work ends if that is later
+(without a dropped client it ends at ``end``: the deadline never cuts the server's own
+work). :meth:`can_start` (asked by SL's
 :func:`~splitfed.engine.split.take_turn`) refuses a turn that would start after the
 deadline. Dropped clients and clients a trace marks unavailable at the round's start
 (taken out of the cohort by :meth:`begin_round`) are counted in ``dropped``.
@@ -132,7 +134,7 @@ class VirtualClock:
             if last.max() > start:
                 slowest = int(ids[int(np.argmax(last))])
         if self.deadline is not None and self._dropped:
-            end = min(end, start + self.deadline)
+            end = max(min(end, start + self.deadline), self._own_end)
         if not math.isfinite(end):
             raise SimulatedTimeError(
                 f"clock: the simulated time of a round starting at {start!r} s became "
@@ -178,6 +180,7 @@ class VirtualClock:
         self._model_up = np.full(n, self._start)
         self._lane = np.full(n, self._start)
         self._shared = self._start
+        self._own_end = self._start           # the end of the server's own work
         self._latest_model = self._start
         self._dropped: set[int] = set()
         self._unavailable = 0
@@ -235,7 +238,8 @@ class VirtualClock:
         elif role == SERVER:
             dt = macs / self.profiles.server_compute
             if ids.size == 0:             # the server's own work: on its newest model
-                self._shared = max(self._shared, self._latest_model) + float(np.sum(dt))
+                self._shared = max(self._shared, self._model_wait()) + float(np.sum(dt))
+                self._own_end = self._shared
                 return
             dts = np.broadcast_to(dt, ids.shape).tolist() if np.ndim(dt) else [dt] * ids.size
             for c, d in zip(ids.tolist(), dts):
@@ -270,6 +274,14 @@ class VirtualClock:
                       else self._reply[ids])
             self._after(self._t, ids, depart, nbytes / p.downlink[ids])
         self._last[ids] = self._t[ids]
+
+    def _model_wait(self) -> float:
+        """When the server's own work can start: once the latest model upload of the
+        round has arrived, but not after the deadline (an upload arriving later is
+        dropped, not waited for)."""
+        if self.deadline is None:
+            return self._latest_model
+        return min(self._latest_model, self._start + self.deadline)
 
     def _compute_one(self, c: int, macs) -> None:
         """:meth:`compute` of client work for the single client ``c``, on scalars (the
