@@ -350,6 +350,12 @@ def test_trace_profile_speeds_and_availability(tmp_path):
     (TRACE.replace("\n2,4e5,5e3,2e4,0,\n", "\n"), "client_id"),
     (TRACE.replace("available_until", "until"), "until"),
     (TRACE.replace(",1e9,", ",x,"), "available_from"),
+    (TRACE.replace("2e5", "2_0e4"), "compute_macs_per_s"),      # float() takes these
+    (TRACE.replace("2e5", "nan"), "compute_macs_per_s"),
+    (TRACE.replace("2e5", "\u0662e5"), "compute_macs_per_s"),   # an Arabic-Indic digit
+    (TRACE.replace("\n2,", "\n\u00b2,"), "client_id"),           # a superscript two
+    (TRACE.replace("available_until\n", "available_until,compute_macs_per_s\n"),
+     "compute_macs_per_s"),                                     # a column given twice
 ])
 def test_trace_loader_refuses_malformed_files(tmp_path, text, column):
     path = tmp_path / "bad.csv"
@@ -357,6 +363,20 @@ def test_trace_loader_refuses_malformed_files(tmp_path, text, column):
     with pytest.raises(ConfigError) as err:
         load_trace(path, 3)
     assert str(path) in str(err.value) and repr(column) in str(err.value)
+
+
+def test_a_trace_row_with_more_cells_than_columns_is_refused(tmp_path):
+    path = tmp_path / "bad.csv"
+    path.write_text(TRACE.replace("\n2,4e5,5e3,2e4,0,\n", "\n2,4e5,5e3,2e4,0,,7\n"))
+    with pytest.raises(ConfigError, match=r"line 4: 7 cells, more than the header's 6 "):
+        load_trace(path, 3)
+
+
+def test_a_trace_saved_with_a_byte_order_mark_reads_as_without(tmp_path):
+    (tmp_path / "plain.csv").write_text(TRACE)
+    (tmp_path / "bom.csv").write_bytes(b"\xef\xbb\xbf" + TRACE.encode())
+    plain, bom = load_trace(tmp_path / "plain.csv", 3), load_trace(tmp_path / "bom.csv", 3)
+    assert all(np.array_equal(plain[k], bom[k]) for k in plain) and plain.keys() == bom.keys()
 
 
 @pytest.mark.parametrize("text, says", [

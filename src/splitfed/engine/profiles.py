@@ -42,6 +42,7 @@ from __future__ import annotations
 import csv
 import inspect
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -215,7 +216,7 @@ def load_trace(path: str | Path, num_clients: int) -> dict[str, np.ndarray]:
     try:
         data = read_regular(path, f"clock trace {path}", MAX_TRACE_BYTES, error=ConfigError,
                             hint="give the path of a CSV file (clock.path)")
-        text = data.decode("utf-8")
+        text = data.decode("utf-8-sig")        # a byte-order mark (spreadsheets) is dropped
     except OSError as e:
         raise ConfigError(f"clock trace {path}: cannot read it ({e.strerror})") from None
     except UnicodeDecodeError as e:
@@ -235,18 +236,24 @@ def _read_trace(reader: csv.DictReader, path, num_clients: int) -> dict[str, np.
         if col not in header:
             raise ConfigError(f"clock trace {path}: missing column {col!r}; required "
                               f"columns: {', '.join(TRACE_COLUMNS)}")
-    for col in header:
+    for i, col in enumerate(header):
         if col not in TRACE_COLUMNS + TRACE_OPTIONAL:
             raise ConfigError(f"clock trace {path}: unknown column {col!r}; columns: "
                               f"{', '.join(TRACE_COLUMNS + TRACE_OPTIONAL)}")
+        if col in header[:i]:
+            raise ConfigError(f"clock trace {path}: column {col!r} appears twice in the "
+                              "header; give each column once")
     reader.fieldnames = header
     cols = [c for c in TRACE_COLUMNS[1:] + TRACE_OPTIONAL if c in header]
     out = {c: np.full(num_clients, np.nan) for c in cols}
     seen = np.zeros(num_clients, dtype=bool)
     for line, row in enumerate(reader, start=2):
         where = f"clock trace {path}, line {line}"
+        if None in row:                     # csv.DictReader's key for surplus cells
+            raise ConfigError(f"{where}: {len(header) + len(row[None])} cells, more than "
+                              f"the header's {len(header)} columns")
         raw_id = (row.get("client_id") or "").strip()
-        if not raw_id.isdigit() or int(raw_id) >= num_clients:
+        if not (raw_id.isascii() and raw_id.isdigit()) or int(raw_id) >= num_clients:
             raise ConfigError(f"{where}, column 'client_id': expected a client id in "
                               f"0..{num_clients - 1}, got {raw_id!r}")
         cid = int(raw_id)
@@ -267,12 +274,16 @@ def _read_trace(reader: csv.DictReader, path, num_clients: int) -> dict[str, np.
     return out
 
 
+#: a decimal number as a CSV file writes it (Python's float() also takes '1_0', '١', 'nan')
+_PLAIN_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?", re.ASCII)
+
+
 def _trace_number(cell, col: str, where: str) -> float:
     text = (cell or "").strip()
     if col in TRACE_OPTIONAL and text == "":
         return -np.inf if col == "available_from" else np.inf
     try:
-        value = float(text)
+        value = float(text) if _PLAIN_NUMBER.fullmatch(text) else math.nan
     except ValueError:
         value = math.nan
     ok = math.isfinite(value) and (value >= 0 if col in TRACE_OPTIONAL else value > 0)
