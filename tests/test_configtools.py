@@ -103,6 +103,13 @@ def test_float_accepts_yaml_strings_and_ints(text, value):
     assert run.alpha == value and isinstance(run.alpha, float)
 
 
+@pytest.mark.parametrize("text", ["1_0", "\u0661", " 1.5", "0x10", "1e", "", "nanx"])
+def test_float_refuses_text_that_is_no_number_written_in_a_config(text):
+    # Python's float() reads '1_0' as 10, an Arabic-Indic one as 1, ' 1.5' as 1.5
+    with pytest.raises(ConfigError, match=r"^alpha: expected float \| None, got "):
+        build(alpha=text)
+
+
 def test_none_data_gives_defaults():
     assert from_dict(Stage, None) == Stage()
 

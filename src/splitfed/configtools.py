@@ -154,7 +154,8 @@ def typed_options(fn: Callable, options: dict[str, Any], section: str) -> dict[s
       infinity and NaN are left to the component, which refuses them where they have no
       meaning);
     - ``int``: an integer, not a boolean, a float or a string;
-    - ``float | None``, ``int | None`` (``Optional``): null or as above;
+    - ``str``: a string (a number or a list is refused, not converted);
+    - ``float | None``, ``int | None``, ``str | None`` (``Optional``): null or as above;
     - ``list[X]``, ``tuple[X, ...]``, ``Sequence[X]`` of ``int``, ``float`` or ``bool``: a
       list whose every element is as above (the list is passed on as given).
 
@@ -197,6 +198,10 @@ def _typed_option(hint: Any, value: Any, key: str) -> Any:
         return _convert(hint, value, key)
     if hint is float:
         return _option_float(value, key)
+    if hint is str:
+        if not isinstance(value, str):
+            raise _type_error(key, _NAMES[str], value)
+        return value
     item = _sequence_item(hint)
     if item is not None:
         if not isinstance(value, (list, tuple)):
@@ -210,7 +215,7 @@ def _typed_option(hint: Any, value: Any, key: str) -> Any:
 
 def _typed_kind(hint: Any) -> bool:
     """Whether :func:`_typed_option` checks an option annotated ``hint``."""
-    return hint in (bool, int, float) or _sequence_item(hint) is not None
+    return hint in (bool, int, float, str) or _sequence_item(hint) is not None
 
 
 def _sequence_item(hint: Any) -> Any:
@@ -325,9 +330,16 @@ def _to_int(value: Any, key: str) -> int:
     raise _type_error(key, _NAMES[int], value)
 
 
+#: a number written as text: a decimal (``2e5``, ``-0.5``), or ``inf`` / ``nan`` words
+#: (Python's float() also takes ``1_0``, other scripts' digits and surrounding spaces)
+NUMBER_TEXT = re.compile(r"[+-]?((\d+\.?\d*|\.\d+)([eE][+-]?\d+)?|inf|infinity|nan)",
+                         re.ASCII | re.IGNORECASE)
+
+
 def _to_float(value: Any, key: str) -> float:
     numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if numeric or isinstance(value, str):  # PyYAML reads 1e-3 and inf as strings
+    if numeric or (isinstance(value, str)          # PyYAML reads 1e-3 and inf as strings
+                   and NUMBER_TEXT.fullmatch(value)):
         try:
             return float(value)
         except (ValueError, OverflowError):

@@ -323,6 +323,34 @@ def test_generators_are_deterministic_for_a_seed():
         build_profiles("fixed", {"uplink": [1, 2]}, 3, np.random.default_rng(0))
 
 
+@pytest.mark.parametrize("name, options, says", [
+    ("fixed", {"client_compute": [1e6, True, 1e6]}, "clock.client_compute: expected one "
+     "positive number or a list of 3 (one per client), got [1000000.0, True, 1000000.0]"),
+    ("fixed", {"uplink": [1e6, "abc", 1e6]}, "clock.uplink: expected one positive"),
+    ("fixed", {"downlink": {"a": 1}}, "clock.downlink: expected one positive"),
+    ("fixed", {"client_compute": [1e6, [1], 1e6]}, "clock.client_compute: expected one"),
+    ("exponential", {"client_compute": True}, "clock.client_compute: expected one"),
+    ("fedscale", {"uplink_median": "1_0"}, "clock.uplink_median: expected a float, got "
+     "'1_0' (str)"),
+    ("fixed", {"client_compute": 0}, "clock.client_compute: speeds must be positive "
+     "numbers from 1.2e-38 to 3.4e+38"),
+    ("fixed", {"uplink": 10**400}, "clock.uplink: speeds must be positive numbers"),
+    ("trace", {"path": 1}, "clock.path: expected a string, got 1 (int)"),
+    ("trace", {"path": None}, "clock.path: expected a string, got None"),
+])
+def test_bad_speeds_and_paths_are_refused_naming_the_key(name, options, says):
+    with pytest.raises(ConfigError) as err:
+        build_profiles(name, options, 3, np.random.default_rng(0))
+    assert str(err.value).startswith(says)
+
+
+def test_speeds_a_yaml_file_reads_as_text_are_numbers():
+    # YAML 1.1 reads 1e6 (no dot) as a string
+    p = build_profiles("fixed", {"client_compute": ["1e6", 2e6, "4e6"], "uplink": "1e4"}, 3,
+                       np.random.default_rng(0))
+    assert p.compute.tolist() == [1e6, 2e6, 4e6] and p.uplink.tolist() == [1e4] * 3
+
+
 TRACE = ("client_id,compute_macs_per_s,uplink_bytes_per_s,downlink_bytes_per_s,"
          "available_from,available_until\n"
          "0,1e5,1e4,4e4,,\n1,2e5,2e4,1e4,1e9,\n2,4e5,5e3,2e4,0,\n")

@@ -42,13 +42,18 @@ from __future__ import annotations
 import csv
 import inspect
 import math
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from splitfed.configtools import FLOAT32_MAX, FLOAT32_TINY, FLOAT_RANGE_TEXT, typed_options
+from splitfed.configtools import (
+    FLOAT32_MAX,
+    FLOAT32_TINY,
+    FLOAT_RANGE_TEXT,
+    NUMBER_TEXT,
+    typed_options,
+)
 from splitfed.errors import ConfigError
 from splitfed.origins import call_plugin, component
 
@@ -117,20 +122,34 @@ class Profiles:
 
 
 def _per_client(value, n: int, name: str) -> np.ndarray:
+    """A speed option: one positive number for every client, or a list of ``n``."""
+    wanted = f"one positive number or a list of {n} (one per client)"
+    items = list(value) if isinstance(value, (list, tuple)) else [value]
+    for i, item in enumerate(items):
+        if isinstance(item, str):                  # a YAML file reads 1e6 as text
+            try:
+                items[i] = float(item) if NUMBER_TEXT.fullmatch(item) else None
+            except OverflowError:
+                items[i] = math.inf
+        if isinstance(items[i], bool) or not isinstance(items[i], (int, float)):
+            raise ConfigError(f"clock.{name}: expected {wanted}, got {_shown(value)}")
     try:
-        v = np.asarray(value, dtype=np.float64)
+        v = np.asarray(items, dtype=np.float64)
     except OverflowError:                          # an integer beyond any float
-        raise ValueError(f"{name}: speeds must be positive numbers within float32's "
-                         f"range ({FLOAT_RANGE_TEXT})") from None
-    if v.ndim == 0:
-        v = np.full(n, float(v))
+        v = np.array([math.inf] * len(items))
+    if not isinstance(value, (list, tuple)):
+        v = np.full(n, v[0])
     if v.shape != (n,):
-        raise ValueError(f"{name}: expected one number or a list of {n} (one per client), "
-                         f"got {len(v)} values")
+        raise ConfigError(f"clock.{name}: expected {wanted}, got {len(v)} values")
     if not ((v >= FLOAT32_TINY) & (v <= FLOAT32_MAX)).all():
-        raise ValueError(f"{name}: speeds must be positive numbers within float32's range "
-                         f"({FLOAT_RANGE_TEXT})")
+        raise ConfigError(f"clock.{name}: speeds must be positive numbers from "
+                          f"{FLOAT32_TINY:.2g} to {FLOAT32_MAX:.2g}")
     return v
+
+
+def _shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def fixed(num_clients: int, rng: np.random.Generator, *, client_compute=CLIENT_COMPUTE,
@@ -274,16 +293,12 @@ def _read_trace(reader: csv.DictReader, path, num_clients: int) -> dict[str, np.
     return out
 
 
-#: a decimal number as a CSV file writes it (Python's float() also takes '1_0', '١', 'nan')
-_PLAIN_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?", re.ASCII)
-
-
 def _trace_number(cell, col: str, where: str) -> float:
     text = (cell or "").strip()
     if col in TRACE_OPTIONAL and text == "":
         return -np.inf if col == "available_from" else np.inf
     try:
-        value = float(text) if _PLAIN_NUMBER.fullmatch(text) else math.nan
+        value = float(text) if NUMBER_TEXT.fullmatch(text) else math.nan
     except ValueError:
         value = math.nan
     ok = math.isfinite(value) and (value >= 0 if col in TRACE_OPTIONAL else value > 0)
