@@ -248,10 +248,17 @@ def test_trace_with_every_client_unavailable_forever_is_refused(tmp_path, capsys
         assert str(trace) in line and "available_until" in line, line
 
 
-def test_trace_with_no_client_at_time_zero_is_refused(tmp_path, capsys):
+def test_trace_with_no_client_at_time_zero_starts_when_the_first_comes_online(tmp_path,
+                                                                             capsys):
     trace = write_trace(tmp_path / "trace.csv", [(10, "")] * 8)
-    line = refused(tmp_path, capsys, ["clock.profile=trace", f"clock.path={trace}"])
-    assert "clock.path" in line and "time 0" in line, line
+    code = main(["run", "quick_digits", *QUICK, f"out_dir={tmp_path / 'runs'}", "rounds=2",
+                 "clock.profile=trace", f"clock.path={trace}"])
+    assert code == 0, capsys.readouterr().err
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert records[1]["clients_used"] > 0 and records[1]["dropped"] == 0
+    assert records[1]["sim_time_s"] > 10.0
+    assert records[1]["sim_round_s"] == records[1]["sim_time_s"]
 
 
 def test_trace_with_some_clients_late_runs(tmp_path, capsys):

@@ -365,13 +365,6 @@ def build_environment(cfg: RunConfig, *, data_cache: dict | None = None) -> Envi
         raise ConfigError(f"clock.path: the trace makes every one of the {len(parts)} "
                           "clients unavailable for the whole run (available_until <= 0 or "
                           "<= available_from); give some client a window that ends after 0")
-    algorithm = build_algorithm(cfg)
-    alone = algorithm.federated and not algorithm.needs_server_data
-    if cfg.rounds and alone and not clock.profiles.available(np.arange(len(parts)), 0.0).any():
-        raise ConfigError(f"clock.path: no client is available at simulated time 0, so no "
-                          f"round of {cfg.algorithm.name} can take place (simulated time "
-                          "advances only when clients work); let some client's window "
-                          "start at 0 (available_from empty or 0)")
     ledger = Ledger(len(parts))
     return Environment(config=cfg, data=bundle, client_indices=parts, model=model, cut=cut,
                        sampler=sampler, transport=InProcessTransport(ledger, clock=clock),

@@ -370,6 +370,24 @@ def test_trace_profile_speeds_and_availability(tmp_path):
     assert rec[1]["sim_round_s"] == pytest.approx(max(times[0], times[2]), rel=1e-12)
 
 
+def test_a_round_with_no_client_online_waits_for_the_next_window(tmp_path):
+    probe = build_environment(config("fedavg"))
+    times = fedavg_times(sizes(probe))
+    t1 = max(times[0], times[1])                 # round 1: clients 0 and 1
+    path = tmp_path / "trace.csv"
+    path.write_text(TRACE.splitlines()[0] + "\n" + "".join(
+        f"{c},{COMP[c]},{UP[c]},{DOWN[c]},{lo},{hi}\n"
+        for c, (lo, hi) in enumerate([("", t1 / 2), ("", t1 / 2), (100.0, "")])))
+    _, rec, *_ = run(config("fedavg", rounds=3, profile="trace",
+                            speeds={"path": str(path), "server_compute": SERVER}))
+    assert [r["participants"] for r in rec[1:]] == [2, 1, 1]
+    assert rec[1]["sim_time_s"] == pytest.approx(t1, rel=1e-12)
+    # round 2 finds nobody online at t1 and starts at 100, when client 2 comes online
+    assert rec[2]["sim_time_s"] == pytest.approx(100.0 + times[2], rel=1e-12)
+    assert rec[2]["sim_round_s"] == pytest.approx(100.0 + times[2] - t1, rel=1e-12)
+    assert rec[3]["sim_round_s"] == pytest.approx(times[2], rel=1e-12)
+
+
 @pytest.mark.parametrize("text,column", [
     ("client_id,compute_macs_per_s,uplink_bytes_per_s\n0,1,1\n", "downlink_bytes_per_s"),
     (TRACE.replace("2e5", "fast"), "compute_macs_per_s"),

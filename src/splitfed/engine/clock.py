@@ -47,7 +47,10 @@ renormalised, except under bernoulli participation), and the round ends at
 work). :meth:`can_start` (asked by SL's
 :func:`~splitfed.engine.split.take_turn`) refuses a turn that would start after the
 deadline. Dropped clients and clients a trace marks unavailable at the round's start
-(taken out of the cohort by :meth:`begin_round`) are counted in ``dropped``.
+(taken out of the cohort by :meth:`begin_round`) are counted in ``dropped``. When a
+trace makes no client at all available at ``now``, the round starts when the next one
+becomes available (the wait is part of its ``sim_round_s``); once every window has
+ended, rounds are empty and take no time.
 
 For asynchronous algorithms (GAS) :class:`EventQueue` orders events by simulated time;
 :meth:`client_time` and :meth:`arrival_time` read the timelines the engine keeps.
@@ -100,6 +103,7 @@ class VirtualClock:
         self._macs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         n = profiles.num_clients
         self._scale = np.ones(n)
+        self._round_from = 0.0
         self._open(np.arange(n, dtype=np.int64), 0.0, np.zeros(n))
 
     # ------------------------------------------------------------------ rounds
@@ -107,7 +111,8 @@ class VirtualClock:
     def begin_round(self, cohort: Cohort) -> Cohort:
         """Open a round at ``now`` for ``cohort``; returns the cohort of the clients
         available at its start (all of them unless a trace says otherwise)."""
-        start = self.now
+        self._round_from = self.now
+        start = self._next_window(self.now)
         scale, delay = self.profiles.draw(self.rng)
         ok = self.profiles.available(cohort.ids, start)
         unavailable = int(np.unique(cohort.ids[~ok]).size)
@@ -120,6 +125,18 @@ class VirtualClock:
         self._open(cohort.ids, start, delay)
         self._unavailable = unavailable
         return cohort
+
+    def _next_window(self, t: float) -> float:
+        """``t``, or, when a trace makes no client at all available at ``t``, the
+        earliest later time one is: the server waits for a client to come online (an
+        empty round took no time, so the clock stopped before every later window)."""
+        p = self.profiles
+        if p.available_from is None:
+            return t
+        if p.available(np.arange(p.num_clients), t).any():
+            return t
+        later = (p.available_from > t) & (p.available_until > p.available_from)
+        return float(p.available_from[later].min()) if later.any() else t
 
     def end_round(self) -> dict[str, Any]:
         """Close the round: ``sim_round_s``, ``sim_time_s`` (cumulative),
@@ -141,7 +158,8 @@ class VirtualClock:
                 f"{end!r} (the clock's speeds, rates or delays are too extreme for its "
                 "float64 arithmetic); choose less extreme clock options")
         self.now = end
-        return {"sim_round_s": end - start, "sim_time_s": end, "slowest_client": slowest,
+        return {"sim_round_s": end - self._round_from, "sim_time_s": end,
+                "slowest_client": slowest,
                 "dropped": len(self._dropped) + self._unavailable + self._over_selected}
 
     def keep_fastest(self, cohort: Cohort, macs, up_bytes, down_bytes) -> Cohort:
