@@ -110,6 +110,32 @@ def test_without_pandas_load_runs_names_the_extra(runs, monkeypatch):
     assert len(load_rows(runs[0])) == sum(len(r.records) for r in runs[1])   # no pandas
 
 
+def test_numbers_a_config_file_writes_with_an_exponent_read_back_as_numbers(runs, tmp_path):
+    import shutil
+    root, (a, *_) = runs
+    copy = tmp_path / a.run_dir.name
+    shutil.copytree(a.run_dir, copy)
+    text = (copy / "config.yaml").read_text()
+    assert "alpha: 0.5" in text
+    (copy / "config.yaml").write_text(text.replace("alpha: 0.5", "alpha: 5e-1"))
+    (row,) = load_rows(copy, last=True)
+    assert row["partition.alpha"] == 0.5 and isinstance(row["partition.alpha"], float)
+
+
+def test_a_run_with_no_record_yet_has_a_row_that_says_so(tmp_path):
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("")
+    (row,) = summary_rows(run)
+    assert (row["run"], row["status"], row["round"], row["final_test_acc"]) == (
+        "r", "unfinished", None, None)
+    lines = summary_table(run).splitlines()
+    assert len(lines) == 3 and lines[2].split() == [
+        "r", "n/a", "unfinished", "n/a", "n/a", "n/a", "0.00", "n/a"]
+    assert summary_table(run, last=False).splitlines()[2].split()[:4] == [
+        "r", "n/a", "unfinished", "n/a"]
+
+
 def test_flatten_config_lifts_the_options_of_open_sections():
     raw = {"name": "x", "partition": {"scheme": "dirichlet", "options": {"alpha": 0.5}},
            "model": {"name": "mlp", "options": {"hidden": [64, 32]}},

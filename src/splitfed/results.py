@@ -269,7 +269,7 @@ def _read_config(path: Path) -> dict:
         return {}
     except OSError as e:
         raise FormatError(f"{path}: cannot be read ({e.strerror or e})") from None
-    raw = yaml_load(text, str(path))
+    raw = yaml_load(text, str(path), exponents=True)   # an option written 5e-1 is a number
     return flatten_config(raw) if isinstance(raw, Mapping) else {}
 
 
@@ -339,9 +339,10 @@ def _bytes(record: dict) -> int:
 
 
 def _seconds(value: float) -> str:
-    """Simulated seconds for the table: two decimals, or 4 significant digits from
-    10^12 s on (a 1e308 would print 309 digits)."""
-    return f"{value:.2f}" if abs(value) < 1e12 else f"{value:.4g}"
+    """Simulated seconds for the table: two decimals, or 4 significant digits below
+    0.01 s (a nanosecond round printed 0.00) and from 10^12 s on (a 1e308 would print
+    309 digits)."""
+    return f"{value:.2f}" if value == 0 or 0.01 <= abs(value) < 1e12 else f"{value:.4g}"
 
 
 def _acc(value) -> str:
@@ -359,7 +360,8 @@ def summary_rows(paths, last: bool = True) -> list[dict]:
     divergence), ``bytes`` (up + down, all rounds), ``sim_time_s`` (simulated seconds,
     cumulative). Otherwise one row per round of each run, with ``test_acc`` (evaluated
     at that round, None when not) instead of ``final_test_acc``, and the best accuracy,
-    bytes and time up to that round."""
+    bytes and time up to that round. A run with no record yet (an empty
+    ``metrics.jsonl``) has one row, its ``round`` and accuracies None."""
     out = []
     for run in read_runs(paths):
         algorithm = run.config.get("algorithm.name", run.summary.get("algorithm"))
@@ -383,6 +385,12 @@ def summary_rows(paths, last: bool = True) -> list[dict]:
             row.update({"best_test_acc": best, "bytes": total,
                         "sim_time_s": float(sim) if is_finite_number(sim) else None})
             out.append(row)
+        if not run.records:                  # nothing recorded yet: a row that says so
+            row = {"run": run.name, "algorithm": algorithm, "status": run.status,
+                   "diverged_round": None, "round": None}
+            row["final_test_acc" if last else "test_acc"] = None
+            row.update({"best_test_acc": None, "bytes": 0, "sim_time_s": None})
+            out.append(row)
     return out
 
 
@@ -402,7 +410,8 @@ def summary_table(paths, last: bool = True) -> str:
         if r["diverged_round"] is not None:
             status = f"{status} (round {r['diverged_round']})"
         acc = r["final_test_acc"] if last else r["test_acc"]
-        body.append([r["run"], str(r["algorithm"] or "n/a"), status, str(r["round"]),
+        body.append([r["run"], str(r["algorithm"] or "n/a"), status,
+                     "n/a" if r["round"] is None else str(r["round"]),
                      ("" if acc is None and not last else _acc(acc)),
                      _acc(r["best_test_acc"]), f"{r['bytes'] / 1e6:.2f}",
                      "n/a" if r["sim_time_s"] is None else _seconds(r["sim_time_s"])])

@@ -102,6 +102,16 @@ def test_curve_and_totals_are_cumulative():
     assert n["final_test_acc"] == 0.5 and n["best_test_acc"] == 0.5
     sim = [dict(r, sim_round_s=0.5) if r["round"] else r for r in records]
     assert curve(sim)["time_s"] == [0.0, 1.0] and curve(sim)["time_kind"] == "simulated"
+    fast = [dict(r, sim_round_s=1.9088e-9) if r["round"] else r for r in records]
+    assert curve(fast)["time_s"] == [0.0, 3.8176e-9]          # not rounded to 0
+    slow = [dict(r, sim_round_s=123456.7890123456) if r["round"] else r for r in records]
+    assert curve(slow)["time_s"] == [0.0, 246913.578025]
+
+
+def test_the_results_table_prints_short_simulated_times_readably():
+    from splitfed.results import _seconds
+    assert [_seconds(v) for v in (0.0, 3.8176e-09, 0.004, 0.01, 12.345, 2e12)] == [
+        "0.00", "3.818e-09", "0.004", "0.01", "12.35", "2e+12"]
 
 
 def test_labels_and_run_dirs_follow_the_grid(tmp_path):

@@ -60,7 +60,8 @@ def curve(records: list[dict]) -> dict:
     """Evaluated rounds with test accuracy, cumulative bytes (up + down) and time.
 
     Time sums ``sim_round_s`` (a round's simulated duration) when every training round
-    records it, else the measured ``round_time_s``.
+    records it, else the measured ``round_time_s``; it is kept to 12 significant digits
+    (a fixed number of decimals turned nanosecond rounds into zeros).
     """
     rounds = [r for r in records if r.get("round", 0) > 0]
     sim = bool(rounds) and all(_num(r.get("sim_round_s")) is not None for r in rounds)
@@ -76,7 +77,7 @@ def curve(records: list[dict]) -> dict:
             out["round"].append(int(r["round"]))
             out["test_acc"].append(acc)
             out["bytes"].append(total_bytes)
-            out["time_s"].append(round(total_time, 6))
+            out["time_s"].append(float(f"{total_time:.12g}"))   # 12 significant digits
     return out
 
 
