@@ -127,6 +127,17 @@ def test_post_init_value_error_becomes_prefixed_config_error():
 # ----------------------------------------------------------------- error paths
 
 
+def test_unknown_key_of_a_class_without_keys_says_it_takes_none():
+    @dataclass
+    class Empty:
+        pass
+
+    with pytest.raises(ConfigError) as err:
+        from_dict(Empty, {"x": 1}, path="algorithm.client_transforms[0]")
+    assert str(err.value) == ("unknown key 'algorithm.client_transforms[0].x'; "
+                              "algorithm.client_transforms[0] takes no keys (no options)")
+
+
 def test_unknown_key_lists_allowed_and_suggests():
     msg = config_error({"train": {"lrr": 1}})
     assert "'train.lrr'" in msg and "lr, momentum, steps" in msg and "did you mean 'lr'" in msg

@@ -139,6 +139,15 @@ def test_broken_math_in_a_label_is_a_one_line_error(runs, tmp_path, capsys):
     assert [p.name for p in tmp_path.iterdir()] == ["a.png"]
 
 
+@pytest.mark.parametrize("label", ["", "  ", "_hidden"])
+def test_a_label_the_legend_would_hide_is_refused(runs, tmp_path, capsys, label):
+    assert main(["plot", str(runs[0]), "--label", label, "-o",
+                 str(tmp_path / "a.png")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"splitfed: error: --label: {label!r}")
+    assert not list(tmp_path.iterdir())
+
+
 # ------------------------------------------------------------------- diverged runs
 
 

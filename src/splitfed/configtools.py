@@ -119,6 +119,9 @@ def _reject_unknown(cls: type, data: Mapping, fields: list, path: str) -> None:
             raise ConfigError(f"{path or cls.__name__}: keys must be strings, got {_show(key)}")
         if key not in allowed:
             owner = path or f"{cls.__name__} (top level)"
+            if not allowed:
+                raise ConfigError(f"unknown key '{_join(path, key)}'; {owner} takes no "
+                                  "keys (no options)")
             msg = f"unknown key '{_join(path, key)}'; allowed keys of {owner}: "
             raise ConfigError(msg + ", ".join(allowed) + _suggest(key, allowed))
 

@@ -72,6 +72,11 @@ def load_curves(runs: Sequence[str | Path], labels: Sequence[str] | None = None
     if labels is not None and len(labels) != len(runs):
         raise ConfigError(f"--label: got {len(labels)} labels for {len(runs)} runs; give "
                           "one per run or none")
+    for label in labels or ():
+        if not label.strip() or label.startswith("_"):
+            raise ConfigError(f"--label: {label!r} would leave its line out of the legend "
+                              "(matplotlib hides empty labels and those starting with '_'); "
+                              "give a visible text")
     out = []
     for i, run in enumerate(runs):
         metrics = _metrics_file(Path(run))

@@ -108,6 +108,15 @@ def test_curve_and_totals_are_cumulative():
     assert curve(slow)["time_s"] == [0.0, 246913.578025]
 
 
+def test_the_time_axis_says_which_time_the_curves_hold():
+    from splitfed.study.plots import axis_label
+    sim, wall = {"time_kind": "simulated"}, {"time_kind": "wall"}
+    assert axis_label("time", [sim, sim]) == "cumulative simulated time (s)"
+    assert axis_label("time", [wall]) == "cumulative wall time (s)"
+    assert axis_label("time", [sim, wall]).startswith("cumulative time (s; simulated")
+    assert axis_label("round", [sim]) == "round"
+
+
 def test_the_results_table_prints_short_simulated_times_readably():
     from splitfed.results import _seconds
     assert [_seconds(v) for v in (0.0, 3.8176e-09, 0.004, 0.01, 12.345, 2e12)] == [

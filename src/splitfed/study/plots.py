@@ -12,6 +12,19 @@ _AXIS_LABELS = {"round": "round", "bytes": "cumulative communication, up + down 
                 "time": "cumulative time (s; simulated where recorded, else wall)"}
 
 
+def axis_label(axis: str, curves: list[dict]) -> str:
+    """The x-axis label; for time it says whether the curves' times are simulated, wall,
+    or both (a curve's ``time_kind``)."""
+    if axis != "time":
+        return _AXIS_LABELS[axis]
+    kinds = {c.get("time_kind") for c in curves}
+    if kinds == {"simulated"}:
+        return "cumulative simulated time (s)"
+    if kinds == {"wall"}:
+        return "cumulative wall time (s)"
+    return _AXIS_LABELS[axis]
+
+
 def _print(*args, **kwargs) -> None:
     print(*args, **kwargs, flush=True)
 
@@ -71,7 +84,7 @@ def _panel(ax, runs: list[dict], axis: str, summary: dict) -> None:
             ax.fill_between(x, y - std, y + std, color=line.get_color(), alpha=0.2)
     if summary["target_accuracy"] is not None:
         ax.axhline(summary["target_accuracy"], color="gray", linestyle="--", linewidth=0.8)
-    ax.set_xlabel(_AXIS_LABELS[axis])
+    ax.set_xlabel(axis_label(axis, [s["curve"] for r in runs for s in r["per_seed"]]))
     ax.set_ylabel("test accuracy")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
