@@ -141,7 +141,31 @@ def test_clgsgd_server_epochs_start_at_the_deadline_and_are_not_cut():
     assert rec[1]["sim_round_s"] == pytest.approx(deadline + server, rel=1e-12)
 
 
-@pytest.mark.parametrize("name", ["clgsgd", "fedclg_c", "fedclg_s", "scaffold_plus"])
+def test_fedclg_server_gradient_is_on_the_clock():
+    """g^s_t (Algorithm 1 line 4) is computed on the server at the round's start: under
+    FedCLG-C the clients wait for it (it comes with x_t, one more model-sized download);
+    under FedCLG-S it overlaps the clients' work (each uploads g^i_t besides its model)."""
+    over = {"server_data": {"samples_per_round": 40}}
+    z = sizes(build_environment(config("fedavg")))
+    times = fedavg_times(z)
+    _, steps, *_ = run(config("clgsgd", **over))           # the same server steps
+    steps_s = steps[1]["server_macs"] / SERVER
+    _, rec, *_ = run(config("fedclg_c", **over))
+    g_s = rec[1]["server_macs"] / SERVER - steps_s
+    assert g_s > 1.0
+    clients = max(times[c] + z["M"] / DOWN[c] for c in range(3))
+    assert rec[1]["sim_round_s"] == pytest.approx(g_s + clients + steps_s, rel=1e-12)
+    _, rec, *_ = run(config("fedclg_s", **over))
+    clients = max(times[c] + z["M"] / UP[c] for c in range(3))
+    assert clients > g_s
+    assert rec[1]["sim_round_s"] == pytest.approx(clients + steps_s, rel=1e-12)
+    for name in ("fedclg_c", "fedclg_s"):     # every client late: g^s, then the steps
+        _, rec, *_ = run(config(name, deadline=0.25, **over))
+        assert rec[1]["dropped"] == 3
+        assert rec[1]["sim_round_s"] == pytest.approx(g_s + steps_s, rel=1e-12)
+
+
+@pytest.mark.parametrize("name", ["clgsgd", "scaffold_plus"])
 def test_hybrid_rounds_whose_every_client_is_late_last_the_deadline_and_server_work(
         name, monkeypatch):
     own = []

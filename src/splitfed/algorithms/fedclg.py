@@ -82,6 +82,8 @@ from splitfed.algorithms.fedavg import FedAvg
 from splitfed.algorithms.server_only import ServerTrain
 from splitfed.engine.algorithm import variant
 from splitfed.engine.batches import batch_plan
+from splitfed.engine.clock import CLIENT, SERVER
+from splitfed.engine.flops import TRAIN_FACTOR
 from splitfed.engine.stacked import StackedModel
 from splitfed.engine.transforms import GradientRound, GradientTransform
 from splitfed.models.cohort import SAMPLES_PER_CALL
@@ -139,13 +141,28 @@ class CLGCorrection(GradientTransform):
     needs_server_data = True
     splits = False                        # g^s and g^i of the whole model
 
+    #: whether the clients need g^s_t before their first step (FedCLG-C: it is sent with
+    #: x_t; FedCLG-S uses it only at aggregation)
+    clients_wait_for_g_s = False
+
     def start(self, env, state, t, cohort, round_):
         x_t, batch = round_.model, self.server_gradient_batch(env, round_.server_rows)
         g_s = self.server_gradient(env, x_t, batch)
+        self.charge_server_gradient(env, len(batch))
         g_i, extra = self.client_gradients(env, x_t, cohort)
         out = self.correction(env, t, cohort, g_s, g_i, round_)
         out.samples, out.server_samples = extra, len(batch)
         return out
+
+    def charge_server_gradient(self, env, samples: int) -> None:
+        """g^s_t on the simulated clock: a forward and backward pass of ``samples`` on the
+        server's lane at the round's start (Algorithm 1 line 4, before the clients
+        start); under FedCLG-C the downloads of g^s_t depart once it is computed."""
+        clock = env.clock
+        macs = samples * TRAIN_FACTOR * clock.macs(env.model, tuple(env.data.input_shape))
+        clock.compute(SERVER, None, macs)
+        if self.clients_wait_for_g_s:
+            clock.server_sends_after_own_work()
 
     def server_gradient_batch(self, env, rows: np.ndarray) -> np.ndarray:
         """zeta_s: a minibatch of D_s^t (``server_data`` stream), or D_s^t itself
@@ -181,6 +198,9 @@ class CLGCorrection(GradientTransform):
             chunk = env.config.engine.chunk_size or max(1, SAMPLES_PER_CALL // width)
         grads = stacked_gradients(env.model, x_t, env.data.train.x, env.data.train.y,
                                   rows, chunk)
+        if extra:                             # a pass the local steps do not make
+            per = TRAIN_FACTOR * env.clock.macs(env.model, tuple(env.data.input_shape))
+            env.clock.compute(CLIENT, ids, np.array([len(r) for r in rows]) * per)
         return grads, extra
 
 
@@ -189,6 +209,7 @@ class ClientCorrection(CLGCorrection):
 
     name = "fedclg_c"
     reference = "Bian et al. (paper 004), FedCLG-C, eq. 10"
+    clients_wait_for_g_s = True
 
     def correction(self, env, t, cohort, g_s, g_i, round_):
         g_s = env.transport.broadcast("model", cohort.ids, g_s)

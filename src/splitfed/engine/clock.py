@@ -293,6 +293,11 @@ class VirtualClock:
             self._after(self._t, ids, depart, nbytes / p.downlink[ids])
         self._last[ids] = self._t[ids]
 
+    def server_sends_after_own_work(self) -> None:
+        """The server's next model downloads depart once its own work so far is done
+        (FedCLG-C sends g^s_t, computed at the round's start, with x_t)."""
+        self._latest_model = max(self._latest_model, self._shared)
+
     def _model_wait(self) -> float:
         """When the server's own work can start: once the latest model upload of the
         round has arrived, but not after the deadline (an upload arriving later is
