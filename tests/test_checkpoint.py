@@ -125,6 +125,19 @@ def test_resume_is_bit_identical(tmp_path, monkeypatch, name, over, stop):
     check_resume(tmp_path, monkeypatch, cfg, stop)
 
 
+def test_dropout_is_seeded_and_resumes_bit_identically(tmp_path, monkeypatch):
+    """Dropout draws from torch's default generator: the run seeds it from its seed and
+    the checkpoint carries it."""
+    cfg = digits_config(rounds=6, checkpoint_every=2,
+                        model={"name": "alexnet", "dropout": 0.5, "width": 0.125})
+    torch.manual_seed(1)                    # whatever the process drew before
+    first = run_experiment(cfg, write=False)
+    torch.manual_seed(2)
+    second = run_experiment(cfg, write=False)
+    assert first.records[-1]["train_loss"] == second.records[-1]["train_loss"]
+    check_resume(tmp_path, monkeypatch, cfg, 3)
+
+
 def test_interrupt_before_the_first_checkpoint_restarts_from_round_zero(tmp_path,
                                                                         monkeypatch):
     cfg = digits_config(rounds=4, checkpoint_every=3)

@@ -24,11 +24,22 @@ def derive_seed(seed: int, name: str) -> int:
     return int(ss.generate_state(1, dtype=np.uint64)[0] & np.uint64(2**63 - 1))
 
 
+#: the stream name of torch's process-wide default generator (dropout, and any code that
+#: draws without a generator), once :meth:`RandomStreams.seed_global` has seeded it
+GLOBAL = "global"
+
+
 class RandomStreams:
-    """Named, independent random streams derived from one master seed."""
+    """Named, independent random streams derived from one master seed.
+
+    Dropout layers draw from torch's process-wide default generator, which no stream
+    owns: :meth:`seed_global` seeds it from the master seed (stream name ``global``)
+    and from then on :meth:`state` carries it (and each CUDA device's), so a resumed
+    run draws what the uninterrupted one would have."""
 
     def __init__(self, seed: int):
         self.seed = int(seed)
+        self._global = False
         self._np: dict[str, np.random.Generator] = {}
         self._torch: dict[str, torch.Generator] = {}
 
@@ -44,12 +55,24 @@ class RandomStreams:
             self._torch[name] = g
         return self._torch[name]
 
+    def seed_global(self) -> None:
+        """Seed torch's default generators (CPU and every CUDA device) from the master
+        seed; :meth:`state` then carries them."""
+        torch.manual_seed(derive_seed(self.seed, GLOBAL))
+        self._global = True
+
     def state(self) -> dict:
         """Everything needed to continue every stream exactly (for checkpoints)."""
+        gens = {k: g.get_state() for k, g in self._torch.items()}
+        if self._global:
+            gens[GLOBAL] = torch.get_rng_state()
+            if torch.cuda.is_available() and torch.cuda.is_initialized():
+                for i, s in enumerate(torch.cuda.get_rng_state_all()):
+                    gens[f"{GLOBAL}_cuda{i}"] = s
         return {
             "seed": self.seed,
             "numpy": {k: g.bit_generator.state for k, g in self._np.items()},
-            "torch": {k: g.get_state() for k, g in self._torch.items()},
+            "torch": gens,
         }
 
     def load_state(self, state: dict) -> None:
@@ -57,4 +80,12 @@ class RandomStreams:
         for k, s in state["numpy"].items():
             self.numpy(k).bit_generator.state = s
         for k, s in state["torch"].items():
-            self.torch(k).set_state(s)
+            if k == GLOBAL:
+                torch.set_rng_state(s)
+                self._global = True
+            elif k.startswith(f"{GLOBAL}_cuda"):
+                i = int(k[len(GLOBAL) + 5:])
+                if torch.cuda.is_available() and i < torch.cuda.device_count():
+                    torch.cuda.set_rng_state(s, i)
+            else:
+                self.torch(k).set_state(s)
