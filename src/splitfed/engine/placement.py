@@ -115,4 +115,13 @@ def placeholder(module: nn.Module, x: torch.Tensor, *, stacked: bool = True) -> 
     key = tuple(x.shape[lead:])
     if key not in shapes:
         shapes[key] = output_shape(module, key)
-    return x.new_zeros(tuple(x.shape[:lead]) + shapes[key])
+    return x.new_zeros(tuple(x.shape[:lead]) + shapes[key], dtype=_output_dtype(module, x))
+
+
+def _output_dtype(module: nn.Module, x: torch.Tensor) -> torch.dtype:
+    """The dtype of ``module``'s output: that of its floating-point parameters (a model
+    on token ids takes integers and gives floats), else the input's when it is floating."""
+    for p in module.parameters():
+        if p.is_floating_point():
+            return p.dtype
+    return x.dtype if x.is_floating_point() else torch.get_default_dtype()
