@@ -77,12 +77,52 @@ def test_a_pretrained_directory_is_sized_before_it_is_built(tmp_path):
                 word_embed_proj_dim=2048)
     (tmp_path / "config.json").write_text(json.dumps(conf))
     with pytest.raises(ConfigError, match=r"^model.pretrained: the OPT in .* would have about "
-                                          r"2\d{9} parameters, more than the 1000000000"):
+                                          r"2\d{9} parameters, more than the 2000000000"):
         build_model("opt", (2, 12), 2, pretrained=str(tmp_path))
     conf["model_type"] = "gpt2"
     (tmp_path / "config.json").write_text(json.dumps(conf))
     with pytest.raises(ConfigError, match=r"holds a 'gpt2' model; model.name=opt loads OPT"):
         build_model("opt", (2, 12), 2, pretrained=str(tmp_path))
+
+
+class _NotATensor:
+    pass
+
+
+def test_pretrained_directories_that_cannot_serve_are_refused_before_the_run(tmp_path):
+    import json
+    import shutil
+
+    from splitfed.errors import ConfigError
+
+    hf_tiny(layers=2).save_pretrained(tmp_path / "ok")
+
+    def variant(name):
+        shutil.copytree(tmp_path / "ok", tmp_path / name)
+        return tmp_path / name
+
+    short = variant("short")                 # fewer positions than the data's tokens
+    conf = json.loads((short / "config.json").read_text())
+    (short / "config.json").write_text(json.dumps({**conf, "max_position_embeddings": 8}))
+    with pytest.raises(ConfigError, match=r"has 8 positions, fewer than the data's "
+                                          r"sequences of 12 tokens"):
+        build_model("opt", (2, 12), 2, pretrained=str(short))
+    partial = variant("partial")             # weights for 2 blocks, config for 3
+    conf = json.loads((partial / "config.json").read_text())
+    (partial / "config.json").write_text(json.dumps({**conf, "num_hidden_layers": 3}))
+    with pytest.raises(ConfigError, match=r"lacks \d+ weights of its model \(e.g. "
+                                          r"model.decoder.layers.2.*only the classification"):
+        build_model("opt", (2, 12), 2, pretrained=str(partial))
+    with pytest.raises(ConfigError, match=r"the classification layer in .* has another "
+                                          r"number of classes than the data's 3"):
+        build_model("opt", (2, 12), 3, pretrained=str(tmp_path / "ok"))
+    pickled = variant("pickled")             # a weights file that is not plain tensors
+    (pickled / "model.safetensors").unlink()
+    torch.save({"x": _NotATensor()}, pickled / "pytorch_model.bin")
+    with pytest.raises(ConfigError, match=r"a pickle that holds more than tensors; refused"):
+        build_model("opt", (2, 12), 2, pretrained=str(pickled))
+    with pytest.raises(ConfigError, match=r"^model.attention: must be one of sdpa, eager"):
+        build_model("opt", (2, 12), 2, attention="flash")
 
 
 def test_cohort_forward_runs_each_client_with_its_own_parameters():

@@ -68,6 +68,8 @@ PRESETS = {
 RESERVED_IDS = FIRST_WORD
 #: decoder blocks of a model built from sizes (each is a Python object built in turn)
 MAX_LAYERS = 1024
+#: the Hugging Face attention kernels a model may ask for
+ATTENTION = ("sdpa", "eager")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
           "float64": torch.float64}
 
@@ -289,7 +291,7 @@ def opt_params(values: dict, num_classes: int) -> int:
     return n + p * num_classes
 
 
-def _check_pretrained_size(tf, path: Path, num_classes: int) -> None:
+def _check_pretrained_size(tf, path: Path, num_classes: int, seq_len: int) -> None:
     """The model a ``save_pretrained`` directory describes is an OPT of at most
     :data:`~splitfed.limits.MAX_MODEL_PARAMS` parameters, counted from its config.json
     before anything is built (loading fills every weight the directory lacks, so a
@@ -310,6 +312,15 @@ def _check_pretrained_size(tf, path: Path, num_classes: int) -> None:
                          "num_hidden_layers")):
         raise ConfigError(f"model.pretrained: {path / 'config.json'} gives sizes that are not "
                           f"positive integers: { {k: v for k, v in values.items()} }")
+    if values["num_hidden_layers"] > MAX_LAYERS:
+        raise ConfigError(f"model.pretrained: the OPT in {path} has "
+                          f"{values['num_hidden_layers']} decoder blocks, more than the "
+                          f"{MAX_LAYERS} allowed")
+    if values["max_position_embeddings"] < seq_len:
+        raise ConfigError(f"model.pretrained: the OPT in {path} has "
+                          f"{values['max_position_embeddings']} positions, fewer than the "
+                          f"data's sequences of {seq_len} tokens; lower the data's max_len "
+                          "(sst2) or seq_len (synthetic_text)")
     params = opt_params(values, num_classes)
     if params > MAX_MODEL_PARAMS:
         raise ConfigError(f"model.pretrained: the OPT in {path} would have about {params} "
@@ -338,6 +349,9 @@ def opt(input_shape, num_classes: int, *, preset: str = "tiny", pretrained: str 
     seq_len = _check_shape(input_shape)
     if dtype not in DTYPES:
         raise ConfigError(f"model.dtype: must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if attention not in ATTENTION:
+        raise ConfigError(f"model.attention: must be one of {', '.join(ATTENTION)}, got "
+                          f"{attention!r}")
     check_dropout(dropout)
     tf = _transformers()
     extra = dict(dropout=dropout, attention_dropout=dropout, layerdrop=0.0)
@@ -346,10 +360,28 @@ def opt(input_shape, num_classes: int, *, preset: str = "tiny", pretrained: str 
         if not (path / "config.json").is_file():
             raise ConfigError(f"model.pretrained: {path} is not a save_pretrained directory "
                               "(no config.json); models are never downloaded")
-        _check_pretrained_size(tf, path, num_classes)
-        hf = tf.AutoModelForSequenceClassification.from_pretrained(
-            path, num_labels=num_classes, local_files_only=True, dtype=DTYPES[dtype],
-            attn_implementation=attention, **extra)
+        _check_pretrained_size(tf, path, num_classes, seq_len)
+        try:
+            hf, info = tf.AutoModelForSequenceClassification.from_pretrained(
+                path, num_labels=num_classes, local_files_only=True, dtype=DTYPES[dtype],
+                attn_implementation=attention, output_loading_info=True, **extra)
+        except Exception as e:  # noqa: BLE001 - weights transformers or torch cannot read
+            if "ignore_mismatched_sizes" in str(e):
+                raise ConfigError(f"model.pretrained: the classification layer in {path} "
+                                  f"has another number of classes than the data's "
+                                  f"{num_classes}; use a checkpoint without a classification "
+                                  "head (score), or one made for this data") from None
+            if type(e).__name__ == "UnpicklingError":
+                raise ConfigError(f"model.pretrained: the weights in {path} are a pickle "
+                                  "that holds more than tensors; refused (loading it could "
+                                  "run code): save them as safetensors") from None
+            raise ConfigError(f"model.pretrained: cannot load {path}: {type(e).__name__}: "
+                              f"{' '.join(str(e).split())[:300]}") from None
+        missing = [k for k in info.get("missing_keys", ()) if not k.startswith("score.")]
+        if missing:
+            raise ConfigError(f"model.pretrained: {path} lacks {len(missing)} weights of its "
+                              f"model (e.g. {sorted(missing)[0]}); only the classification "
+                              "layer (score) may be new")
     else:
         cfg = opt_config(num_classes, seq_len, preset=preset,
                          hidden_size=hidden_size, num_hidden_layers=num_layers,
