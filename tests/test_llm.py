@@ -159,6 +159,19 @@ def test_algorithms_run_on_the_split_transformer(algorithm):
     assert all(np.isfinite(r["train_loss"]) for r in res.records[1:])
 
 
+def test_token_ids_beyond_the_vocabulary_anywhere_in_the_data_are_refused_first():
+    from splitfed.errors import ConfigError
+
+    cfg = text_config({"name": "fedavg"})
+    env = build_environment(cfg)
+    top = int(env.data.train.x[:, 0].max())
+    assert top == 39 and int(env.data.test.x[:1, 0].max()) < top   # not in the probe
+    small = text_config({"name": "fedavg"}, model={**TINY, "vocab_size": top, "cut": 1})
+    with pytest.raises(ConfigError, match=r"^model.vocab_size: the data hold token id 39, "
+                                          r"beyond the model's vocab_size 39"):
+        build_environment(small)
+
+
 def test_mu_split_is_musplitfed_with_one_client():
     cfg = text_config({"name": "musplitfed", "tau": 2},
                       partition={"scheme": "iid", "num_clients": 1})

@@ -236,6 +236,11 @@ def _check_forward(cfg: RunConfig, model, bundle) -> None:
     with a ConfigError before anything is written, not in the first evaluation or never.
     The model's state is unchanged (no gradient, no running statistics, no random
     numbers drawn)."""
+    for m in model.modules():          # every sample's token ids against the vocabulary
+        if hasattr(m, "check_token_ids"):
+            for split in (bundle.train, bundle.test):
+                if len(split):
+                    m.check_token_ids(split.x)
     if sum(p.numel() for p in model.parameters()) > PROBE_MAX_PARAMS:
         return
     data = bundle.test if len(bundle.test) else bundle.train

@@ -114,12 +114,18 @@ class OPTEmbedding(nn.Module):
         super().__init__()
         self.tokens, self.positions, self.project_in = tokens, positions, project_in
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        ids, mask = x[:, 0].long(), x[:, 1].long()
+    def check_token_ids(self, x: torch.Tensor) -> None:
+        """ConfigError when a token id of ``x`` ([N, 2, L]) is outside the vocabulary
+        (checked on the whole data set before a run, and on every batch)."""
+        ids = x[:, 0]
         if ids.numel() and int(ids.max()) >= self.tokens.num_embeddings:
-            raise ConfigError(f"token id {int(ids.max())} >= the model's vocab_size "
-                              f"{self.tokens.num_embeddings}: use a tokenizer matching the "
-                              "model, or set model.vocab_size")
+            raise ConfigError(f"model.vocab_size: the data hold token id {int(ids.max())}, "
+                              f"beyond the model's vocab_size {self.tokens.num_embeddings}; "
+                              "use a tokenizer matching the model, or set model.vocab_size")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.check_token_ids(x)
+        ids, mask = x[:, 0].long(), x[:, 1].long()
         h = self.tokens(ids)
         if self.project_in is not None:
             h = self.project_in(h)
