@@ -265,6 +265,29 @@ def test_sst2_loader_reads_glue_tsv_files(tmp_path):
     assert b.test.x[1, 0, 1:4].tolist() == [UNK] * 3      # words not in the train split
 
 
+def test_sst2_files_spreadsheets_write_and_bad_rows(tmp_path):
+    from splitfed.errors import ConfigError, DataError
+
+    write_sst2(tmp_path, [("good film", 1), ("bad film", 0)], [("fine", 1)])
+    plain = load_dataset("sst2", str(tmp_path), max_len=4, vocab_size=8)
+    train = tmp_path / "train.tsv"
+    train.write_bytes(b"\xef\xbb\xbf" + train.read_bytes())        # a UTF-8 BOM
+    bom = load_dataset("sst2", str(tmp_path), max_len=4, vocab_size=8)
+    assert torch.equal(plain.train.x, bom.train.x)
+    for label in ("\u00b2", "01", "2", "-1", "99999999999999999999999"):
+        write_sst2(tmp_path, [("good film", 1), ("bad film", label)], [("fine", 1)])
+        with pytest.raises(DataError, match=r"malformed rows at lines \[3\] \(each row is "
+                                            r"sentence<TAB>label, the label 0 or 1\)"):
+            load_dataset("sst2", str(tmp_path), max_len=4, vocab_size=8)
+    write_sst2(tmp_path, [("good film", 1), ("bad film", 0)], [])
+    with pytest.raises(DataError, match=r"the dev \(the test set\) split holds no rows"):
+        load_dataset("sst2", str(tmp_path), max_len=4, vocab_size=8)
+    write_sst2(tmp_path, [("good film", 1), ("bad film", 0)], [("fine", 1)])
+    (tmp_path / "tok").mkdir()
+    with pytest.raises(ConfigError, match=r"^data.tokenizer: cannot load a tokenizer from"):
+        load_dataset("sst2", str(tmp_path), max_len=4, tokenizer=str(tmp_path / "tok"))
+
+
 def test_sst2_loader_reads_parquet(tmp_path):
     pd = pytest.importorskip("pandas")
     pytest.importorskip("pyarrow")

@@ -88,16 +88,27 @@ class WordTokenizer:
 
 def hf_encode(tokenizer_dir: str, texts: Sequence[str], max_len: int) -> torch.Tensor:
     """``[N, 2, max_len]`` with a local Hugging Face tokenizer (right padding)."""
+    if not isinstance(tokenizer_dir, str):
+        raise ConfigError(f"data.tokenizer: expected the path of a tokenizer directory, got "
+                          f"{tokenizer_dir!r}")
     path = Path(tokenizer_dir)
     if not path.is_dir():
-        raise ConfigError(f"tokenizer: {path} is not a directory (tokenizers are loaded "
-                          "from local directories only)")
+        raise ConfigError(f"data.tokenizer: {path} is not a directory (tokenizers are "
+                          "loaded from local directories only)")
     try:
         from transformers import AutoTokenizer
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise ConfigError("tokenizer directories need 'transformers': "
                           "pip install -e '.[llm]'") from e
-    tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    try:                            # local files only; never custom code (no remote code)
+        tok = AutoTokenizer.from_pretrained(path, local_files_only=True,
+                                            trust_remote_code=False)
+    except Exception as e:  # noqa: BLE001 - a directory transformers cannot read
+        raise ConfigError(f"data.tokenizer: cannot load a tokenizer from {path}: "
+                          f"{type(e).__name__}: {' '.join(str(e).split())[:200]}") from None
+    if tok.pad_token is None:
+        raise ConfigError(f"data.tokenizer: the tokenizer in {path} has no padding token "
+                          "(pad_token); give one that has (OPT's has)")
     tok.padding_side = "right"
     enc = tok(list(texts), padding="max_length", truncation=True, max_length=max_len,
               return_tensors="pt")
@@ -107,7 +118,7 @@ def hf_encode(tokenizer_dir: str, texts: Sequence[str], max_len: int) -> torch.T
 def _read_tsv(path: Path) -> tuple[list[str], np.ndarray]:
     check_file_size(path, MAX_TEXT_BYTES, "text file")
     try:
-        with open(path, newline="", encoding="utf-8") as f:
+        with open(path, newline="", encoding="utf-8-sig") as f:   # a BOM is dropped
             rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
     except UnicodeDecodeError as e:
         raise DataError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason})") from e
@@ -116,9 +127,11 @@ def _read_tsv(path: Path) -> tuple[list[str], np.ndarray]:
     if not rows or [c.strip() for c in rows[0][:2]] != ["sentence", "label"]:
         raise DataError(f"{path}: expected a header 'sentence<TAB>label', "
                         f"got {rows[0] if rows else 'an empty file'}")
-    bad = [i + 2 for i, r in enumerate(rows[1:]) if len(r) < 2 or not r[1].strip().isdigit()]
+    bad = [i + 2 for i, r in enumerate(rows[1:])
+           if len(r) < 2 or r[1].strip() not in ("0", "1")]
     if bad:
-        raise DataError(f"{path}: malformed rows at lines {bad[:5]}")
+        raise DataError(f"{path}: malformed rows at lines {bad[:5]} (each row is "
+                        "sentence<TAB>label, the label 0 or 1)")
     return [r[0] for r in rows[1:]], np.array([int(r[1]) for r in rows[1:]], dtype=np.int64)
 
 
@@ -145,7 +158,12 @@ def _read_parquet(path: Path) -> tuple[list[str], np.ndarray]:
     except Exception as e:  # noqa: BLE001 - corrupt files raise many kinds
         raise DataError(f"{path}: not a readable parquet file ({type(e).__name__}: {e})") \
             from e
-    return frame["sentence"].astype(str).tolist(), frame["label"].to_numpy(np.int64)
+    try:
+        labels = frame["label"].to_numpy(np.int64)
+    except (TypeError, ValueError) as e:        # text or missing labels
+        raise DataError(f"{path}: the label column is not integers 0/1 "
+                        f"({type(e).__name__}: {e})") from None
+    return frame["sentence"].astype(str).tolist(), labels
 
 
 def _sst2_split(root: Path, tsv: str, parquet: str) -> tuple[list[str], np.ndarray]:
@@ -183,6 +201,9 @@ def load_sst2(data_dir: str | None, rng: np.random.Generator, tokenizer: str | N
     root = Path(data_dir)
     train_texts, ytr = _sst2_split(root, "train.tsv", "train")
     test_texts, yte = _sst2_split(root, "dev.tsv", "validation")
+    for name, texts in (("train", train_texts), ("dev (the test set)", test_texts)):
+        if not texts:
+            raise DataError(f"SST-2 in {root}: the {name} split holds no rows")
     xtr, xte = encode(train_texts, test_texts, tokenizer, max_len, vocab_size)
     train = ArrayDataset(xtr, labels_tensor(ytr, 2, f"{root} train"))
     test = ArrayDataset(xte, labels_tensor(yte, 2, f"{root} dev"))

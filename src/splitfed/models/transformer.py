@@ -303,7 +303,8 @@ def _check_pretrained_size(tf, path: Path, num_classes: int, seq_len: int) -> No
     before anything is built (loading fills every weight the directory lacks, so a
     config declaring billions of parameters would be allocated in full)."""
     try:
-        conf = tf.AutoConfig.from_pretrained(path, local_files_only=True)
+        conf = tf.AutoConfig.from_pretrained(path, local_files_only=True,
+                                             trust_remote_code=False)
     except Exception as e:  # noqa: BLE001 - a config transformers cannot read
         raise ConfigError(f"model.pretrained: cannot read {path / 'config.json'}: "
                           f"{type(e).__name__}: {' '.join(str(e).split())[:200]}") from None
@@ -369,7 +370,8 @@ def opt(input_shape, num_classes: int, *, preset: str = "tiny", pretrained: str 
         _check_pretrained_size(tf, path, num_classes, seq_len)
         try:
             hf, info = tf.AutoModelForSequenceClassification.from_pretrained(
-                path, num_labels=num_classes, local_files_only=True, dtype=DTYPES[dtype],
+                path, num_labels=num_classes, local_files_only=True, trust_remote_code=False,
+                dtype=DTYPES[dtype],
                 attn_implementation=attention, output_loading_info=True, **extra)
         except Exception as e:  # noqa: BLE001 - weights transformers or torch cannot read
             if "ignore_mismatched_sizes" in str(e):
