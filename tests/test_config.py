@@ -35,6 +35,7 @@ NESTED = {"partition": {"scheme": "dirichlet", "num_clients": 10, "options": {"a
     (NESTED, "~partition.alpha", {}),
     (FLAT, "~partition.options.alpha", {}),
     (NESTED, "~partition.options", {}),
+    (FLAT, "partition.options=null", {}),
 ])
 def test_an_option_is_one_key_flat_or_under_options(raw, override, expected):
     # the later source wins whichever spelling either used

@@ -281,11 +281,13 @@ def merge_config(base: dict, override: dict) -> dict:
 
     Each side is brought to the flat spelling first, so the later source wins whichever
     spelling either used; one source giving both spellings different values is refused.
-    ``~section.options`` (an override removing the options) removes every option."""
+    ``~section.options`` or ``section.options=null`` (an override removing the options)
+    removes every option."""
     base, override = _lift_options(base), _lift_options(override)
     for section in _OPEN_SECTIONS:
         body, there = override.get(section), base.get(section)
-        if (isinstance(body, dict) and body.get("options") is DELETE
+        if (isinstance(body, dict) and "options" in body
+                and (body["options"] is DELETE or body["options"] is None)
                 and isinstance(there, dict)):
             known = {f.name for f in fields(_OPEN_SECTIONS[section])}
             override = {**override, section: {k: v for k, v in body.items()
