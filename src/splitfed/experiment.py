@@ -336,7 +336,6 @@ def build_environment(cfg: RunConfig, *, data_cache: dict | None = None) -> Envi
     from splitfed.config import check_against_data, check_model_size
 
     streams = RandomStreams(cfg.seed)
-    streams.seed_global()                  # dropout draws from torch's default generator
     device = resolve_device(cfg.engine.device)
     bundle = load_data(cfg, streams, device, cache=data_cache)
     server = _server_data(cfg, bundle, streams)

@@ -55,6 +55,11 @@ class RandomStreams:
             self._torch[name] = g
         return self._torch[name]
 
+    @property
+    def global_seeded(self) -> bool:
+        """Whether torch's default generator is one of the streams (seeded or restored)."""
+        return self._global
+
     def seed_global(self) -> None:
         """Seed torch's default generators (CPU and every CUDA device) from the master
         seed; :meth:`state` then carries them."""

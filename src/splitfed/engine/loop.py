@@ -238,6 +238,8 @@ def run_rounds(algorithm, env, logger, state: dict | None = None,
     cfg = env.config
     if state is None:
         state = algorithm.init_state(env)
+    if not env.streams.global_seeded:        # dropout's generator (a resume restored it)
+        env.streams.seed_global()
     declared = tuple(state) if isinstance(state, dict) else ()
     started = time.perf_counter()
     lines = progress_lines and not cfg.progress
