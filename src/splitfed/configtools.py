@@ -74,7 +74,7 @@ def from_dict(cls: type, data: Mapping[str, Any] | None, path: str = "") -> Any:
         raise TypeError(f"from_dict needs a dataclass type, got {cls!r}")
     data = {} if data is None else data
     if not isinstance(data, Mapping):
-        raise ConfigError(f"{path or cls.__name__}: expected a mapping, got {_show(data)}")
+        raise ConfigError(f"{path or cls.__name__}: expected a mapping, got {show(data)}")
     fields = _init_fields(cls)
     _reject_unknown(cls, data, fields, path)
     hints = _type_hints(cls)
@@ -116,7 +116,7 @@ def _reject_unknown(cls: type, data: Mapping, fields: list, path: str) -> None:
     allowed = [f.name for f in fields]
     for key in data:
         if not isinstance(key, str):
-            raise ConfigError(f"{path or cls.__name__}: keys must be strings, got {_show(key)}")
+            raise ConfigError(f"{path or cls.__name__}: keys must be strings, got {show(key)}")
         if key not in allowed:
             owner = path or f"{cls.__name__} (top level)"
             if not allowed:
@@ -239,15 +239,8 @@ def _sequence_item(hint: Any) -> Any:
 def _option_float(value: Any, key: str) -> Any:
     """A component's float option: a number, not a boolean (a numeric string becomes a
     float, an integer stays one), 0 or within float32's range where it is finite."""
-    if isinstance(value, str) or isinstance(value, bool):
-        value = _to_float(value, key)
-    elif not isinstance(value, (int, float)):
-        raise _type_error(key, _NAMES[float], value)
-    try:
-        number = float(value)
-    except OverflowError:                      # an integer beyond any float
-        raise ConfigError(f"{key}: {_show(value)} is outside float32's range "
-                          f"({FLOAT_RANGE_TEXT})") from None
+    number = _to_float(value, key)
+    value = number if isinstance(value, str) else value
     _check_float_range(number, key, value)
     return value
 
@@ -318,10 +311,11 @@ def _convert(tp: Any, value: Any, key: str) -> Any:
 
 
 def _type_error(key: str, expected: str, value: Any) -> ConfigError:
-    return ConfigError(f"{key}: expected {expected}, got {_show(value)}")
+    return ConfigError(f"{key}: expected {expected}, got {show(value)}")
 
 
-def _show(value: Any) -> str:
+def show(value: Any) -> str:
+    """``value`` for a message: its repr, cut at 60 characters, and its type."""
     text = repr(value)
     text = text if len(text) <= 60 else text[:57] + "..."
     return f"{text} ({type(value).__name__})"
@@ -339,15 +333,28 @@ NUMBER_TEXT = re.compile(r"[+-]?((\d+\.?\d*|\.\d+)([eE][+-]?\d+)?|inf|infinity|n
                          re.ASCII | re.IGNORECASE)
 
 
+def as_number(value: Any) -> float | None:
+    """``value`` as a float when it is a number (not a boolean) or a number's text
+    (:data:`NUMBER_TEXT`; PyYAML reads ``1e-3`` and ``inf`` as strings), else None; an
+    integer beyond any float becomes an infinity of its sign."""
+    if isinstance(value, bool) or not (isinstance(value, (int, float))
+                                       or isinstance(value, str)
+                                       and NUMBER_TEXT.fullmatch(value)):
+        return None
+    try:
+        return float(value)
+    except OverflowError:                          # an integer beyond any float
+        return math.inf if value > 0 else -math.inf
+
+
 def _to_float(value: Any, key: str) -> float:
-    numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if numeric or (isinstance(value, str)          # PyYAML reads 1e-3 and inf as strings
-                   and NUMBER_TEXT.fullmatch(value)):
-        try:
-            return float(value)
-        except (ValueError, OverflowError):
-            pass
-    raise _type_error(key, _NAMES[float], value)
+    number = as_number(value)
+    if number is None:
+        raise _type_error(key, _NAMES[float], value)
+    if math.isinf(number) and isinstance(value, int):
+        raise ConfigError(f"{key}: {show(value)} is outside float32's range "
+                          f"({FLOAT_RANGE_TEXT})")
+    return number
 
 
 def _to_bool(value: Any, key: str) -> bool:
@@ -373,7 +380,7 @@ def _convert_literal(tp: Any, value: Any, key: str) -> Any:
     hint = _suggest(value, [a for a in allowed if isinstance(a, str)]) if isinstance(
         value, str) else ""
     options = ", ".join(repr(a) for a in allowed)
-    raise ConfigError(f"{key}: expected one of {options}, got {_show(value)}{hint}")
+    raise ConfigError(f"{key}: expected one of {options}, got {show(value)}{hint}")
 
 
 def _convert_union(tp: Any, value: Any, key: str) -> Any:
@@ -422,7 +429,7 @@ def _convert_dict(tp: Any, value: Any, key: str) -> dict:
     out = {}
     for k, v in _mapping(value, key, tp).items():
         if not isinstance(k, str):
-            raise ConfigError(f"{key}: keys must be strings, got {_show(k)}")
+            raise ConfigError(f"{key}: keys must be strings, got {show(k)}")
         out[k] = _convert(item, v, _join(key, k))
     return out
 

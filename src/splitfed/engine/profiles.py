@@ -51,7 +51,8 @@ from splitfed.configtools import (
     FLOAT32_MAX,
     FLOAT32_TINY,
     FLOAT_RANGE_TEXT,
-    NUMBER_TEXT,
+    as_number,
+    show,
     typed_options,
 )
 from splitfed.errors import ConfigError
@@ -125,18 +126,10 @@ def _per_client(value, n: int, name: str) -> np.ndarray:
     """A speed option: one positive number for every client, or a list of ``n``."""
     wanted = f"one positive number or a list of {n} (one per client)"
     items = list(value) if isinstance(value, (list, tuple)) else [value]
-    for i, item in enumerate(items):
-        if isinstance(item, str):                  # a YAML file reads 1e6 as text
-            try:
-                items[i] = float(item) if NUMBER_TEXT.fullmatch(item) else None
-            except OverflowError:
-                items[i] = math.inf
-        if isinstance(items[i], bool) or not isinstance(items[i], (int, float)):
-            raise ConfigError(f"clock.{name}: expected {wanted}, got {_shown(value)}")
-    try:
-        v = np.asarray(items, dtype=np.float64)
-    except OverflowError:                          # an integer beyond any float
-        v = np.array([math.inf] * len(items))
+    numbers = [as_number(item) for item in items]
+    if None in numbers:
+        raise ConfigError(f"clock.{name}: expected {wanted}, got {show(value)}")
+    v = np.asarray(numbers, dtype=np.float64)
     if not isinstance(value, (list, tuple)):
         v = np.full(n, v[0])
     if v.shape != (n,):
@@ -145,11 +138,6 @@ def _per_client(value, n: int, name: str) -> np.ndarray:
         raise ConfigError(f"clock.{name}: speeds must be positive numbers from "
                           f"{FLOAT32_TINY:.2g} to {FLOAT32_MAX:.2g}")
     return v
-
-
-def _shown(value) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def fixed(num_clients: int, rng: np.random.Generator, *, client_compute=CLIENT_COMPUTE,
@@ -297,11 +285,9 @@ def _trace_number(cell, col: str, where: str) -> float:
     text = (cell or "").strip()
     if col in TRACE_OPTIONAL and text == "":
         return -np.inf if col == "available_from" else np.inf
-    try:
-        value = float(text) if NUMBER_TEXT.fullmatch(text) else math.nan
-    except ValueError:
-        value = math.nan
-    ok = math.isfinite(value) and (value >= 0 if col in TRACE_OPTIONAL else value > 0)
+    value = as_number(text)
+    ok = value is not None and math.isfinite(value) and (
+        value >= 0 if col in TRACE_OPTIONAL else value > 0)
     if not ok:
         kind = "a number >= 0" if col in TRACE_OPTIONAL else "a positive number"
         raise ConfigError(f"{where}, column {col!r}: expected {kind}, got {text!r}")
