@@ -76,7 +76,7 @@ def test_a_pretrained_directory_is_sized_before_it_is_built(tmp_path):
     conf.update(hidden_size=2048, ffn_dim=8192, num_hidden_layers=48, num_attention_heads=16,
                 word_embed_proj_dim=2048)
     (tmp_path / "config.json").write_text(json.dumps(conf))
-    with pytest.raises(ConfigError, match=r"^model.pretrained: the OPT in .* would have about "
+    with pytest.raises(ConfigError, match=r"^model.pretrained: the OPT in .* has about "
                                           r"2\d{9} parameters, more than the 2000000000"):
         build_model("opt", (2, 12), 2, pretrained=str(tmp_path))
     conf["model_type"] = "gpt2"

@@ -46,10 +46,11 @@ def test_image_model_options_out_of_range_name_the_key(name, options, key):
     ({"vocab_size": 0}, "model.vocab_size: must be a positive integer"),
     ({"vocab_size": 3}, "model.vocab_size: must be at least 4"),
     ({"max_positions": -1}, "model.max_positions: must be a positive integer"),
-    ({"max_positions": 15}, "model.max_positions: sequences of 16 tokens exceed the "
-                            "model's 15 positions"),
+    ({"max_positions": 15}, "model.max_positions: opt would have 15 positions, fewer than "
+                            "the data's sequences of 16 tokens; give at least 16"),
     ({"hidden_size": 30}, "model.hidden_size: 30 is not a multiple of model.num_heads (4)"),
-    ({"num_layers": 100_000}, "model.num_layers: at most 1024 decoder blocks"),
+    ({"num_layers": 100_000}, "model.num_layers: opt would have 100000 decoder "
+                                "blocks, more than the 1024 allowed"),
     ({"num_layers": 1000, "hidden_size": 4096}, "model: opt would have about"),
     ({"dropout": 5}, "model.dropout: must be a number in [0, 1)"),
     ({"dropout": math.nan}, "model.dropout: must be a number in [0, 1)"),

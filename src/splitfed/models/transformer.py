@@ -257,9 +257,6 @@ def opt_config(num_classes: int, seq_len: int, *, preset: str = "tiny", **sizes)
             raise ConfigError(f"model.{SIZE_OPTIONS[key]}: must be a positive integer, "
                               f"got {v!r}")
         values[key] = v
-    if values["num_hidden_layers"] > MAX_LAYERS:
-        raise ConfigError(f"model.num_layers: at most {MAX_LAYERS} decoder blocks (OPT-175B "
-                          f"has 96), got {values['num_hidden_layers']}")
     if values["word_embed_proj_dim"] is None:
         values["word_embed_proj_dim"] = values["hidden_size"]
     h, heads = values["hidden_size"], values["num_attention_heads"]
@@ -270,14 +267,12 @@ def opt_config(num_classes: int, seq_len: int, *, preset: str = "tiny", **sizes)
         raise ConfigError(f"model.vocab_size: must be at least {RESERVED_IDS} (ids 0-"
                           f"{RESERVED_IDS - 1} are reserved: <s>, padding, BOS/EOS, unknown), "
                           f"got {values['vocab_size']}")
-    if values["max_position_embeddings"] < seq_len:
-        raise ConfigError(f"model.max_positions: sequences of {seq_len} tokens exceed the "
-                          f"model's {values['max_position_embeddings']} positions; give at "
-                          f"least {seq_len}")
-    params = opt_params(values, num_classes)
-    if params > MAX_MODEL_PARAMS:
-        raise ConfigError(f"model: opt would have about {params} parameters, more than the "
-                          f"{MAX_MODEL_PARAMS} allowed; choose smaller sizes")
+    broken = _size_limit_broken(values, num_classes, seq_len)
+    if broken:
+        option, what = broken
+        hint = {"num_layers": "", "max_positions": f"; give at least {seq_len}"}.get(
+            option, "; choose smaller sizes")
+        raise ConfigError(f"model{'.' + option if option else ''}: opt would have {what}{hint}")
     cfg = _transformers().OPTConfig(num_labels=num_classes, pad_token_id=1,
                                     bos_token_id=2, eos_token_id=2, **values)
     return cfg
@@ -319,19 +314,28 @@ def _check_pretrained_size(tf, path: Path, num_classes: int, seq_len: int) -> No
                          "num_hidden_layers")):
         raise ConfigError(f"model.pretrained: {path / 'config.json'} gives sizes that are not "
                           f"positive integers: { {k: v for k, v in values.items()} }")
-    if values["num_hidden_layers"] > MAX_LAYERS:
-        raise ConfigError(f"model.pretrained: the OPT in {path} has "
-                          f"{values['num_hidden_layers']} decoder blocks, more than the "
-                          f"{MAX_LAYERS} allowed")
-    if values["max_position_embeddings"] < seq_len:
-        raise ConfigError(f"model.pretrained: the OPT in {path} has "
-                          f"{values['max_position_embeddings']} positions, fewer than the "
-                          f"data's sequences of {seq_len} tokens; lower the data's max_len "
-                          "(sst2) or seq_len (synthetic_text)")
+    broken = _size_limit_broken(values, num_classes, seq_len)
+    if broken:
+        option, what = broken
+        hint = ("; lower the data's max_len (sst2) or seq_len (synthetic_text)"
+                if option == "max_positions" else "")
+        raise ConfigError(f"model.pretrained: the OPT in {path} has {what}{hint}")
+
+
+def _size_limit_broken(values: dict, num_classes: int, seq_len: int) -> tuple[str, str] | None:
+    """The first of splitfed's size limits the OPTConfig ``values`` break, as (the model
+    option it concerns, "" for the whole size; what is wrong), or None when none is."""
+    layers, positions = values["num_hidden_layers"], values["max_position_embeddings"]
+    if layers > MAX_LAYERS:
+        return "num_layers", (f"{layers} decoder blocks, more than the {MAX_LAYERS} allowed "
+                              "(OPT-175B has 96)")
+    if positions < seq_len:
+        return "max_positions", (f"{positions} positions, fewer than the data's sequences "
+                                 f"of {seq_len} tokens")
     params = opt_params(values, num_classes)
     if params > MAX_MODEL_PARAMS:
-        raise ConfigError(f"model.pretrained: the OPT in {path} would have about {params} "
-                          f"parameters, more than the {MAX_MODEL_PARAMS} allowed")
+        return "", f"about {params} parameters, more than the {MAX_MODEL_PARAMS} allowed"
+    return None
 
 
 def _check_shape(input_shape) -> int:
