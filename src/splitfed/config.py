@@ -14,6 +14,7 @@ like a built-in one.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from dataclasses import dataclass, field, fields
@@ -274,6 +275,13 @@ _OPEN_SECTIONS = {"data": DataConfig, "partition": PartitionConfig, "model": Mod
                   "algorithm": AlgorithmConfig, "clock": ClockConfig}
 
 
+@functools.cache
+def _field_names(section: str) -> frozenset[str]:
+    """The names of an open section's own fields (``name``, ``options``, ...): the keys
+    that are not the component's options."""
+    return frozenset(f.name for f in fields(_OPEN_SECTIONS[section]))
+
+
 def merge_config(base: dict, override: dict) -> dict:
     """Deep-merge two config mappings (:func:`splitfed.configtools.merge`) where an option
     of an open section is one key whether it is written flat (``partition.alpha``) or
@@ -289,7 +297,7 @@ def merge_config(base: dict, override: dict) -> dict:
         if (isinstance(body, dict) and "options" in body
                 and (body["options"] is DELETE or body["options"] is None)
                 and isinstance(there, dict)):
-            known = {f.name for f in fields(_OPEN_SECTIONS[section])}
+            known = _field_names(section)
             override = {**override, section: {k: v for k, v in body.items()
                                               if k != "options"}}
             base = {**base, section: {k: v for k, v in there.items() if k in known}}
@@ -319,8 +327,7 @@ def _all_options(whole: str, key: str) -> bool:
     if section not in _OPEN_SECTIONS or rest != "options":
         return False
     other, _, name = key.partition(".")
-    known = {f.name for f in fields(_OPEN_SECTIONS[section])}
-    return other == section and name.split(".")[0] not in known
+    return other == section and name.split(".")[0] not in _field_names(section)
 
 
 def _lift_options(raw: Any) -> Any:
@@ -328,11 +335,11 @@ def _lift_options(raw: Any) -> Any:
     if not isinstance(raw, dict):
         return raw
     out = dict(raw)
-    for section, cls in _OPEN_SECTIONS.items():
+    for section in _OPEN_SECTIONS:
         body = out.get(section)
         if not isinstance(body, dict) or not isinstance(body.get("options"), dict):
             continue
-        known = {f.name for f in fields(cls)}
+        known = _field_names(section)
         flat = {k: v for k, v in body.items() if k != "options"}
         kept = {}
         for key, value in body["options"].items():
@@ -353,11 +360,11 @@ def _lift_options(raw: Any) -> Any:
 def _fold_options(raw: dict) -> dict:
     """Move unknown keys of open sections into their ``options`` mapping."""
     out = dict(raw)
-    for section, cls in _OPEN_SECTIONS.items():
+    for section in _OPEN_SECTIONS:
         body = out.get(section)
         if not isinstance(body, dict):
             continue
-        known = {f.name for f in fields(cls)}
+        known = _field_names(section)
         given = body.get("options")
         if given is not None and not isinstance(given, dict):
             raise ConfigError(f"{section}.options: expected a mapping of option names to "
