@@ -307,3 +307,22 @@ def test_synthetic_text_label_is_whether_the_marker_occurs():
         assert torch.equal(has, split_.y)
         assert (ids[:, 0] == BOS).all() and ((ids == PAD) == (mask == 0)).all()
     assert int(b.train.y.sum()) == 100
+
+
+@pytest.mark.parametrize("algorithm, dtype", [({"name": "fedlora", "rank": 2}, "float32"),
+                                              ({"name": "sflv1"}, "bfloat16"),
+                                              ({"name": "sflv1"}, "float32")])
+def test_the_plan_counts_the_bytes_a_round_sends(algorithm, dtype):
+    # --dry-run's plan (and over-selection's prediction) count what the clients are sent:
+    # FedLoRA's adapters and head, activations in the model's dtype
+    from splitfed.plan import build_plan
+
+    cfg = text_config(algorithm, model={**TINY, "cut": 1, "dtype": dtype})
+    planned = build_plan(cfg)["model"]["bytes"]
+    last = run_experiment(cfg, write=False).records[-1]
+    clients, samples = last["participants"], 2 * 8 * last["participants"]
+    assert planned["model"] * clients == last["bytes_down/model"] == last["bytes_up/model"]
+    if algorithm["name"] == "sflv1":
+        assert planned["up_per_sample"] * samples == (last["bytes_up/activations"]
+                                                       + last["bytes_up/labels"])
+        assert planned["down_per_sample"] * samples == last["bytes_down/activation_grads"]

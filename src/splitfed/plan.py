@@ -12,9 +12,10 @@ algorithms), the multiply-accumulates per sample, the bytes a round moves, the r
 and where the run would write.
 
 The bytes are those the model implies (as :func:`splitfed.engine.loop.client_work`
-computes them for over-selection): each participant downloads and uploads its model
-(the whole model, or its part for a split algorithm) once a round, and a split
-algorithm moves every training sample's activations and label up and their gradient
+computes them for over-selection): each participant downloads and uploads the
+algorithm's client part of the model (the whole model, the client blocks of a split
+algorithm, FedLoRA's adapters and head) once a round, and a split algorithm moves every
+training sample's activations (in the model's dtype) and label up and their gradient
 down. Algorithms that send less (CSE-FSL's upload period, zeroth-order clients) or
 more are counted exactly by the ledger of a real run.
 """
@@ -39,6 +40,7 @@ def build_plan(cfg, overrides: list[str] | None = None) -> dict:
     algorithm = build_algorithm(cfg)
     env = build_environment(cfg)
     algorithm.check(env)
+    algorithm.prepare_model(env)            # the model as the run trains it (FedLoRA's)
     run_dir = check_out_dir(cfg, overrides)
     files = [f for f in RUN_FILES if f != "checkpoint.pt" or cfg.checkpoint_every]
     tracking = getattr(cfg, "tracking", None)              # experiment trackers

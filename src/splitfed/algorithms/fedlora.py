@@ -76,11 +76,16 @@ class FedLoRA(FedAvg):
                 raise ConfigError(f"algorithm.targets: {target!r} {what}; give names (or "
                                   f"their ends after a dot) of {valid}")
 
-    def init_state(self, env) -> dict:
+    def prepare_model(self, env) -> None:
+        """Inject the adapters into ``env.model`` (their initial values drawn from the
+        run's seed, stream ``lora``) and freeze the rest but the head."""
         o = self.options
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(derive_seed(env.streams.seed, "lora"))
             add_lora(env.model, o.rank, o.alpha, o.lora_dropout, o.targets, o.train_head)
+
+    def init_state(self, env) -> dict:
+        self.prepare_model(env)
         return super().init_state(env)
 
     def communicated(self, env, state: dict) -> dict:

@@ -147,6 +147,12 @@ class Algorithm:
         """Raise ConfigError if the options cannot work with the built ``env``; called
         before the run directory is created. Default: nothing to check."""
 
+    def prepare_model(self, env) -> None:
+        """Change ``env.model`` as the algorithm runs it, in place and idempotently
+        (FedLoRA adds its adapters and freezes the rest); ``init_state`` calls it, and
+        ``--dry-run``'s plan calls it to count the model the run trains. Default:
+        nothing to change."""
+
     def init_state(self, env) -> dict:
         """Default: the global model (a copy of ``env.model``'s state) under ``"model"``,
         and the transforms' initial states under their keys."""

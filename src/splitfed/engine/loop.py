@@ -49,7 +49,7 @@ from splitfed.engine.evaluate import evaluate
 from splitfed.engine.flops import TRAIN_FACTOR, forward_macs
 from splitfed.engine.rounds import RoundResult
 from splitfed.metrics import divergence
-from splitfed.models import output_shape, split
+from splitfed.models import dry_output, output_shape, split
 from splitfed.safeio import unsaveable
 from splitfed.transport import payload_bytes
 
@@ -88,17 +88,19 @@ def server_copy_bytes(algorithm, env) -> int:
 
 def client_work(algorithm, env) -> tuple[int, int, int, int]:
     """What one client's round costs it, for over-selection's prediction
-    (:meth:`~splitfed.engine.clock.VirtualClock.keep_fastest`): (MACs per training
-    sample, bytes of its model each way, bytes up and down per sample at the cut: the
-    activations and the label up, their gradient down; 0 unsplit)."""
+    (:meth:`~splitfed.engine.clock.VirtualClock.keep_fastest`) and ``--dry-run``'s plan:
+    (MACs per training sample, bytes of the model part it receives and sends each way
+    (the algorithm's ``client_part``: the client blocks of a split algorithm, FedLoRA's
+    adapters and head), bytes up and down per sample at the cut: the activations, in
+    the model's dtype, and the label up, their gradient down; 0 unsplit)."""
     macs = macs_per_sample(algorithm, env)[0]
-    shape = tuple(env.data.input_shape)
+    model = payload_bytes(algorithm.client_part(env, env.model.state_dict()),
+                          per_client=False)
     if not algorithm.split:
-        return macs, payload_bytes(env.model.state_dict(), per_client=False), 0, 0
-    client = split(env.model, env.cut)[0]
-    acts = math.prod(output_shape(client, shape)) * 4
-    return (macs, payload_bytes(client.state_dict(), per_client=False),
-            acts + env.data.train.y.element_size(), acts)
+        return macs, model, 0, 0
+    out = dry_output(split(env.model, env.cut)[0], tuple(env.data.input_shape))
+    acts = math.prod(out.shape[1:]) * out.element_size()
+    return macs, model, acts + env.data.train.y.element_size(), acts
 
 
 def local_steps_of(algorithm, env, ids: np.ndarray) -> np.ndarray:

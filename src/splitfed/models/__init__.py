@@ -30,7 +30,7 @@ from splitfed.configtools import typed_options
 from splitfed.errors import ConfigError
 from splitfed.models.alexnet import alexnet
 from splitfed.models.aux import build_aux_head
-from splitfed.models.blocks import BlockModel, output_shape, resolve_cut, split
+from splitfed.models.blocks import BlockModel, dry_output, output_shape, resolve_cut, split
 from splitfed.models.cohort import cohort_forward, stack_states, unstack_state
 from splitfed.models.lenet import lenet5
 from splitfed.models.mlp import mlp
@@ -56,6 +56,7 @@ __all__ = [
     "build_aux_head",
     "build_model",
     "cohort_forward",
+    "dry_output",
     "model_names",
     "output_shape",
     "resolve_cut",
@@ -82,11 +83,11 @@ def _component(name: str) -> str:
 
 
 def _in_dry_run(e: BaseException) -> bool:
-    """Whether ``e`` was raised while :func:`output_shape` ran a sample through a part of
+    """Whether ``e`` was raised while :func:`dry_output` ran a sample through a part of
     the model (the input shape does not fit the layers)."""
     tb = e.__traceback__
     while tb is not None:
-        if tb.tb_frame.f_code is output_shape.__code__:
+        if tb.tb_frame.f_code is dry_output.__code__:
             return True
         tb = tb.tb_next
     return False
@@ -123,7 +124,7 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, **opt
     except ConfigError:
         raise
     except RuntimeError as e:
-        if _in_dry_run(e):          # output_shape's dry run: the input is too small for it
+        if _in_dry_run(e):          # dry_output's run: the input is too small for it
             raise ConfigError(f"model.name: input_shape {tuple(input_shape)} of the data "
                               f"does not fit {name}: {one_line(e)}") from e
         raise _builder_failed(name, options, e) from e

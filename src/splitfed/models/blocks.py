@@ -105,7 +105,14 @@ def split(model: BlockModel, cut: int | str | None = None) -> tuple[nn.Sequentia
 
 
 def output_shape(module: nn.Module, input_shape: tuple[int, ...], n: int = 2) -> tuple[int, ...]:
-    """Per-sample output shape of ``module`` by a dry run on ``n`` zero samples.
+    """Per-sample output shape of ``module`` by a dry run on ``n`` zero samples
+    (:func:`dry_output`)."""
+    return tuple(dry_output(module, input_shape, n).shape[1:])
+
+
+def dry_output(module: nn.Module, input_shape: tuple[int, ...], n: int = 2) -> torch.Tensor:
+    """``module``'s output for ``n`` zero samples of ``input_shape`` (in its parameters'
+    dtype, on their device): its per-sample shape and its dtype.
 
     Runs without gradients and in eval mode (restored afterwards), so BatchNorm running
     statistics are not touched and no random numbers are drawn.
@@ -117,8 +124,7 @@ def output_shape(module: nn.Module, input_shape: tuple[int, ...], n: int = 2) ->
             p = next(module.parameters(), None)
             dtype = p.dtype if p is not None else torch.get_default_dtype()
             device = p.device if p is not None else None     # the module's (a GPU's)
-            return tuple(module(torch.zeros(n, *input_shape, dtype=dtype,
-                                            device=device)).shape[1:])
+            return module(torch.zeros(n, *input_shape, dtype=dtype, device=device))
     finally:
         for m, mode in modes:
             m.training = mode
