@@ -53,10 +53,17 @@ def test_client_then_server_equals_the_unsplit_model(cut):
     assert len(keys) == len(model.state_dict())
 
 
-def test_pretrained_from_a_local_directory(tmp_path):
+def test_pretrained_from_a_local_directory(tmp_path, capfd):
+    import transformers
+
     hf = hf_tiny(layers=2)
     hf.save_pretrained(tmp_path)
+    capfd.readouterr()
     model = build_model("opt", (2, 12), 2, pretrained=str(tmp_path))
+    # transformers' "Loading weights" bar stays off (a run shows its own progress) and
+    # its setting is restored
+    assert "Loading weights" not in "".join(capfd.readouterr())
+    assert transformers.utils.logging.is_progress_bar_enabled()
     ids, mask = batch()
     model.eval()
     got = model(torch.stack([ids, mask], 1))
@@ -326,3 +333,28 @@ def test_the_plan_counts_the_bytes_a_round_sends(algorithm, dtype):
         assert planned["up_per_sample"] * samples == (last["bytes_up/activations"]
                                                        + last["bytes_up/labels"])
         assert planned["down_per_sample"] * samples == last["bytes_down/activation_grads"]
+
+
+@pytest.mark.parametrize("option", [{"preset": "tiny"}, {"hidden_size": 64},
+                                    {"num_layers": 2}, {"vocab_size": 40},
+                                    {"max_positions": 12}])
+def test_sizes_beside_a_pretrained_checkpoint_are_refused(tmp_path, option):
+    # a pretrained model's sizes come from its config.json: a size option would be ignored
+    from splitfed.errors import ConfigError
+
+    hf_tiny(layers=2).save_pretrained(tmp_path)
+    (key,) = option
+    with pytest.raises(ConfigError, match=rf"^model.{key}: a pretrained model's sizes come "
+                                          r"from the config.json in model.pretrained"):
+        build_model("opt", (2, 12), 2, pretrained=str(tmp_path), **option)
+
+
+def test_a_vocabulary_size_beside_a_tokenizer_directory_is_refused():
+    from splitfed.data.text import encode
+    from splitfed.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^data.vocab_size: the tokenizer directory"):
+        encode(["a b"], ["a"], "/nonexistent", 4, 100)
+    with pytest.raises(ConfigError, match=r"^data.tokenizer: "):     # no vocabulary size
+        encode(["a b"], ["a"], "/nonexistent", 4, None)
+    assert encode(["a b"], ["a"], None, 4, None)[0].shape == (1, 2, 4)   # 8192 words

@@ -177,10 +177,17 @@ def _sst2_split(root: Path, tsv: str, parquet: str) -> tuple[list[str], np.ndarr
                     "download GLUE's SST-2 (train.tsv, dev.tsv) into data.data_dir")
 
 
-def encode(train_texts, test_texts, tokenizer: str | None, max_len: int, vocab_size: int):
-    """Token tensors of both splits (the built-in vocabulary from the train texts)."""
+def encode(train_texts, test_texts, tokenizer: str | None, max_len: int,
+           vocab_size: int | None):
+    """Token tensors of both splits (the built-in vocabulary from the train texts, of
+    ``vocab_size`` words, 8192 when None; a tokenizer directory brings its own)."""
     max_len = int_option("data", "max_len", max_len, 2, MAX_LEN)
-    vocab_size = int_option("data", "vocab_size", vocab_size, FIRST_WORD + 1, MAX_VOCAB)
+    if tokenizer is not None and vocab_size is not None:
+        raise ConfigError("data.vocab_size: the tokenizer directory (data.tokenizer) "
+                          "brings its own vocabulary; remove data.vocab_size (it sizes the "
+                          "built-in tokenizer's)")
+    vocab_size = int_option("data", "vocab_size", 8192 if vocab_size is None else vocab_size,
+                            FIRST_WORD + 1, MAX_VOCAB)
     for texts in (train_texts, test_texts):
         if len(texts) * max_len > MAX_TOKENS:
             raise ConfigError(f"data: max_len={max_len} x {len(texts)} texts exceeds "
@@ -193,8 +200,10 @@ def encode(train_texts, test_texts, tokenizer: str | None, max_len: int, vocab_s
 
 
 def load_sst2(data_dir: str | None, rng: np.random.Generator, tokenizer: str | None = None,
-              max_len: int = 64, vocab_size: int = 8192) -> DataBundle:
-    """SST-2 from GLUE files in ``data_dir`` (module docstring); dev split as test."""
+              max_len: int = 64, vocab_size: int | None = None) -> DataBundle:
+    """SST-2 from GLUE files in ``data_dir`` (module docstring); dev split as test.
+    ``vocab_size``: the built-in tokenizer's vocabulary (8192 when None); refused with
+    ``tokenizer``, which brings its own."""
     if data_dir is None:
         raise ConfigError("sst2 needs data.data_dir: a directory with GLUE's SST-2 "
                           "train.tsv and dev.tsv (or the parquet files)")

@@ -292,6 +292,20 @@ def opt_params(values: dict, num_classes: int) -> int:
     return n + p * num_classes
 
 
+@contextmanager
+def _quiet_loading(tf):
+    """transformers' own progress bars ("Loading weights") off while a local checkpoint
+    loads, then as they were: a run shows its progress itself (``progress``)."""
+    logging = tf.utils.logging
+    was = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            logging.enable_progress_bar()
+
+
 def _check_pretrained_size(tf, path: Path, num_classes: int, seq_len: int) -> None:
     """The model a ``save_pretrained`` directory describes is an OPT of at most
     :data:`~splitfed.limits.MAX_MODEL_PARAMS` parameters, counted from its config.json
@@ -346,16 +360,19 @@ def _check_shape(input_shape) -> int:
     return shape[1]
 
 
-def opt(input_shape, num_classes: int, *, preset: str = "tiny", pretrained: str | None = None,
+def opt(input_shape, num_classes: int, *, preset: str | None = None,
+        pretrained: str | None = None,
         hidden_size: int | None = None, num_layers: int | None = None,
         num_heads: int | None = None, ffn_dim: int | None = None,
         vocab_size: int | None = None, max_positions: int | None = None,
         dropout: float = 0.0, dtype: str = "float32", attention: str = "sdpa") -> BlockModel:
     """OPT sequence classifier split into embeddings + decoder blocks + head (see module).
 
-    ``pretrained``: a local ``save_pretrained`` directory (its sizes win over the preset;
-    the classification layer is new if the checkpoint has none). ``dtype``: float32,
-    bfloat16, float16. ``attention``: the Hugging Face attention kernel (sdpa, eager).
+    ``preset``: the sizes, ``tiny`` when None; the size options override them.
+    ``pretrained``: a local ``save_pretrained`` directory, whose config.json gives the
+    sizes (a preset or size option beside it is refused; the classification layer is new
+    if the checkpoint has none). ``dtype``: float32, bfloat16, float16. ``attention``:
+    the Hugging Face attention kernel (sdpa, eager).
     """
     seq_len = _check_shape(input_shape)
     if dtype not in DTYPES:
@@ -367,16 +384,25 @@ def opt(input_shape, num_classes: int, *, preset: str = "tiny", pretrained: str 
     tf = _transformers()
     extra = dict(dropout=dropout, attention_dropout=dropout, layerdrop=0.0)
     if pretrained is not None:
+        sizes = {"preset": preset, "hidden_size": hidden_size, "num_layers": num_layers,
+                 "num_heads": num_heads, "ffn_dim": ffn_dim, "vocab_size": vocab_size,
+                 "max_positions": max_positions}
+        given = [k for k, v in sizes.items() if v is not None]
+        if given:
+            raise ConfigError(f"model.{given[0]}: a pretrained model's sizes come from the "
+                              f"config.json in model.pretrained; remove model.{given[0]} "
+                              "(or model.pretrained)")
         path = Path(pretrained)
         if not (path / "config.json").is_file():
             raise ConfigError(f"model.pretrained: {path} is not a save_pretrained directory "
                               "(no config.json); models are never downloaded")
         _check_pretrained_size(tf, path, num_classes, seq_len)
         try:
-            hf, info = tf.AutoModelForSequenceClassification.from_pretrained(
-                path, num_labels=num_classes, local_files_only=True, trust_remote_code=False,
-                dtype=DTYPES[dtype],
-                attn_implementation=attention, output_loading_info=True, **extra)
+            with _quiet_loading(tf):
+                hf, info = tf.AutoModelForSequenceClassification.from_pretrained(
+                    path, num_labels=num_classes, local_files_only=True,
+                    trust_remote_code=False, dtype=DTYPES[dtype],
+                    attn_implementation=attention, output_loading_info=True, **extra)
         except Exception as e:  # noqa: BLE001 - weights transformers or torch cannot read
             if "ignore_mismatched_sizes" in str(e):
                 raise ConfigError(f"model.pretrained: the classification layer in {path} "
@@ -395,7 +421,7 @@ def opt(input_shape, num_classes: int, *, preset: str = "tiny", pretrained: str 
                               f"model (e.g. {sorted(missing)[0]}); only the classification "
                               "layer (score) may be new")
     else:
-        cfg = opt_config(num_classes, seq_len, preset=preset,
+        cfg = opt_config(num_classes, seq_len, preset="tiny" if preset is None else preset,
                          hidden_size=hidden_size, num_hidden_layers=num_layers,
                          num_attention_heads=num_heads, ffn_dim=ffn_dim,
                          vocab_size=vocab_size, max_position_embeddings=max_positions,
