@@ -138,6 +138,25 @@ def test_dropout_is_seeded_and_resumes_bit_identically(tmp_path, monkeypatch):
     check_resume(tmp_path, monkeypatch, cfg, 3)
 
 
+def test_a_checkpoint_that_carries_the_default_generator_still_resumes(tmp_path,
+                                                                        monkeypatch):
+    """An earlier version saved torch's default generator (streams.torch["global"]);
+    the rounds now seed it themselves, so the saved state is not used."""
+    cfg = digits_config(rounds=4, checkpoint_every=2,
+                        model={"name": "alexnet", "dropout": 0.5, "width": 0.125})
+    full = run_experiment(cfg, run_dir=tmp_path / "full")
+    interrupt_after(monkeypatch, 3)
+    with pytest.raises(Interrupted):
+        run_experiment(cfg, run_dir=tmp_path / "cut")
+    monkeypatch.undo()
+    path = tmp_path / "cut" / CHECKPOINT
+    raw = torch.load(path, weights_only=True)
+    raw["streams"]["torch"]["global"] = torch.Generator().manual_seed(5).get_state()
+    torch.save(raw, path)
+    assert "global" in load_checkpoint(tmp_path / "cut")["streams"]["torch"]
+    same(full.state, resume_experiment(tmp_path / "cut").state)
+
+
 def test_interrupt_before_the_first_checkpoint_restarts_from_round_zero(tmp_path,
                                                                         monkeypatch):
     cfg = digits_config(rounds=4, checkpoint_every=3)

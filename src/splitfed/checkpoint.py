@@ -70,7 +70,6 @@ import torch
 from splitfed import safeio
 from splitfed.errors import ConfigError, FormatError
 from splitfed.provenance import cpu_capability  # noqa: F401 - re-exported
-from splitfed.rng import GLOBAL
 
 CHECKPOINT = "checkpoint.pt"
 FORMAT = 2
@@ -545,9 +544,8 @@ def _check_env(env, ckpt: dict, where) -> None:
     for name, s in saved["numpy"].items():
         _conform(s, generator, f"streams.numpy[{name[:40]!r}]", where, loose=False)
     have = env.streams.state()                  # the streams a run has from its start
-    for kind in ("numpy", "torch"):       # (a checkpoint of an earlier version may lack
-        lost = sorted(k for k in set(have[kind]) - set(saved[kind])   # torch's default
-                      if not k.startswith(GLOBAL))                    # generators)
+    for kind in ("numpy", "torch"):
+        lost = sorted(set(have[kind]) - set(saved[kind]))
         if lost:
             raise FormatError(f"{where}: streams.{kind} lacks the run's stream "
                               f"{lost[0]!r}; it is not a checkpoint of this run: {RERUN}")

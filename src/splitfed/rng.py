@@ -25,7 +25,7 @@ def derive_seed(seed: int, name: str) -> int:
 
 
 #: the stream name of torch's process-wide default generator (dropout, and any code that
-#: draws without a generator), once :meth:`RandomStreams.seed_global` has seeded it
+#: draws without a generator), which :meth:`RandomStreams.seed_global` seeds every round
 GLOBAL = "global"
 
 
@@ -33,13 +33,12 @@ class RandomStreams:
     """Named, independent random streams derived from one master seed.
 
     Dropout layers draw from torch's process-wide default generator, which no stream
-    owns: :meth:`seed_global` seeds it from the master seed (stream name ``global``)
-    and from then on :meth:`state` carries it (and each CUDA device's), so a resumed
-    run draws what the uninterrupted one would have."""
+    owns: :meth:`seed_global` seeds it at the start of each round from the master seed
+    and the round, so it needs no state in a checkpoint: a resumed run, and every rank
+    of a launched one, draw in a round what an uninterrupted run draws."""
 
     def __init__(self, seed: int):
         self.seed = int(seed)
-        self._global = False
         self._np: dict[str, np.random.Generator] = {}
         self._torch: dict[str, torch.Generator] = {}
 
@@ -55,25 +54,15 @@ class RandomStreams:
             self._torch[name] = g
         return self._torch[name]
 
-    @property
-    def global_seeded(self) -> bool:
-        """Whether torch's default generator is one of the streams (seeded or restored)."""
-        return self._global
-
-    def seed_global(self) -> None:
-        """Seed torch's default generators (CPU and every CUDA device) from the master
-        seed; :meth:`state` then carries them."""
-        torch.manual_seed(derive_seed(self.seed, GLOBAL))
-        self._global = True
+    def seed_global(self, t: int) -> None:
+        """Seed torch's default generators (CPU and every CUDA device) for round ``t``
+        from the master seed (stream ``global/t``): what the round draws from them does
+        not depend on earlier rounds, nor on what this process drew before."""
+        torch.manual_seed(derive_seed(self.seed, f"{GLOBAL}/{int(t)}"))
 
     def state(self) -> dict:
         """Everything needed to continue every stream exactly (for checkpoints)."""
         gens = {k: g.get_state() for k, g in self._torch.items()}
-        if self._global:
-            gens[GLOBAL] = torch.get_rng_state()
-            if torch.cuda.is_available() and torch.cuda.is_initialized():
-                for i, s in enumerate(torch.cuda.get_rng_state_all()):
-                    gens[f"{GLOBAL}_cuda{i}"] = s
         return {
             "seed": self.seed,
             "numpy": {k: g.bit_generator.state for k, g in self._np.items()},
@@ -85,12 +74,5 @@ class RandomStreams:
         for k, s in state["numpy"].items():
             self.numpy(k).bit_generator.state = s
         for k, s in state["torch"].items():
-            if k == GLOBAL:
-                torch.set_rng_state(s)
-                self._global = True
-            elif k.startswith(f"{GLOBAL}_cuda"):
-                i = int(k[len(GLOBAL) + 5:])
-                if torch.cuda.is_available() and i < torch.cuda.device_count():
-                    torch.cuda.set_rng_state(s, i)
-            else:
-                self.torch(k).set_state(s)
+            if k != GLOBAL and not k.startswith(f"{GLOBAL}_cuda"):   # (earlier versions
+                self.torch(k).set_state(s)          # saved torch's default generators)

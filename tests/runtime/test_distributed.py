@@ -6,6 +6,7 @@ processes with a timeout, so a hung rendezvous fails instead of hanging.
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -270,6 +271,28 @@ def test_a_killed_server_resumes_to_the_uninterrupted_parameters(tmp_path):
     assert _finish(procs) == [0, 0, 0]
     assert (run_dir / "summary.json").read_bytes() == before
     assert (run_dir / "partition.txt").read_text() == partition
+
+
+def test_a_launched_run_with_dropout_resumes_to_the_uninterrupted_parameters(tmp_path):
+    """Dropout draws from torch's default generator, on every rank for its own clients:
+    each rank seeds it every round from the seed and the round, so a run stopped after
+    round 2 and resumed to round 4 ends where the run of 4 rounds does."""
+    cfg = _config("drop", "fedavg", tmp_path, rounds=4,
+                  model={"name": "alexnet", "dropout": 0.5, "width": 0.125})
+    path = tmp_path / "drop.yaml"
+    dump_yaml(cfg, path)
+    whole, part = tmp_path / "whole", tmp_path / "part"
+    assert _finish(spawn(3, [str(path), "--run-dir", str(whole)], env=ENV)) == [0, 0, 0]
+    assert _finish(spawn(3, [str(path), "rounds=2", "--run-dir", str(part)],
+                         env=ENV)) == [0, 0, 0]
+    text, n = re.subn(r"^rounds: 2$", "rounds: 4", (part / "config.yaml").read_text(),
+                      flags=re.MULTILINE)
+    assert n == 1
+    (part / "config.yaml").write_text(text)
+    assert _finish(spawn(3, ["--resume", str(part)], env=ENV)) == [0, 0, 0]
+    got, ref = (torch.load(d / "checkpoint.pt", weights_only=False) for d in (part, whole))
+    assert got["round"] == ref["round"] == 4
+    _params_close(ref["state"]["model"], got["state"]["model"])
 
 
 def test_launch_through_torchrun_refuses_an_unsupported_algorithm(tmp_path):

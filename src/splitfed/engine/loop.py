@@ -240,8 +240,6 @@ def run_rounds(algorithm, env, logger, state: dict | None = None,
     cfg = env.config
     if state is None:
         state = algorithm.init_state(env)
-    if not env.streams.global_seeded:        # dropout's generator (a resume restored it)
-        env.streams.seed_global()
     declared = tuple(state) if isinstance(state, dict) else ()
     started = time.perf_counter()
     lines = progress_lines and not cfg.progress
@@ -264,6 +262,7 @@ def run_rounds(algorithm, env, logger, state: dict | None = None,
     for t in bar:
         env.ledger.round = t
         t0 = time.perf_counter()
+        env.streams.seed_global(t)               # dropout's generator, for this round
         cohort = env.clock.begin_round(env.sampler.sample(env.streams.numpy("participation")))
         if env.clock.keep is not None:
             cohort = _over_select(algorithm, env, cohort, work)
