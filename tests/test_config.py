@@ -135,3 +135,15 @@ def test_an_unusable_device_is_refused_before_anything_is_written(tmp_path, caps
     err = capsys.readouterr().err
     assert code == 2 and err.startswith("splitfed: error: engine.device")
     assert len(err.strip().splitlines()) == 1 and not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("section, key", [("data", "name"), ("model", "cut"),
+                                          ("partition", "num_clients"),
+                                          ("algorithm", "client_transforms")])
+def test_a_sections_own_key_under_its_options_is_refused(section, key):
+    # it would reach the component as an option of the same name as the call's argument
+    from splitfed.config import build_config
+
+    with pytest.raises(ConfigError, match=rf"^{section}.options.{key}: '{key}' is a key of "
+                                          rf"the {section} section, not an option"):
+        build_config({"name": "t", section: {"options": {key: None}}})

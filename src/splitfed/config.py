@@ -341,18 +341,16 @@ def _lift_options(raw: Any) -> Any:
             continue
         known = _field_names(section)
         flat = {k: v for k, v in body.items() if k != "options"}
-        kept = {}
         for key, value in body["options"].items():
-            if key in known:                    # a field's name: stays an option
-                kept[key] = value
-            elif key in flat and flat[key] != value:
+            if key in known:
+                raise ConfigError(
+                    f"{section}.options.{key}: {key!r} is a key of the {section} section, "
+                    f"not an option of its component; write {section}.{key}")
+            if key in flat and flat[key] != value:
                 raise ConfigError(
                     f"{section}.{key}: given twice, as {section}.{key} ({flat[key]!r}) and "
                     f"{section}.options.{key} ({value!r}); give it once")
-            else:
-                flat[key] = value
-        if kept:
-            flat["options"] = kept
+            flat[key] = value
         out[section] = flat
     return out
 
