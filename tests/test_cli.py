@@ -326,3 +326,40 @@ def test_results_without_the_module_is_one_line(monkeypatch, capsys):
 def test_config_usage_errors_are_one_line(capsys, argv, match):
     line = one_line_error(capsys, main(argv))
     assert re.search(match, line), line
+
+
+def test_partition_shows_the_runs_partition_after_the_servers_pool(tmp_path, capsys):
+    # a hybrid algorithm's clients share what the server's pool leaves (disjoint)
+    over = ["algorithm.name=fedclg_s", "server_data.fraction=0.5",
+            "server_data.min_per_class=0", "rounds=1", "progress=false",
+            f"out_dir={tmp_path}"]
+    assert main(["partition", "quick_digits", *over]) == 0
+    shown = capsys.readouterr().out.strip()
+    assert main(["run", "quick_digits", *over]) == 0
+    (written,) = tmp_path.glob("*/partition.txt")
+    assert written.read_text().strip() == shown
+    capsys.readouterr()
+    assert main(["partition", "quick_digits", *over, "server_data.fraction=0.999"]) == 2
+    err = capsys.readouterr().err
+    assert "partition.num_clients" in err and "left after the server's pool" in err
+
+
+@pytest.mark.parametrize("option", ["partition.alpha=1", "partition.foo=1",
+                                    "partition.natural=[[0]]"])
+def test_the_natural_scheme_takes_no_options(tmp_path, capsys, option):
+    argv = ["run", "quick_digits", "data.name=synthetic", "partition.scheme=natural",
+            "~partition.alpha", "~partition.min_partition_size", "partition.num_clients=30",
+            f"out_dir={tmp_path}", option]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    key = option.split("=")[0]
+    assert f"{key}: not an option of scheme 'natural'" in err
+    assert not tmp_path.exists() or not any(tmp_path.iterdir())
+
+
+def test_a_synthetic_test_fraction_that_leaves_no_test_samples_is_refused(tmp_path, capsys):
+    argv = ["run", "quick_digits", "data.name=synthetic", "partition.scheme=natural",
+            "~partition.alpha", "~partition.min_partition_size", "partition.num_clients=30",
+            "data.test_fraction=1e-17", f"out_dir={tmp_path}"]
+    assert main(argv) == 2
+    assert "data.test_fraction: 1e-17 leaves no test samples" in capsys.readouterr().err

@@ -306,6 +306,25 @@ def test_sst2_loader_reads_parquet(tmp_path):
     assert b.train.y.tolist() == [1, 0] and len(b.test) == 1
 
 
+@pytest.mark.parametrize("column, values, says", [
+    ("sentence", ["good", None], r"row 1 has no sentence text \(got "),      # None or NaN
+    ("label", [1.0, 0.5], r"row 1 has the label '0.5'; labels are the integers 0 and 1"),
+    ("label", [False, True], r"row 0 has the label 'False'"),
+])
+def test_sst2_parquet_rows_without_text_or_integer_labels_are_refused(tmp_path, column,
+                                                                      values, says):
+    from splitfed.errors import DataError
+
+    pd = pytest.importorskip("pandas")
+    pytest.importorskip("pyarrow")
+    rows = {"sentence": ["good", "bad"], "label": [1, 0], column: values}
+    pd.DataFrame(rows).to_parquet(tmp_path / "train-00000-of-00001.parquet")
+    pd.DataFrame({"sentence": ["good"], "label": [1]}).to_parquet(
+        tmp_path / "validation-00000-of-00001.parquet")
+    with pytest.raises(DataError, match=r"train-00000-of-00001.parquet: " + says):
+        load_dataset("sst2", str(tmp_path), max_len=4)
+
+
 def test_synthetic_text_label_is_whether_the_marker_occurs():
     b = load_dataset("synthetic_text", num_train=200, num_test=50, seq_len=12, vocab_size=30)
     for split_ in (b.train, b.test):

@@ -172,12 +172,12 @@ def _cmd_partition(args) -> int:
     import torch
 
     from splitfed.data.partition import partition_summary
-    from splitfed.experiment import load_data, make_partition
+    from splitfed.experiment import client_data, load_data
     from splitfed.rng import RandomStreams
 
     streams = RandomStreams(cfg.seed)
     bundle = load_data(cfg, streams, torch.device("cpu"))
-    parts = make_partition(cfg, bundle, streams)
+    parts = client_data(cfg, bundle, streams)[1]        # after the server's pool, if any
     print(partition_summary(parts, bundle.train.y.numpy(), bundle.num_classes))
     return 0
 

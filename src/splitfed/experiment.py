@@ -157,6 +157,10 @@ def make_partition(cfg: RunConfig, bundle, streams: RandomStreams,
     """
     p = cfg.partition
     if p.scheme == "natural":
+        if p.options:
+            raise ConfigError(f"partition.{next(iter(p.options))}: not an option of scheme "
+                              "'natural', which takes the data set's own split; options: "
+                              "none")
         if bundle.natural_partition is None:
             raise ConfigError(f"partition.scheme: 'natural' needs a data set with a natural "
                               f"partition (synthetic); {bundle.name} has none")
@@ -164,7 +168,9 @@ def make_partition(cfg: RunConfig, bundle, streams: RandomStreams,
         if len(parts) != p.num_clients:
             raise ConfigError(f"partition.num_clients: the natural partition of {bundle.name} "
                               f"has {len(parts)} clients, got {p.num_clients}")
-        parts = [np.asarray(i, dtype=np.int64) for i in parts]
+        labels = bundle.train.y.cpu().numpy()       # (natural draws nothing)
+        parts = partition(labels, p.num_clients, "natural", np.random.default_rng(0),
+                          natural=parts)
         parts = parts if exclude is None else [i[~np.isin(i, exclude)] for i in parts]
         empty = sum(len(i) == 0 for i in parts)
         if empty:
@@ -200,6 +206,15 @@ def make_partition(cfg: RunConfig, bundle, streams: RandomStreams,
                           f"clients with no samples; use fewer clients (partition.num_clients)"
                           + (f" or {fix}" if fix else ""))
     return [keep[i] for i in parts]
+
+
+def client_data(cfg: RunConfig, bundle, streams: RandomStreams):
+    """(the server's data or None, the clients' index arrays) as a run draws them: the
+    server's pool first when the algorithm uses server data, then the partition of the
+    rest (``server_data.disjoint``) or of the whole training set."""
+    server = _server_data(cfg, bundle, streams)
+    pool = server.pool if server is not None and cfg.server_data.disjoint else None
+    return server, make_partition(cfg, bundle, streams, exclude=pool)
 
 
 def _server_data(cfg: RunConfig, bundle, streams: RandomStreams):
@@ -338,9 +353,7 @@ def build_environment(cfg: RunConfig, *, data_cache: dict | None = None) -> Envi
     streams = RandomStreams(cfg.seed)
     device = resolve_device(cfg.engine.device)
     bundle = load_data(cfg, streams, device, cache=data_cache)
-    server = _server_data(cfg, bundle, streams)
-    pool = server.pool if server is not None and cfg.server_data.disjoint else None
-    parts = make_partition(cfg, bundle, streams, exclude=pool)
+    server, parts = client_data(cfg, bundle, streams)
     pc = cfg.participation
     per_round = _sampled_per_round(cfg, len(parts))
     try:

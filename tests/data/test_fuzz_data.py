@@ -262,7 +262,15 @@ def test_cifar_disallowed_globals_are_refused(tmp_path, obj):
     ({b"data": [[1, 2], [3]], b"labels": [0, 1]}, "b'data'"),
     ({b"data": None, b"labels": []}, "b'data'"),
     ({b"data": np.zeros((3, 3072), np.uint8), b"labels": [0, 1]}, r"shape \(2,\)"),
-    ({b"data": np.zeros((3, 3072), np.uint8), b"labels": [[0], [1], [2]]}, "one integer"),
+    ({b"data": np.zeros((3, 3072), np.uint8), b"labels": [[0], [1], [2]]},
+     "a list of integers, one per image"),
+    # a list of references to one row: a few bytes a row in the file, 24 kB each once
+    # converted; refused before any conversion (the real files hold an array)
+    ({b"data": [[7] * 3072] * 3, b"labels": [0, 1, 2]}, "b'data' must be a numpy array"),
+    ({b"data": np.zeros((3, 3072), np.uint8), b"labels": [[0] * 3072] * 3},
+     "a list of integers"),
+    ({b"data": np.zeros((3, 3072), np.uint8), b"labels": [0, True, 2]}, "a list of integers"),
+    ({b"data": np.zeros((3, 3072), np.uint8), (((b"k",),),): 1}, r"missing keys.*\(\(\(b'k'"),
     ({b"data": np.zeros((3, 3072), np.uint8), b"labels": [0, 1, 10]}, "out of range"),
     ({b"data": np.zeros((3, 3072), np.uint8), b"labels": [0, -1, 2]}, "out of range"),
     ({b"data": np.zeros((3, 3072), np.uint8), b"labels": [0, 1.5, 2]}, "integers"),
@@ -278,12 +286,65 @@ def test_cifar_malformed_batches(cifar_dir, batch, why):
     assert re.search(why, msg), msg
 
 
+class _Dtype:
+    """A pickle that builds numpy.dtype('u1') and then sets its state (pickle's BUILD:
+    ``dtype.__setstate__``) to ``state``."""
+
+    def __init__(self, state):
+        self.state = state
+
+    def __reduce__(self):
+        return np.dtype, ("u1", False, True), self.state
+
+
+class _Array:
+    """A pickle of an array as numpy writes it, with the dtype ``dt``."""
+
+    def __init__(self, shape, dt, raw):
+        self.args = shape, dt, raw
+
+    def __reduce__(self):
+        from numpy._core.multiarray import _reconstruct
+
+        shape, dt, raw = self.args
+        return _reconstruct, (np.ndarray, (0,), b"b"), (1, shape, dt, False, raw)
+
+
+@pytest.mark.parametrize("state, itemsize", [
+    ((3, "|", None, ("a",), {"a": (np.dtype("u1"), 10**12)}, 1, 1, 0), 1),  # a far field
+    ((3, "|", None, ("a",), {"a": (np.dtype("O"), 0)}, 8, 1, 1), 8),      # an object field
+])
+def test_cifar_data_of_a_doctored_dtype_is_refused_in_one_line(cifar_dir, capfd, state,
+                                                               itemsize):
+    # a uint8 dtype with fields compares equal to uint8; numpy reports the object field
+    # while it frees the array: both are refused, and nothing is printed
+    bad = bad_batch(cifar_dir)
+    raw = b"\x41" * (3 * 3072 * itemsize)
+    dump(bad, {b"data": _Array((3, 3072), _Dtype(state), raw), b"labels": [0, 1, 2]})
+    capfd.readouterr()
+    msg = load_cifar_error(cifar_dir, bad)
+    assert re.search("uint8 \\[n, 3072\\]|corrupt pickle", msg), msg
+    assert capfd.readouterr().err == ""
+
+
 @pytest.mark.parametrize("names", [[b"a"] * 3, 7, {b"x": 1}])
 def test_cifar_meta_with_wrong_class_names(cifar_dir, names):
     meta = cifar_dir / "cifar-10-batches-py" / "batches.meta"
     dump(meta, {b"label_names": names})
     msg = load_cifar_error(cifar_dir, meta)
     assert "10 class names" in msg and "optional" in msg
+
+
+def test_cifar_meta_names_that_are_not_text_are_refused(cifar_dir):
+    meta = cifar_dir / "cifar-10-batches-py" / "batches.meta"
+    dump(meta, {b"label_names": [b"a"] * 9 + [7]})
+    msg = load_cifar_error(cifar_dir, meta)
+    assert "class names as text" in msg and "optional" in msg
+    # a list nested 10^5 deep (too deep for repr), written opcode by opcode
+    n = 100_000
+    meta.write_bytes(b"\x80\x02}C\x0blabel_names" + b"]" * n + b"a" * (n - 1) + b"s.")
+    msg = load_cifar_error(cifar_dir, meta)
+    assert "a deeply nested list" in msg and "optional" in msg
 
 
 def test_cifar_corrupt_meta_names_the_file(cifar_dir):

@@ -22,7 +22,7 @@ from splitfed.data.idx import load_fashion_mnist, load_mnist, read_idx
 from splitfed.data.partition import PARTITIONERS, partition, partition_stats, partition_summary
 from splitfed.data.synthetic import load_synthetic
 from splitfed.data.text import load_sst2, load_synthetic_text
-from splitfed.errors import ConfigError
+from splitfed.errors import ConfigError, DataError
 from splitfed.origins import call_plugin, component, origin
 
 DEFAULT_DATASET = "fashion_mnist"
@@ -104,6 +104,10 @@ def load_dataset(name: str, data_dir: str | None = None, *,
     bundle = call_plugin("dataset", key, "data.name", loader, data_dir, rng, **options)
     if origin("dataset", key) is not None:
         check_bundle(bundle, key)
+    for split in ("train", "test"):      # an empty test set would report accuracy 0
+        if len(getattr(bundle, split)) == 0:
+            raise DataError(f"data.name: the {split} split of {component('dataset', key)} "
+                            "holds no samples")
     return limit_bundle(bundle, rng, limit_train, limit_test)
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -91,10 +92,17 @@ def read_pickle(path: Path, max_bytes: int | None = None) -> dict:
         raw = Path(path).read_bytes()
     except OSError as e:
         raise DataError(f"{path}: cannot read ({e})") from e
+    unraisable = []                     # errors numpy reports while freeing what it built
+    hook, sys.unraisablehook = sys.unraisablehook, unraisable.append
     try:
         obj = _SafeUnpickler(io.BytesIO(raw), encoding="bytes").load()
     except Exception as e:  # corrupt pickles raise many types (EOFError, UnpicklingError, ...)
-        raise DataError(f"{path}: corrupt pickle ({type(e).__name__}: {e})") from e
+        raise DataError(f"{path}: corrupt pickle ({_error_text(e)})") from e
+    finally:
+        sys.unraisablehook = hook
+    if unraisable:
+        e = unraisable[0].exc_value
+        raise DataError(f"{path}: corrupt pickle ({_error_text(e)})")
     if not isinstance(obj, dict):
         raise DataError(f"{path}: expected a pickled dict, got {type(obj).__name__}")
     return obj
@@ -105,17 +113,23 @@ def _read_batch(path: Path, label_keys: list[bytes],
     batch = read_pickle(path)
     missing = [k for k in [b"data", *label_keys] if k not in batch]
     if missing:
-        has = sorted(repr(k) for k in batch)
+        has = sorted(_preview(k) for k in batch)
         raise DataError(f"{path}: missing keys {missing}; has {', '.join(has) or 'none'}")
-    try:
-        data = np.asarray(batch[b"data"])
-    except (TypeError, ValueError) as e:  # ragged nested lists
-        raise DataError(f"{path}: b'data' is not an array ({e})") from e
-    if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3072:
-        raise DataError(f"{path}: b'data' must be uint8 [n, 3072], got {data.dtype} {data.shape}")
+    data = batch[b"data"]                   # an array in the real files, never a list (a
+    if not isinstance(data, np.ndarray):    # list of references to one row expands)
+        raise DataError(f"{path}: b'data' must be a numpy array, got "
+                        f"{type(data).__name__}")
+    if data.dtype.descr != [("", "|u1")] or data.ndim != 2 or data.shape[1] != 3072:
+        raise DataError(f"{path}: b'data' must be uint8 [n, 3072], got "
+                        f"{_preview(data.dtype)} {data.shape}")
     labels = []
     for k, n in zip(label_keys, num_classes):
-        y = labels_tensor(batch[k], n, f"{path} {k!r}").numpy()
+        given = batch[k]                    # a list of ints (an array in some copies)
+        if not isinstance(given, np.ndarray) and not (
+                isinstance(given, list)
+                and all(type(v) is int for v in given)):    # (not bool; no nested lists)
+            raise DataError(f"{path}: {k!r} must be a list of integers, one per image")
+        y = labels_tensor(given, n, f"{path} {k!r}").numpy()
         if y.shape != (len(data),):
             raise DataError(f"{path}: {k!r} has shape {y.shape}, expected ({len(data)},)")
         labels.append(y)
@@ -142,13 +156,25 @@ def _meta_names(dirs, name: str, key: bytes, num_classes: int) -> list[str] | No
                 raise DataError(f"{path}: {key!r} must list {num_classes} class names, got "
                                 f"{type(names).__name__} {_preview(names)}; fix or delete "
                                 "the file (it is optional)")
-            return [n.decode(errors="replace") if isinstance(n, bytes) else str(n)
+            if not all(isinstance(n, (str, bytes)) for n in names):
+                raise DataError(f"{path}: {key!r} must list class names as text; fix or "
+                                "delete the file (it is optional)")
+            return [n.decode(errors="replace") if isinstance(n, bytes) else n
                     for n in names]
     return None
 
 
+def _error_text(e: BaseException) -> str:
+    return f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
+
+
 def _preview(value) -> str:
-    text = repr(value)
+    """``value``'s repr for a message, cut at 60 characters (a file may nest values too
+    deeply for repr: then its type)."""
+    try:
+        text = repr(value)
+    except RecursionError:
+        return f"a deeply nested {type(value).__name__}"
     return text if len(text) <= 60 else text[:57] + "..."
 
 

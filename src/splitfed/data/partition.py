@@ -199,7 +199,9 @@ def shard(labels, num_clients, rng, num_shards_per_partition, shard_size=None,
 
 
 def natural(labels, num_clients, rng, natural=None) -> list[np.ndarray]:
-    """The data set's own split, passed as ``natural=``; validated, sorted, int64."""
+    """The data set's own split (``DataBundle.natural_partition``): a run takes it from
+    the data set and its config gives no option (``natural=`` serves calls of
+    :func:`partition`); validated, sorted, int64."""
     if natural is None:
         raise ConfigError("natural: only data sets with a natural partition (synthetic) support "
                           "this scheme; pass natural=bundle.natural_partition")

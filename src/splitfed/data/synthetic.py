@@ -119,6 +119,9 @@ def load_synthetic(data_dir: str | None, rng: np.random.Generator, alpha: float 
     ytr = np.concatenate([y[:m] for (_, y), m in zip(devices, n_train)])
     xte = np.concatenate([x[m:] for (x, _), m in zip(devices, n_train)])
     yte = np.concatenate([y[m:] for (_, y), m in zip(devices, n_train)])
+    if len(yte) == 0:
+        raise ConfigError(f"data.test_fraction: {test_fraction!r} leaves no test samples "
+                          f"of the {len(ytr)}; give a larger fraction")
     _check_features(xtr, xte, beta)
     bounds = np.cumsum([0, *n_train])
     parts = [np.arange(bounds[k], bounds[k + 1], dtype=np.int64) for k in range(num_devices)]

@@ -138,32 +138,49 @@ def _read_tsv(path: Path) -> tuple[list[str], np.ndarray]:
 def _read_parquet(path: Path) -> tuple[list[str], np.ndarray]:
     try:
         import pandas as pd
-    except ImportError as e:
-        raise DataError(f"{path}: reading parquet needs pandas and pyarrow") from e
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise DataError(f"{path}: reading parquet needs pandas and pyarrow (pip install "
+                        "-e '.[data]')") from None
     check_file_size(path, MAX_TEXT_BYTES, "parquet file")
     try:
-        import pyarrow.parquet as pq
         meta = pq.ParquetFile(path).metadata
         inflated = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
-    except ImportError:
-        inflated = 0
     except Exception as e:  # noqa: BLE001 - pyarrow raises many kinds on corrupt files
-        raise DataError(f"{path}: not a readable parquet file ({type(e).__name__}: {e})") \
-            from e
+        raise DataError(f"{path}: not a readable parquet file ({_error_text(e)})") from e
     if inflated > MAX_PARQUET_BYTES:
         raise DataError(f"{path}: declares {inflated} bytes of data, more than the "
                         f"{MAX_PARQUET_BYTES} accepted")
     try:
-        frame = pd.read_parquet(path, columns=["sentence", "label"])
+        frame = pd.read_parquet(path, columns=["sentence", "label"], engine="pyarrow")
     except Exception as e:  # noqa: BLE001 - corrupt files raise many kinds
-        raise DataError(f"{path}: not a readable parquet file ({type(e).__name__}: {e})") \
-            from e
-    try:
-        labels = frame["label"].to_numpy(np.int64)
-    except (TypeError, ValueError) as e:        # text or missing labels
-        raise DataError(f"{path}: the label column is not integers 0/1 "
-                        f"({type(e).__name__}: {e})") from None
-    return frame["sentence"].astype(str).tolist(), labels
+        raise DataError(f"{path}: not a readable parquet file ({_error_text(e)})") from e
+    return parquet_rows(frame, path)
+
+
+def parquet_rows(frame, path) -> tuple[list[str], np.ndarray]:
+    """The sentences and labels of a parquet file's ``frame`` (columns ``sentence`` and
+    ``label``): every sentence text, every label a whole number (a float column of whole
+    numbers too; :func:`labels_tensor` then takes 0 / 1 only); DataError naming ``path``
+    and the row otherwise."""
+    sentences = frame["sentence"].tolist()
+    for row, text in enumerate(sentences):
+        if not isinstance(text, str):
+            raise DataError(f"{path}: row {row} has no sentence text (got "
+                            f"{type(text).__name__} {str(text)[:40]!r})")
+    labels = np.asarray(frame["label"].tolist(), dtype=object)
+    whole = [(isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)))
+             or (isinstance(v, (float, np.floating)) and float(v).is_integer())
+             for v in labels]
+    if not all(whole):
+        row = whole.index(False)
+        raise DataError(f"{path}: row {row} has the label {str(labels[row])[:40]!r}; "
+                        "labels are the integers 0 and 1")
+    return sentences, labels.astype(np.int64)
+
+
+def _error_text(e: BaseException) -> str:
+    return f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
 
 
 def _sst2_split(root: Path, tsv: str, parquet: str) -> tuple[list[str], np.ndarray]:
