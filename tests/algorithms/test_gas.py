@@ -87,6 +87,23 @@ def test_generated_activations_have_the_buffered_mean_and_variance(covariance):
         assert torch.allclose(got, var, rtol=0.06, atol=0.06 * float(sd.max()) ** 2)
 
 
+def test_a_full_run_whose_activations_overflow_ends_diverged():
+    # an overflowed covariance has no Cholesky factor: the generated activations are NaN
+    # and the run ends diverged, as with diagonal statistics (it raised ValueError)
+    from splitfed.experiment import run_experiment
+
+    cfg = digits_config(algorithm={"name": "gas", "covariance": "full"}, rounds=3,
+                        model={"name": "mlp", "hidden": [64, 32], "cut": 2},
+                        train={"batch_size": 8, "local_steps": 2, "local_epochs": None,
+                               "lr": 1e6})
+    assert run_experiment(cfg, write=False).status == "diverged"
+    stats = empty_stats(2, 3, "full")
+    update_stats(stats, torch.tensor([[1e30, 0, 0], [-1e30, 0, 0]]), torch.tensor([0, 0]), 1)
+    assert torch.isinf(stats["var"][0]).any()
+    h, _ = generate(stats, torch.tensor([1]), 2, torch.Generator().manual_seed(0))
+    assert torch.isnan(h).all()
+
+
 def test_unknown_covariance_is_refused_naming_the_option():
     cfg = digits_config(algorithm={"name": "gas", "covariance": "banana"}, **SETUP)
     with pytest.raises(ConfigError, match="covariance.*diagonal"):

@@ -146,7 +146,11 @@ def update_stats(stats: dict, h: torch.Tensor, y: torch.Tensor, weight: float) -
 
 
 def _cholesky(cov: torch.Tensor) -> torch.Tensor:
-    """A Cholesky factor of ``cov``, adding a growing diagonal jitter if it is singular."""
+    """A Cholesky factor of ``cov``, adding a growing diagonal jitter if it is singular;
+    NaNs when ``cov`` is not finite (the activations overflowed: the generated ones are
+    then NaN, and the run ends ``diverged`` as with diagonal statistics)."""
+    if not bool(torch.isfinite(cov).all()):
+        return torch.full_like(cov, float("nan"))
     eye = torch.eye(cov.shape[0], dtype=cov.dtype)
     jitter = 0.0
     for _ in range(12):
