@@ -560,13 +560,34 @@ def test_two_resumes_at_once_one_is_refused_and_a_kill_frees_the_lock(tmp_path,
     assert result.status == "completed" and result.records[-1]["round"] == rounds
 
 
-@pytest.mark.parametrize("status", ["diverged", "no_client_trained"])
-def test_a_checkpoint_of_an_ended_run_is_not_run_again(tmp_path, stopped, status):
+def test_a_checkpoint_of_a_diverged_run_is_not_run_again(tmp_path, stopped):
     run_dir = copy_run(stopped, tmp_path / "run")
-    _rewrite(run_dir, lambda c: c.update(status=status))
+    _rewrite(run_dir, lambda c: c.update(status="diverged"))
     result = resume_experiment(run_dir)
-    assert result.status == status and [r["round"] for r in result.records] == [0, 1, 2]
-    assert json.loads((run_dir / "summary.json").read_text())["status"] == status
+    assert result.status == "diverged" and [r["round"] for r in result.records] == [0, 1, 2]
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "diverged"
+
+
+def test_a_run_no_client_trained_in_goes_on_when_extended(tmp_path):
+    # no_client_trained is decided at the last round: with more rounds the run goes on,
+    # as the run started with them does (clients meet the deadline in later rounds)
+    over = ["algorithm.name=sflv2", "clock.profile=fedscale", "clock.deadline=0.05",
+            "progress=false"]
+    assert main(["run", "quick_digits", *over, "rounds=2", f"out_dir={tmp_path / 'a'}"]) == 3
+    assert main(["run", "quick_digits", *over, "rounds=5", f"out_dir={tmp_path / 'b'}"]) == 0
+    (short,), (whole,) = (list((tmp_path / d).iterdir()) for d in "ab")
+    assert json.loads((short / "summary.json").read_text())["status"] == "no_client_trained"
+    text = (short / "config.yaml").read_text()
+    assert text.count("\nrounds: 2\n") == 1
+    (short / "config.yaml").write_text(text.replace("\nrounds: 2\n", "\nrounds: 5\n"))
+    assert main(["run", "--resume", str(short)]) == 0
+    summary = json.loads((short / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["rounds"] == 5
+
+    def numbers(run):
+        return [{k: v for k, v in json.loads(x).items() if k != "round_time_s"}
+                for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert numbers(short) == numbers(whole)
 
 
 def test_launch_resume_of_a_locked_run_directory_is_refused(tmp_path, stopped):

@@ -36,7 +36,7 @@ from splitfed.data.partition import PARTITIONERS, partition, partition_summary
 from splitfed.data.server_data import build_server_data
 from splitfed.engine.clock import VirtualClock
 from splitfed.engine.env import Environment
-from splitfed.engine.loop import run_rounds
+from splitfed.engine.loop import ENDS_EARLY, run_rounds
 from splitfed.engine.participation import make_sampler
 from splitfed.engine.profiles import build_profiles
 from splitfed.errors import ConfigError, FormatError, RunInterrupted
@@ -841,8 +841,9 @@ class Resume:
         return self.checkpoint["round"]
 
     def finished(self, cfg: RunConfig) -> bool:
-        """The run had ended: it diverged, or it reached ``cfg.rounds``."""
-        return self.checkpoint["status"] != "completed" or self.round >= cfg.rounds
+        """The run had ended: it diverged, or it reached ``cfg.rounds`` (a run that
+        ended ``no_client_trained`` and is extended to more rounds goes on)."""
+        return self.checkpoint["status"] in ENDS_EARLY or self.round >= cfg.rounds
 
     def started(self, resuming: bool) -> dict:
         """The thread counts for :func:`_execute` (this process's added when resuming)."""

@@ -120,6 +120,10 @@ def _over_select(algorithm, env, cohort, work):
                                   model + samples * down)
 
 
+#: the statuses that end a run before its last round: a checkpoint with one is final
+#: (``no_client_trained`` is decided at the last round, so a run extended past it goes on)
+ENDS_EARLY = ("diverged",)
+
 #: the record keys the loop writes before an algorithm's metrics (no metric may take one)
 RESERVED_KEYS = ("round", "participants", "clients_used", "train_loss")
 

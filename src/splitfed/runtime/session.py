@@ -46,7 +46,7 @@ from splitfed.checkpoint import (CHECKPOINT, Checkpointer, checkpoint_records,
                                  truncate_metrics)
 from splitfed.config import RunConfig, build_config
 from splitfed.configtools import load_yaml, to_dict
-from splitfed.engine.loop import run_rounds
+from splitfed.engine.loop import ENDS_EARLY, run_rounds
 from splitfed.errors import ConfigError
 from splitfed.experiment import (RunResult, check_empty, new_run_dir,
                                  build_algorithm, build_environment, check_resume_config,
@@ -249,7 +249,7 @@ def _serve(links: Links, cfg: RunConfig, *, options: RuntimeOptions,
 def _run(links, cfg, algorithm, env, control, run_dir: Path, options, ckpt, *, state,
          start, records, wall0, resumed, started) -> RunResult:
     logger = _WireLogger(run_dir, env.transport, records)
-    finished = start > cfg.rounds or (ckpt is not None and ckpt["status"] != "completed")
+    finished = start > cfg.rounds or (ckpt is not None and ckpt["status"] in ENDS_EARLY)
     if not finished:
         try:
             logger.sinks = open_trackers(cfg, run_dir, start)
