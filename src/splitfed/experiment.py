@@ -590,10 +590,16 @@ def new_run_dir(cfg: RunConfig, overrides: list[str] | None = None) -> Path:
 
 
 def check_empty(run_dir: Path) -> None:
-    """Refuse a ``run_dir`` that exists and holds anything but a lock file."""
-    if run_dir.exists() and (not run_dir.is_dir()
-                             or any(p.name != LOCK_NAME for p in run_dir.iterdir())):
-        raise ConfigError(f"run directory {run_dir} exists and is not empty; "
+    """Refuse a ``run_dir`` that exists and holds anything but a lock file, is not a
+    directory, or is a symbolic link to a missing path."""
+    if run_dir.is_symlink() and not run_dir.exists():
+        raise ConfigError(f"run directory {short(str(run_dir), 160)} is a symbolic link to a "
+                          "missing path; remove it or choose another")
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError(f"run directory {short(str(run_dir), 160)} exists and is not a "
+                          "directory; remove it or choose another")
+    if run_dir.exists() and any(p.name != LOCK_NAME for p in run_dir.iterdir()):
+        raise ConfigError(f"run directory {short(str(run_dir), 160)} exists and is not empty; "
                           "remove it or choose another")
 
 

@@ -71,6 +71,14 @@ def test_a_run_dir_is_checked_instead_of_out_dir(tmp_path):
         launch.check_config(launch_args(*base, options=["--run-dir", str(busy)]))
     launch.check_config(launch_args(*base, options=["--run-dir", str(tmp_path / "new")]))
     assert not (tmp_path / "new").exists()
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    with pytest.raises(ConfigError, match=r"^run directory .*dangling is a symbolic link to "
+                                          r"a missing path"):
+        launch.check_config(launch_args(*base, options=["--run-dir",
+                                                        str(tmp_path / "dangling")]))
+    with pytest.raises(ConfigError, match=r"^run directory .*file exists and is not a "
+                                          r"directory"):
+        launch.check_config(launch_args(*base, options=["--run-dir", str(tmp_path / "file")]))
 
 
 @pytest.mark.parametrize("algorithm, key", [("musplitfed", "client_order"),
@@ -132,3 +140,17 @@ def test_a_launched_run_sends_its_records_to_the_trackers(tmp_path, monkeypatch)
     command = json.loads((run_dir / "summary.json").read_text())["provenance"]["command"]
     assert command.endswith(f"launch quick_digits --nproc 2 rounds=1 tracking.tensorboard="
                             f"true tracking.mlflow=true --run-dir {run_dir}"), command
+
+
+def test_a_launched_run_of_no_rounds_evaluates_the_initial_model(tmp_path):
+    # as splitfed run does: round 0 is evaluated and the run completes
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "splitfed", "launch", "quick_digits",
+                           "--nproc", "2", "--launcher", "spawn", "rounds=0",
+                           "--run-dir", str(tmp_path / "run")],
+                          env=env, capture_output=True, text=True, timeout=LIMIT_S)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["rounds"] == 0
+    records = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(r)["round"] for r in records] == [0]

@@ -249,7 +249,7 @@ def _serve(links: Links, cfg: RunConfig, *, options: RuntimeOptions,
 def _run(links, cfg, algorithm, env, control, run_dir: Path, options, ckpt, *, state,
          start, records, wall0, resumed, started) -> RunResult:
     logger = _WireLogger(run_dir, env.transport, records)
-    finished = start > cfg.rounds or (ckpt is not None and ckpt["status"] in ENDS_EARLY)
+    finished = ckpt is not None and (start > cfg.rounds or ckpt["status"] in ENDS_EARLY)
     if not finished:
         try:
             logger.sinks = open_trackers(cfg, run_dir, start)
