@@ -155,3 +155,33 @@ def test_unauthenticated_connections_are_capped(monkeypatch):
         for s in idle:
             s.close()
         server.close()
+
+
+def test_a_handshake_sent_byte_by_byte_is_cut_at_the_handshake_limit(monkeypatch):
+    # the limit is on the whole handshake: a peer that sends a byte now and then within
+    # each read's timeout does not keep its slot longer
+    monkeypatch.setattr(secure, "HANDSHAKE_S", 1.0)
+    server = StoreServer(SECRET)
+    host, port = server.address
+    try:
+        with socket.create_connection((host, port), timeout=10) as s:
+            assert s.recv(64).startswith(secure.MAGIC)
+            start = time.monotonic()
+            closed = False
+            while time.monotonic() - start < 5 and not closed:
+                try:
+                    s.sendall(b"x")
+                    time.sleep(0.3)
+                except OSError:
+                    closed = True
+            if not closed:
+                s.settimeout(1)
+                try:
+                    closed = s.recv(64) == b""
+                except TimeoutError:                # still open
+                    pass
+                except OSError:                     # reset
+                    closed = True
+            assert closed and time.monotonic() - start < 3
+    finally:
+        server.close()

@@ -187,9 +187,16 @@ def _find_interface(addr: str, names: list[str]) -> str:
 # --------------------------------------------------------------------- framing
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
+def _recv_exact(sock: socket.socket, n: int, deadline: float | None = None) -> bytes:
+    """``n`` bytes from ``sock``; with ``deadline`` (a ``time.monotonic()`` value) all of
+    them by then, however slowly a peer sends them (TimeoutError otherwise)."""
     buf = bytearray()
     while len(buf) < n:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("the peer took too long")
+            sock.settimeout(left)
         chunk = sock.recv(min(n - len(buf), 1 << 20))
         if not chunk:
             raise ConnectionError("the connection closed")
@@ -244,10 +251,11 @@ class _NoGreeting(ConnectionError):
 
 def server_handshake(sock: socket.socket, secret: str | None) -> _Channel:
     key = _secret_bytes(secret)
+    deadline = time.monotonic() + HANDSHAKE_S       # the whole handshake, not each read
     sock.settimeout(HANDSHAKE_S)
     ns = os.urandom(NONCE)
     sock.sendall(MAGIC + ns)
-    reply = _recv_exact(sock, NONCE + TAG)
+    reply = _recv_exact(sock, NONCE + TAG, deadline)
     nc, proof = reply[:NONCE], reply[NONCE:]
     if not hmac.compare_digest(proof, _mac(key, b"client", ns, nc)):
         raise AuthError("a peer did not prove the run's secret")
