@@ -185,3 +185,24 @@ def test_a_handshake_sent_byte_by_byte_is_cut_at_the_handshake_limit(monkeypatch
             assert closed and time.monotonic() - start < 3
     finally:
         server.close()
+
+
+@pytest.mark.parametrize("rank, world", [("abc", "2"), ("5", "2"), ("-1", "2"), ("0", "x")])
+def test_a_rank_and_world_size_that_cannot_be_are_refused_in_one_line(nothing_binds, capsys,
+                                                                      monkeypatch, rank,
+                                                                      world):
+    monkeypatch.setenv("RANK", rank)
+    monkeypatch.setenv("WORLD_SIZE", world)
+    assert worker.main(["quick_digits", "--store", "127.0.0.1:29999"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "must be integers with 0 <= RANK < WORLD_SIZE" in err[0], err
+
+
+def test_a_store_port_in_use_is_refused_in_one_line():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        port = s.getsockname()[1]
+        with pytest.raises(ConfigError, match=rf"^--store 127.0.0.1:{port}: cannot listen "
+                                              r"there \(.*\); choose a free port"):
+            StoreServer(SECRET, "127.0.0.1", port)

@@ -318,7 +318,12 @@ class StoreServer:
         if sock is None:
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((host, port))
+            try:
+                sock.bind((host, port))
+            except OSError as e:
+                sock.close()
+                raise ConfigError(f"--store {host}:{port}: cannot listen there "
+                                  f"({e.strerror or e}); choose a free port") from None
         sock.listen(128)
         self.sock = sock
         self.address = sock.getsockname()[:2]

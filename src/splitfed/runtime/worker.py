@@ -183,6 +183,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"splitfed worker: {e.args[0]} is not set; start the ranks with splitfed "
               "launch or torchrun (docs/distributed.md)", file=sys.stderr)
         return 2
+    except ValueError:
+        rank = world = -1
+    if not 0 <= rank < world:
+        print(f"splitfed worker: RANK={os.environ['RANK']!r} and WORLD_SIZE="
+              f"{os.environ['WORLD_SIZE']!r} must be integers with 0 <= RANK < WORLD_SIZE",
+              file=sys.stderr)
+        return 2
     _take_launch_command()
     launcher = os.environ.get("SPLITFED_LAUNCHER_PID")
     if launcher or "TORCHELASTIC_RUN_ID" in os.environ:
