@@ -377,3 +377,29 @@ def test_sweep_axes_may_come_after_its_options(tmp_path, capsys):
                  "--bogus", "--out-dir", str(out)]) == 2
     err = capsys.readouterr().err
     assert "unrecognized arguments:" in err and "--bogus" in err
+
+
+def test_a_seed_axis_has_one_seed_column(tmp_path):
+    from splitfed.cli import main
+
+    out = tmp_path / "sw"
+    assert main(["sweep", "quick_digits", "rounds=1", "checkpoint_every=0",
+                 "train.lr=0.1,0.2", "seed=0,1", "--out-dir", str(out)]) == 0
+    sweep = out / "quick_digits-sweep"
+    with open(sweep / "sweep.csv", newline="") as fh:
+        header = next(csv.reader(fh))
+    assert header.count("seed") == 1 and header[:2] == ["train.lr", "seed"], header
+    with open(sweep / "sweep.csv", newline="") as fh:
+        assert sorted((r["train.lr"], r["seed"]) for r in csv.DictReader(fh)) == [
+            ("0.1", "0"), ("0.1", "1"), ("0.2", "0"), ("0.2", "1")]
+    head = (sweep / "sweep.md").read_text().split("\n| ", 1)[1].split("\n")[0]
+    assert head.count("seed") == 1 and head.startswith("train.lr | seed | status"), head
+
+
+def test_an_empty_sweep_name_is_refused(tmp_path, capsys):
+    from splitfed.cli import main
+
+    assert main(["sweep", "quick_digits", "train.lr=0.1,0.2", "--name", "",
+                 "--out-dir", str(tmp_path / "sw")]) == 2
+    assert "--name is empty" in capsys.readouterr().err
+    assert not (tmp_path / "sw").exists()

@@ -81,7 +81,10 @@ def sweep_study(config: str, items: list[str], *, name: str | None = None,
     if not axes:
         raise ConfigError("sweep: give at least one key with several values, "
                           "e.g. train.lr=0.01,0.1")
-    study = {"name": name or default_name(config), "base": str(config),
+    if name is not None and not name.strip():
+        raise ConfigError("sweep: --name is empty; give a name, or leave --name out for "
+                          f"{default_name(config)!r}")
+    study = {"name": default_name(config) if name is None else name, "base": str(config),
              "overrides": overrides, "grid": axes,
              "out_dir": str(out_dir if out_dir is not None else DEFAULT_OUT_DIR)}
     if seeds is not None:
@@ -257,6 +260,7 @@ def markdown_table(rows: list[dict], keys: list[str]) -> str:
     round N`` for a diverged run), best accuracy, rounds, MB up and down, and the
     simulated time when the runs record one."""
     sim = any(r.get("sim_time_s") is not None for r in rows)
+    keys = [k for k in keys if k != "seed"]         # a seed axis: the seed column
     head = [*keys, "seed", "status", "final acc", "best acc", "rounds", "MB up", "MB down"]
     head += ["sim. time (s)"] if sim else []
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
@@ -286,7 +290,7 @@ def write_sweep(sweep_dir: Path, rows: list[dict], keys: list[str], table: str,
         text += [provenance_line(provenance), ""]
     text += ["Produced by:", "", "```bash", command, "```", ""]
     (sweep_dir / "sweep.md").write_text("\n".join(text), encoding="utf-8")
-    columns = [*keys, "seed", *COLUMNS, "run_dir"]
+    columns = [*(k for k in keys if k != "seed"), "seed", *COLUMNS, "run_dir"]
     with open(sweep_dir / "sweep.csv", "w", newline="", encoding="utf-8") as fh:
         w = csv.DictWriter(fh, fieldnames=columns, extrasaction="ignore")
         w.writeheader()

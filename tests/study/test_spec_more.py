@@ -67,6 +67,21 @@ def test_set_seed_on_the_command_line_with_seeds_in_the_file_is_refused(tmp_path
     assert len(load_study(path, overrides=["rounds=2"]).runs) == 4
 
 
+@pytest.mark.parametrize("key, axis, values", [("train.lr", "train.lr", [0.1, 0.2]),
+                                               ("model.options.hidden", "model.hidden",
+                                                [[8], [16]])])
+def test_set_of_a_key_the_grid_sets_in_every_run_is_refused(tmp_path, key, axis, values):
+    # the grid's values win, so the override would reach no run
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(_study(grid={axis: values})))
+    with pytest.raises(ConfigError, match=rf"--set {key}: the grid sets '{axis}' in every "
+                                          r"run, so the override would reach none"):
+        load_study(path, overrides=[f"{key}={values[0]}"])
+    # a section around the axis still reaches the runs with its other keys
+    study = load_study(path, overrides=["train={batch_size: 4}"])
+    assert {r.config.train.batch_size for r in study.runs} == {4}
+
+
 @pytest.mark.parametrize("items", [["train.lr=0.1,0.2", "seed=1,2"],
                                    ["train.lr=0.1,0.2", "seed=1"]])
 def test_a_sweep_with_seed_and_seeds_is_refused(items):

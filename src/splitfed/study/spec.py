@@ -161,6 +161,15 @@ def _with_overrides(raw: Any, overrides: list[str]) -> Any:
     if not isinstance(raw, Mapping):
         return raw                         # from_dict reports what a study file must be
     parse_overrides(overrides)             # a malformed KEY=VALUE: its own error
+    grid = raw.get("grid")
+    for item in overrides:                 # the grid's values win: --set would reach no run
+        key = item.partition("=")[0].strip()
+        for axis in grid if isinstance(grid, Mapping) else ():
+            if (isinstance(axis, str) and keys_overlap(key, axis)
+                    and key.count(".") >= axis.count(".")):    # not a section around it
+                raise ConfigError(f"--set {key}: the grid sets '{axis}' in every run, so "
+                                  "the override would reach none; drop it or change the "
+                                  "grid")
     given = raw.get("overrides") or []
     if not isinstance(given, list):
         return raw
