@@ -32,7 +32,7 @@ from splitfed.config import RunConfig, build_config
 from splitfed.exact import ceil_times
 from splitfed.configtools import from_dict, load_yaml, to_dict, yaml_round_trip
 from splitfed.data import load_dataset
-from splitfed.data.partition import PARTITIONERS, partition, partition_summary
+from splitfed.data.partition import PARTITIONERS, natural, partition, partition_summary
 from splitfed.data.server_data import build_server_data
 from splitfed.engine.clock import VirtualClock
 from splitfed.engine.env import Environment
@@ -168,9 +168,8 @@ def make_partition(cfg: RunConfig, bundle, streams: RandomStreams,
         if len(parts) != p.num_clients:
             raise ConfigError(f"partition.num_clients: the natural partition of {bundle.name} "
                               f"has {len(parts)} clients, got {p.num_clients}")
-        labels = bundle.train.y.cpu().numpy()       # (natural draws nothing)
-        parts = partition(labels, p.num_clients, "natural", np.random.default_rng(0),
-                          natural=parts)
+        parts = natural(bundle.train.y.cpu().numpy(), p.num_clients, None,  # (no draws)
+                        natural=parts)
         parts = parts if exclude is None else [i[~np.isin(i, exclude)] for i in parts]
         empty = sum(len(i) == 0 for i in parts)
         if empty:
