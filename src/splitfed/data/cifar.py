@@ -28,6 +28,7 @@ from splitfed.data.datasets import (
     to_unit_float,
 )
 from splitfed.errors import ConfigError, DataError
+from splitfed.origins import one_line
 
 CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer",
                    "dog", "frog", "horse", "ship", "truck"]
@@ -97,12 +98,12 @@ def read_pickle(path: Path, max_bytes: int | None = None) -> dict:
     try:
         obj = _SafeUnpickler(io.BytesIO(raw), encoding="bytes").load()
     except Exception as e:  # corrupt pickles raise many types (EOFError, UnpicklingError, ...)
-        raise DataError(f"{path}: corrupt pickle ({_error_text(e)})") from e
+        raise DataError(f"{path}: corrupt pickle ({type(e).__name__}: {one_line(e)})") from e
     finally:
         sys.unraisablehook = hook
     if unraisable:
         e = unraisable[0].exc_value
-        raise DataError(f"{path}: corrupt pickle ({_error_text(e)})")
+        raise DataError(f"{path}: corrupt pickle ({type(e).__name__}: {one_line(e)})")
     if not isinstance(obj, dict):
         raise DataError(f"{path}: expected a pickled dict, got {type(obj).__name__}")
     return obj
@@ -162,10 +163,6 @@ def _meta_names(dirs, name: str, key: bytes, num_classes: int) -> list[str] | No
             return [n.decode(errors="replace") if isinstance(n, bytes) else n
                     for n in names]
     return None
-
-
-def _error_text(e: BaseException) -> str:
-    return f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
 
 
 def _preview(value) -> str:

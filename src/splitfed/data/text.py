@@ -45,6 +45,7 @@ from splitfed.data.datasets import (
     labels_tensor,
 )
 from splitfed.errors import ConfigError, DataError
+from splitfed.origins import one_line
 
 PAD, BOS, UNK, FIRST_WORD = 1, 2, 3, 4
 #: the largest text file read (GLUE's SST-2 train.tsv is 4 MB)
@@ -147,14 +148,16 @@ def _read_parquet(path: Path) -> tuple[list[str], np.ndarray]:
         meta = pq.ParquetFile(path).metadata
         inflated = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
     except Exception as e:  # noqa: BLE001 - pyarrow raises many kinds on corrupt files
-        raise DataError(f"{path}: not a readable parquet file ({_error_text(e)})") from e
+        raise DataError(f"{path}: not a readable parquet file "
+                        f"({type(e).__name__}: {one_line(e)})") from e
     if inflated > MAX_PARQUET_BYTES:
         raise DataError(f"{path}: declares {inflated} bytes of data, more than the "
                         f"{MAX_PARQUET_BYTES} accepted")
     try:
         frame = pd.read_parquet(path, columns=["sentence", "label"], engine="pyarrow")
     except Exception as e:  # noqa: BLE001 - corrupt files raise many kinds
-        raise DataError(f"{path}: not a readable parquet file ({_error_text(e)})") from e
+        raise DataError(f"{path}: not a readable parquet file "
+                        f"({type(e).__name__}: {one_line(e)})") from e
     return parquet_rows(frame, path)
 
 
@@ -177,10 +180,6 @@ def parquet_rows(frame, path) -> tuple[list[str], np.ndarray]:
         raise DataError(f"{path}: row {row} has the label {str(labels[row])[:40]!r}; "
                         "labels are the integers 0 and 1")
     return sentences, labels.astype(np.int64)
-
-
-def _error_text(e: BaseException) -> str:
-    return f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
 
 
 def _sst2_split(root: Path, tsv: str, parquet: str) -> tuple[list[str], np.ndarray]:
