@@ -591,15 +591,17 @@ def new_run_dir(cfg: RunConfig, overrides: list[str] | None = None) -> Path:
 def check_empty(run_dir: Path) -> None:
     """Refuse a ``run_dir`` that exists and holds anything but a lock file, is not a
     directory, or is a symbolic link to a missing path."""
-    if run_dir.is_symlink() and not run_dir.exists():
-        raise ConfigError(f"run directory {short(str(run_dir), 160)} is a symbolic link to a "
-                          "missing path; remove it or choose another")
-    if run_dir.exists() and not run_dir.is_dir():
-        raise ConfigError(f"run directory {short(str(run_dir), 160)} exists and is not a "
-                          "directory; remove it or choose another")
-    if run_dir.exists() and any(p.name != LOCK_NAME for p in run_dir.iterdir()):
-        raise ConfigError(f"run directory {short(str(run_dir), 160)} exists and is not empty; "
-                          "remove it or choose another")
+    if not run_dir.exists():
+        problem = "is a symbolic link to a missing path" if run_dir.is_symlink() else None
+    elif not run_dir.is_dir():
+        problem = "exists and is not a directory"
+    elif any(p.name != LOCK_NAME for p in run_dir.iterdir()):
+        problem = "exists and is not empty"
+    else:
+        problem = None
+    if problem:
+        raise ConfigError(f"run directory {short(str(run_dir), 160)} {problem}; remove it "
+                          "or choose another")
 
 
 def lock_run_dir(run_dir: str | Path) -> DirLock:

@@ -255,12 +255,18 @@ def _status(row: dict) -> str:
     return row["status"] + (" (stale)" if row.get("stale") else "")
 
 
+def _value_columns(keys: list[str]) -> list[str]:
+    """The swept keys that get a column before the ``seed`` column (a seed axis is that
+    column)."""
+    return [k for k in keys if k != "seed"]
+
+
 def markdown_table(rows: list[dict], keys: list[str]) -> str:
     """One row per run: the swept values, seed, status, final accuracy (``diverged at
     round N`` for a diverged run), best accuracy, rounds, MB up and down, and the
     simulated time when the runs record one."""
     sim = any(r.get("sim_time_s") is not None for r in rows)
-    keys = [k for k in keys if k != "seed"]         # a seed axis: the seed column
+    keys = _value_columns(keys)
     head = [*keys, "seed", "status", "final acc", "best acc", "rounds", "MB up", "MB down"]
     head += ["sim. time (s)"] if sim else []
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
@@ -290,7 +296,7 @@ def write_sweep(sweep_dir: Path, rows: list[dict], keys: list[str], table: str,
         text += [provenance_line(provenance), ""]
     text += ["Produced by:", "", "```bash", command, "```", ""]
     (sweep_dir / "sweep.md").write_text("\n".join(text), encoding="utf-8")
-    columns = [*(k for k in keys if k != "seed"), "seed", *COLUMNS, "run_dir"]
+    columns = [*_value_columns(keys), "seed", *COLUMNS, "run_dir"]
     with open(sweep_dir / "sweep.csv", "w", newline="", encoding="utf-8") as fh:
         w = csv.DictWriter(fh, fieldnames=columns, extrasaction="ignore")
         w.writeheader()

@@ -162,14 +162,12 @@ def _with_overrides(raw: Any, overrides: list[str]) -> Any:
         return raw                         # from_dict reports what a study file must be
     parse_overrides(overrides)             # a malformed KEY=VALUE: its own error
     grid = raw.get("grid")
-    for item in overrides:                 # the grid's values win: --set would reach no run
-        key = item.partition("=")[0].strip()
-        for axis in grid if isinstance(grid, Mapping) else ():
-            if (isinstance(axis, str) and keys_overlap(key, axis)
-                    and key.count(".") >= axis.count(".")):    # not a section around it
-                raise ConfigError(f"--set {key}: the grid sets '{axis}' in every run, so "
-                                  "the override would reach none; drop it or change the "
-                                  "grid")
+    axes = [a for a in grid if isinstance(a, str)] if isinstance(grid, Mapping) else []
+    keys = [item.partition("=")[0].strip() for item in overrides]
+    for key, axis in _overlaps(keys, axes):    # the grid's values win over --set
+        if key.count(".") >= axis.count("."):  # (a section around an axis still reaches)
+            raise ConfigError(f"--set {key}: the grid sets '{axis}' in every run, so the "
+                              "override would reach none; drop it or change the grid")
     given = raw.get("overrides") or []
     if not isinstance(given, list):
         return raw
@@ -365,11 +363,14 @@ def _nested(key: str, value: Any) -> dict:
     return out
 
 
+def _overlaps(keys: list[str], grid_keys: list[str]):
+    """The pairs (key, grid key) that set a common value (:func:`keys_overlap`)."""
+    return [(a, b) for a in keys for b in grid_keys if keys_overlap(a, b)]
+
+
 def _check_overlap(set_keys: list[str], grid_keys: list[str]) -> None:
-    for a in set_keys:
-        for b in grid_keys:
-            if keys_overlap(a, b):
-                raise ConfigError(f"'{a}' is set both by the run and by the grid ('{b}')")
+    for a, b in _overlaps(set_keys, grid_keys)[:1]:
+        raise ConfigError(f"'{a}' is set both by the run and by the grid ('{b}')")
 
 
 def preflight(cfg: RunConfig) -> None:
