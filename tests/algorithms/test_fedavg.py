@@ -124,3 +124,28 @@ def test_bernoulli_empty_round_keeps_model():
     for k, v in env.model.state_dict().items():
         assert torch.equal(final_params(res)[k], v)
     assert np.isclose(res.records[-1]["test_acc"], res.records[0]["test_acc"])
+
+
+@pytest.mark.parametrize("algorithm", [{"name": "centralized"},
+                                       {"name": "server_only", "server_steps": 2}])
+def test_a_server_alone_run_samples_no_client(algorithm):
+    """Centralized training and server-only have no clients: their records count no
+    participant whatever the participation section and the clock's deadline say, and
+    those settings change nothing in the training."""
+    common = dict(algorithm=algorithm, rounds=2, partition__num_clients=4,
+                  server_data={"fraction": 0.2, "samples_per_round": 40})
+    if algorithm["name"] == "centralized":
+        del common["server_data"]
+    plain = run_experiment(digits_config(**common), write=False)
+    other = run_experiment(digits_config(
+        **common, participation={"mode": "uniform", "clients_per_round": 2},
+        clock={"deadline": 1e-9, "profile": "exponential"}), write=False)
+    for result in (plain, other):
+        for r in result.records[1:]:
+            assert (r["participants"], r["clients_used"], r["dropped"]) == (0, 0, 0), r
+            assert r["bytes_up"] == r["bytes_down"] == 0
+        assert result.status == "completed"
+    a, b = final_params(plain), final_params(other)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert [r["train_loss"] for r in plain.records[1:]] == \
+        [r["train_loss"] for r in other.records[1:]]

@@ -53,7 +53,7 @@ import torch.nn.functional as F
 from splitfed.engine.algorithm import Algorithm
 from splitfed.engine.batches import batch_plan, local_step_counts
 from splitfed.engine.clock import SERVER
-from splitfed.engine.participation import Cohort
+from splitfed.engine.participation import NOBODY
 from splitfed.engine.rounds import Round, RoundResult
 from splitfed.engine.transforms import ServerStep
 from splitfed.errors import ConfigError
@@ -165,7 +165,6 @@ class ServerOnlyOptions(ServerTrainingOptions):
                                   f"algorithms); give {key} > 0")
 
 
-NOBODY = Cohort(np.zeros(0, dtype=np.int64), np.zeros(0))
 
 
 class ServerOnly(Algorithm):

@@ -25,7 +25,11 @@ cohort after availability and over-selection, less the clients the deadline drop
 federated run (``algorithm.federated``) whose rounds all had ``clients_used == 0`` (every
 client unavailable, late or dropped, in every round) ends with status
 ``no_client_trained`` instead of ``completed``: its model never saw client data. Runs
-where the server alone trains (``centralized``, ``server_only``) are not affected.
+where the server alone trains (``centralized``, ``server_only``: ``algorithm.federated``
+False) are not affected. Their rounds sample nobody: every record counts 0
+``participants``, ``clients_used`` and ``dropped``, and the participation section and the
+clock's deadline and over-selection, which only concern clients, change nothing in them
+(a study can run them beside federated runs with the same settings).
 
 The virtual clock (``env.clock``, :mod:`splitfed.engine.clock`) opens each round for the
 sampled cohort (taking out clients a trace marks unavailable) and closes it after the
@@ -47,6 +51,7 @@ from tqdm import tqdm
 
 from splitfed.engine.evaluate import evaluate
 from splitfed.engine.flops import TRAIN_FACTOR, forward_macs
+from splitfed.engine.participation import NOBODY
 from splitfed.engine.rounds import RoundResult
 from splitfed.metrics import divergence
 from splitfed.models import dry_output, output_shape, split
@@ -267,9 +272,13 @@ def run_rounds(algorithm, env, logger, state: dict | None = None,
         env.ledger.round = t
         t0 = time.perf_counter()
         env.streams.seed_global(t)               # dropout's generator, for this round
-        cohort = env.clock.begin_round(env.sampler.sample(env.streams.numpy("participation")))
-        if env.clock.keep is not None:
-            cohort = _over_select(algorithm, env, cohort, work)
+        if needs_clients:
+            cohort = env.clock.begin_round(
+                env.sampler.sample(env.streams.numpy("participation")))
+            if env.clock.keep is not None:
+                cohort = _over_select(algorithm, env, cohort, work)
+        else:                                    # the server alone trains: nobody takes part
+            cohort = env.clock.begin_round(NOBODY)
         result = check_result(algorithm, env, algorithm.round(env, state, t, cohort), t,
                               declared)
         state = result.state

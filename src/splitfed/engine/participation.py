@@ -68,6 +68,10 @@ class Cohort:
         return self.size == 0
 
 
+#: the cohort of a round in which the server alone trains: no client takes part
+NOBODY = Cohort(np.zeros(0, dtype=np.int64), np.zeros(0))
+
+
 class ParticipationSampler(Protocol):
     def sample(self, rng: np.random.Generator) -> Cohort: ...
 
