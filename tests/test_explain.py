@@ -82,6 +82,9 @@ def test_components_show_their_options(capsys):
     assert main(["config", "explain", "lenet5"]) == 0       # a model, with its cuts
     out = capsys.readouterr().out
     assert "options: none" in out and "cuts: default cut 2; valid cuts 1, 2, 3, 4" in out
+    assert main(["config", "explain", "natural"]) == 0      # its natural= comes from code
+    out = capsys.readouterr().out
+    assert "options: none" in out and "partition.natural" not in out
 
 
 def test_unknown_name_is_one_line_listing_what_exists(capsys):

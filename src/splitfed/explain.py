@@ -232,13 +232,16 @@ def _class_facts(kind: str, cls) -> list[str]:
 
 def function_keys(kind: str, fn, section: str | None) -> list[Key]:
     """The options of a component function: its parameters after the leading ones
-    (:data:`splitfed.registry._LEADING`), with their annotations and defaults."""
+    (:data:`splitfed.registry._LEADING`), with their annotations and defaults; those the
+    function lists in its ``code_only`` attribute (passed by code, not by a config) are
+    left out."""
     from splitfed.registry import _LEADING
 
     params = list(inspect.signature(fn).parameters.values())[len(_LEADING[kind]):]
+    code_only = set(getattr(fn, "code_only", ()))
     out = []
     for p in params:
-        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) or p.name in code_only:
             continue
         default = "required" if p.default is p.empty else yaml_value(p.default)
         out.append(Key(_join(section or "", p.name), _annotation(p), default))

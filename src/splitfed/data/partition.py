@@ -217,6 +217,11 @@ def natural(labels, num_clients, rng, natural=None) -> list[np.ndarray]:
     return parts
 
 
+#: parameters that code passes (``partition(..., natural=...)``) and a config cannot: left
+#: out of ``config explain``
+natural.code_only = ("natural",)
+
+
 PARTITIONERS = {
     "iid": iid,
     "dirichlet": dirichlet,
