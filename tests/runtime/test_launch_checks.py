@@ -154,3 +154,25 @@ def test_a_launched_run_of_no_rounds_evaluates_the_initial_model(tmp_path):
     assert summary["status"] == "completed" and summary["rounds"] == 0
     records = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(r)["round"] for r in records] == [0]
+
+
+def test_status_dirs_of_launchers_that_are_gone_are_removed(tmp_path, monkeypatch):
+    """A launcher killed with SIGKILL leaves its status directory; the next launch
+    removes it, and leaves those of live launchers and names without a pid."""
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    done = subprocess.Popen([sys.executable, "-c", "pass"])
+    done.wait()
+    stale = tmp_path / f"{launch.STATUS_PREFIX}{done.pid}-abc"
+    live = tmp_path / f"{launch.STATUS_PREFIX}{os.getpid()}-def"
+    other = tmp_path / f"{launch.STATUS_PREFIX}xyz"
+    for d in (stale, live, other):
+        d.mkdir()
+        (d / "rank0").write_text("0\n")
+    ranks, _ = launch._setup()
+    try:
+        assert not stale.exists() and live.exists() and other.exists()
+        assert ranks.status_dir.parent == tmp_path
+        assert ranks.status_dir.name.startswith(f"{launch.STATUS_PREFIX}{os.getpid()}-")
+    finally:
+        ranks.close()
+    assert not ranks.status_dir.exists()

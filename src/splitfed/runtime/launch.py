@@ -200,6 +200,27 @@ class Ranks(list):
         shutil.rmtree(self.status_dir, ignore_errors=True)
 
 
+#: a launcher's status directory: ``<tmp>/splitfed-launch-<launcher pid>-<random>``
+STATUS_PREFIX = "splitfed-launch-"
+
+
+def _remove_stale_status_dirs() -> None:
+    """Remove this user's status directories whose launcher is gone: a launcher killed
+    with SIGKILL cannot remove its own (its ranks die with it). A directory whose pid is
+    alive (or whose name has no pid) stays."""
+    uid = os.getuid()
+    for path in Path(tempfile.gettempdir()).glob(f"{STATUS_PREFIX}*-*"):
+        pid = path.name[len(STATUS_PREFIX):].split("-", 1)[0]
+        try:
+            if not pid.isdigit() or path.is_symlink() or path.lstat().st_uid != uid:
+                continue
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except (OSError, ValueError, OverflowError):
+            continue
+
+
 def _setup(listen: str = "127.0.0.1", secret: str | None = None,
            env: dict | None = None) -> tuple[Ranks, dict]:
     secure.require_secret(listen, secret)
@@ -208,7 +229,8 @@ def _setup(listen: str = "127.0.0.1", secret: str | None = None,
     ranks = Ranks()
     ranks.secret = secret
     ranks.server = secure.StoreServer(secret, listen, 0)
-    ranks.status_dir = Path(tempfile.mkdtemp(prefix="splitfed-launch-"))
+    _remove_stale_status_dirs()
+    ranks.status_dir = Path(tempfile.mkdtemp(prefix=f"{STATUS_PREFIX}{os.getpid()}-"))
     base = {k: v for k, v in os.environ.items()
             if k not in ("MASTER_ADDR", "MASTER_PORT", secure.SECRET_ENV)}
     base.update({"GLOO_SOCKET_IFNAME": iface, secure.STORE_ENV: ranks.server.endpoint,
