@@ -34,7 +34,10 @@ def test_parse_axes_reads_yaml_values_split_at_top_level_commas():
     (["train..lr=1,2"], "must look like"),
     (["train.lr="], "gives no value"),
     (["train.lr=0.1,0.2", "train.lr=0.3,0.4"], "'train.lr' is given twice"),
-    (["train.lr=0.1,0.1"], "repeats a value"),
+    (["train.lr=0.1,0.1"], "repeats a value: the number 0.1 is given twice"),
+    (["train.lr=0.1,1e-1"], "repeats a value: the number 0.1 is given twice"),
+    (["partition.alpha=1,1.0"], "the number 1 and the number 1.0 are the same number"),
+    (["partition.alpha=inf,.inf"], "the text 'inf' and the number inf read the same"),
     (["train.lr=[0.1,"], "cannot parse"),
 ])
 def test_parse_axes_errors_name_the_item(items, match):

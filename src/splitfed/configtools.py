@@ -517,6 +517,16 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def value_text(value: Any) -> str:
+    """How a config value reads in a label: ``0.1``, ``inf``, ``fedavg``, ``[16, 8]``."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, float):
+        return repr(value)
+    return yaml.safe_dump(value, default_flow_style=True, width=1000).strip().removesuffix(
+        "\n...").strip()
+
+
 def dump_yaml(obj: Any, path: str | Path) -> None:
     """Write ``to_dict(obj)`` to ``path`` as YAML, keeping field order."""
     path = Path(path)

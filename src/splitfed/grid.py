@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from splitfed.configtools import yaml_load
+from splitfed.configtools import value_text, yaml_load
 from splitfed.errors import ConfigError
 
 
@@ -31,7 +31,38 @@ def parse_axes(items: list[str]) -> tuple[dict[str, list[Any]], list[str]]:
         if len(values) == 1:
             overrides.append(item)
         else:
-            if len({json.dumps(v, sort_keys=True, default=str) for v in values}) < len(values):
-                raise ConfigError(f"sweep: '{item}' repeats a value")
+            _check_distinct(item, values)
             axes[key] = values
     return axes, overrides
+
+
+def _check_distinct(item: str, values: list) -> None:
+    """Refuse an axis with two values that would make the same run, or two runs of one
+    label: the same value twice, one number written twice (``1,1.0``), or two values
+    that read the same in a label (``inf,.inf``: text and a float)."""
+    seen: dict[Any, Any] = {}
+    for v in values:
+        keys = [("json", json.dumps(v, sort_keys=True, default=str)),
+                ("text", value_text(v))]
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            keys.append(("number", v))
+        for kind, key in keys:
+            if (kind, key) not in seen:
+                continue
+            first = seen[kind, key]
+            why = {"json": f"{_described(v)} is given twice",
+                   "text": f"{_described(first)} and {_described(v)} read the same in the "
+                           "runs' labels",
+                   "number": f"{_described(first)} and {_described(v)} are the same number"}
+            raise ConfigError(f"sweep: '{item}' repeats a value: {why[kind]}; give each "
+                              "value once")
+        for key in keys:
+            seen[key] = v
+
+
+def _described(value: Any) -> str:
+    if isinstance(value, str):
+        return f"the text {value!r}"
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return f"the number {value_text(value)}"
+    return value_text(value)

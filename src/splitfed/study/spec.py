@@ -28,7 +28,14 @@ from splitfed.config import (
     merge_config,
     resolve_config_path,
 )
-from splitfed.configtools import from_dict, load_yaml, merge, parse_overrides, to_dict
+from splitfed.configtools import (
+    from_dict,
+    load_yaml,
+    merge,
+    parse_overrides,
+    to_dict,
+    value_text,
+)
 from splitfed.errors import ConfigError
 
 #: where a study directory goes when neither ``--out-dir`` nor the file's ``out_dir`` says
@@ -297,16 +304,6 @@ def _base_raw(spec: StudySpec, base_dir: Path) -> dict:
 def _grid_points(grid: Mapping[str, list]) -> list[list[tuple[str, Any]]]:
     keys = list(grid)
     return [list(zip(keys, combo)) for combo in itertools.product(*(grid[k] for k in keys))]
-
-
-def value_text(value: Any) -> str:
-    """How a config value reads in a label: ``0.1``, ``inf``, ``fedavg``, ``[16, 8]``."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, float):
-        return repr(value)
-    return yaml.safe_dump(value, default_flow_style=True, width=1000).strip().removesuffix(
-        "\n...").strip()
 
 
 def _variant(spec: StudySpec, base: dict, study_dir: Path, run: RunSpec | None,
