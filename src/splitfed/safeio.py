@@ -96,16 +96,34 @@ def unsaveable(obj: Any, where: str = "value", also: tuple[type, ...] = ()) -> s
     return None
 
 
-def decode(obj: Any) -> Any:
-    """Inverse of :func:`encode`: tagged dicts back to numpy arrays."""
+def decode(obj: Any, _seen: set | None = None) -> Any:
+    """Inverse of :func:`encode`: tagged dicts back to numpy arrays.
+
+    A pickle can refer to one container (or one array's bytes) many times for a few
+    bytes each; copied at every reference, a file of kilobytes would expand to gigabytes
+    (the "billion laughs"). :func:`encode` never writes a shared container, so one met
+    twice raises :class:`FormatError` before anything is expanded."""
+    seen = set() if _seen is None else _seen
+    if isinstance(obj, (dict, list, tuple)) and len(obj):
+        if id(obj) in seen:
+            raise FormatError("a container is referred to more than once (splitfed never "
+                              "writes that; a crafted file could expand without bound)")
+        seen.add(id(obj))
     if isinstance(obj, dict):
         if len(obj) == 1 and TAG in obj:
-            return _array(obj[TAG])
-        return {k: decode(v) for k, v in obj.items()}
+            spec = obj[TAG]
+            raw = spec[2] if isinstance(spec, list) and len(spec) == 3 else None
+            if isinstance(raw, bytes) and len(raw):
+                if id(raw) in seen:
+                    raise FormatError("a stored numpy array's bytes are referred to more "
+                                      "than once (splitfed never writes that)")
+                seen.add(id(raw))
+            return _array(spec)
+        return {k: decode(v, seen) for k, v in obj.items()}
     if isinstance(obj, list):
-        return [decode(v) for v in obj]
+        return [decode(v, seen) for v in obj]
     if isinstance(obj, tuple):
-        return tuple(decode(v) for v in obj)
+        return tuple(decode(v, seen) for v in obj)
     return obj
 
 
@@ -148,7 +166,10 @@ def load(fh: BinaryIO | str | Path, what: str = "file") -> Any:
         else:
             reason = f"{type(e).__name__}: {first[:200]}"
         raise FormatError(f"{what}: not a splitfed data file ({reason})") from None
-    return decode(obj)
+    try:
+        return decode(obj)
+    except FormatError as e:
+        raise FormatError(f"{what}: not a splitfed data file ({e})") from None
 
 
 def loads(data: bytes, what: str = "message") -> Any:
