@@ -321,6 +321,34 @@ def _truncated(path: Path) -> None:
     path.write_bytes(data[: len(data) // 2])
 
 
+def _laughs(path: Path) -> None:
+    """A few kilobytes that refer to one list 10^8 times (the "billion laughs")."""
+    enc = safeio.encode(safeio.load(path))
+    nested = [0.0] * 100
+    for _ in range(3):
+        nested = [nested] * 100
+    enc["state"]["laughs"] = nested
+    torch.save(enc, path)
+
+
+def _shared_bytes(path: Path) -> None:
+    """Many stored arrays made from one reference to the same bytes."""
+    enc = safeio.encode(safeio.load(path))
+    raw = bytes(1 << 16)
+    enc["state"]["arrays"] = [{safeio.TAG: ["|u1", [1 << 16], raw]} for _ in range(64)]
+    torch.save(enc, path)
+
+
+def _deflated(path: Path) -> None:
+    """The same archive with its members compressed (torch.save stores them)."""
+    with zipfile.ZipFile(path) as z:
+        members = [(i, z.read(i)) for i in z.infolist()]
+    with zipfile.ZipFile(path, "w") as z:
+        for info, data in members:
+            info.compress_type = zipfile.ZIP_DEFLATED
+            z.writestr(info, data)
+
+
 BROKEN = {
     "directory": (lambda p: (p.unlink(), p.mkdir()), "is a directory"),
     "fifo": (lambda p: (p.unlink(), _fifo(p)), "not a regular file"),
@@ -339,6 +367,9 @@ BROKEN = {
     "a tensor": (lambda p: torch.save(torch.zeros(3), p), "holds a Tensor"),
     "a list": (lambda p: torch.save([1, 2], p), "holds a list"),
     "a dict": (lambda p: torch.save({"weights": torch.zeros(2)}, p), "no format number"),
+    "shared lists": (_laughs, "a container is referred to more than once"),
+    "shared array bytes": (_shared_bytes, "bytes are referred to more than once"),
+    "deflated members": (_deflated, "is compressed, which torch.save never writes"),
 }
 
 
@@ -438,7 +469,8 @@ def test_the_checkpoint_of_another_algorithm_is_refused(tmp_path, monkeypatch):
                             algorithm={"name": "scaffold"})
     (ours / CHECKPOINT).write_bytes((other / CHECKPOINT).read_bytes())
     before = snapshot(ours)
-    with pytest.raises(FormatError, match="state has other keys"):
+    with pytest.raises(FormatError, match="it was written with algorithm.name=scaffold but "
+                                          "config.yaml says fedavg"):
         resume_experiment(ours)
     assert snapshot(ours) == before
 
@@ -603,3 +635,104 @@ def test_launch_resume_of_a_locked_run_directory_is_refused(tmp_path, stopped):
         f"splitfed: error: run directory {run_dir} is in use by another splitfed process "
         f"(pid {os.getpid()})")
     assert snapshot(run_dir) == before
+
+
+# ------------------------------------------------- what a resume leaves as it was
+
+
+def _with_tracking(run_dir: Path, **tracking) -> None:
+    cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+    cfg["tracking"].update(tracking)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+
+
+@pytest.mark.parametrize("checkpointed", [True, False])
+def test_a_tracker_that_cannot_open_fails_a_resume_before_any_file_changes(
+        tmp_path, stopped, monkeypatch, checkpointed):
+    """The trackers are opened before the resume cuts metrics.jsonl (or, without a
+    checkpoint, removes the records and the summary)."""
+    pytest.importorskip("torch.utils.tensorboard")
+    if checkpointed:
+        run_dir = copy_run(stopped, tmp_path / "run")
+    else:
+        run_dir = tmp_path / "run"
+        run_experiment(digits_config(rounds=2, checkpoint_every=0), run_dir=run_dir)
+        assert (run_dir / "summary.json").is_file()
+    _with_tracking(run_dir, tensorboard=True)
+    (run_dir / "tensorboard").write_text("not a folder")
+    before = snapshot(run_dir)
+    modes = {p.name: p.stat().st_mode for p in run_dir.iterdir()}
+    with pytest.raises(FormatError, match="tensorboard is a file, not a folder"):
+        resume_experiment(run_dir)
+    assert snapshot(run_dir) == before
+    assert {p.name: p.stat().st_mode for p in run_dir.iterdir()} == modes
+
+
+def test_a_resume_asks_an_unreachable_mlflow_server_once(tmp_path, stopped, monkeypatch):
+    pytest.importorskip("mlflow")
+    import socket
+
+    for key in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT"):
+        monkeypatch.delenv(key, raising=False)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    run_dir = copy_run(stopped, tmp_path / "run")
+    _with_tracking(run_dir, mlflow=True, mlflow_uri=f"http://127.0.0.1:{port}")
+    before = snapshot(run_dir)
+    t0 = time.monotonic()
+    with pytest.raises(ConfigError, match="^tracking.mlflow_uri: cannot open the MLflow"):
+        resume_experiment(run_dir)
+    assert time.monotonic() - t0 < 60          # MLflow's own retries take minutes
+    assert snapshot(run_dir) == before
+
+
+def test_a_resume_removes_temp_files_of_a_write_that_was_killed(tmp_path, stopped):
+    run_dir = copy_run(stopped, tmp_path / "run")
+    left = [run_dir / ".checkpoint.pt.abc123.tmp", run_dir / ".summary.json.x1.tmp"]
+    for p in left:
+        p.write_bytes(b"half a checkpoint")
+    other = run_dir / "notes.tmp"              # not one of atomic_write's names
+    other.write_text("mine")
+    assert resume_experiment(run_dir).status == "completed"
+    assert not any(p.exists() for p in left) and other.read_text() == "mine"
+
+
+def test_the_files_of_a_run_get_the_umasks_mode(tmp_path, stopped):
+    old = os.umask(0o027)
+    try:
+        run_dir = copy_run(stopped, tmp_path / "run")
+        resume_experiment(run_dir)
+        fresh = tmp_path / "fresh"
+        run_experiment(digits_config(rounds=1), run_dir=fresh)
+    finally:
+        os.umask(old)
+    for d in (run_dir, fresh):
+        for name in ("config.yaml", "partition.txt", "metrics.jsonl", "summary.json",
+                     CHECKPOINT):
+            assert (d / name).stat().st_mode & 0o777 == 0o640, (d, name)
+
+
+def test_the_records_a_checkpoint_counts_are_synced_before_it(tmp_path, monkeypatch):
+    """A crash of the machine cannot leave a checkpoint whose records were lost: the
+    records file is fsynced before each checkpoint is written."""
+    events = []
+    real_fsync, real_save = os.fsync, checkpoint.atomic_save
+
+    def fsync(fd):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}").rsplit("/", 1)[-1]))
+        return real_fsync(fd)
+
+    def save(obj, path):
+        events.append(("checkpoint", obj["records"]))
+        return real_save(obj, path)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(checkpoint, "atomic_save", save)
+    run_experiment(digits_config(rounds=2, checkpoint_every=1), run_dir=tmp_path / "r")
+    saves = [i for i, e in enumerate(events) if e[0] == "checkpoint"]
+    assert len(saves) == 2
+    for i in saves:
+        assert ("fsync", "metrics.jsonl") in events[:i]
+        last = max(j for j in range(i) if events[j] == ("fsync", "metrics.jsonl"))
+        assert not any(e[0] == "checkpoint" for e in events[last + 1:i])

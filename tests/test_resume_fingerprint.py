@@ -88,6 +88,13 @@ def test_an_edited_lr_is_refused_naming_it(tmp_path, finished):
      "partition.options.alpha=1.0 but config.yaml says 0.3"),
     (lambda c: c["train"].update(local_steps=5), "train.local_steps=10 but config.yaml "
                                                  "says 5"),
+    # the config is compared before the state: the key is named, not a state's shape
+    (lambda c: c["algorithm"].update(name="scaffold"),
+     "algorithm.name=fedavg but config.yaml says scaffold"),
+    (lambda c: c["model"]["options"].update(hidden=[32]),
+     "model.options.hidden=[64] but config.yaml says [32]"),
+    (lambda c: c["clock"].update(profile="exponential"),
+     "clock.profile=fixed but config.yaml says exponential"),
     (lambda c: c["partition"]["options"].pop("min_partition_size"),
      "partition.options.min_partition_size=5 but config.yaml has no "
      "partition.options.min_partition_size"),

@@ -69,6 +69,7 @@ import torch
 
 from splitfed import safeio
 from splitfed.errors import ConfigError, FormatError
+from splitfed.filemode import new_file_mode
 from splitfed.provenance import cpu_capability  # noqa: F401 - re-exported
 
 CHECKPOINT = "checkpoint.pt"
@@ -99,10 +100,13 @@ MAX_CONFIG_CHARS = 4 << 20
 def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
     """Write ``path`` atomically: ``write(fh)`` into a temp file in the same directory,
     fsync, :func:`os.replace`, fsync of the directory. A process killed at any instant
-    leaves the old file or the new one, never a torn one."""
+    leaves the old file or the new one, never a torn one (and maybe the temp file,
+    ``.<name>.<random>.tmp``, which :func:`remove_stale_temp_files` removes). The file
+    gets the mode a new file gets under the umask (:mod:`splitfed.filemode`)."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, new_file_mode())            # the umask's mode, not mkstemp's 0600
         with os.fdopen(fd, "wb") as fh:
             write(fh)
             fh.flush()
@@ -113,6 +117,19 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
             os.unlink(tmp)
         raise
     _fsync_dir(path.parent)
+
+
+def remove_stale_temp_files(directory: str | Path) -> list[Path]:
+    """Remove the temp files :func:`atomic_write` left in ``directory`` when its process
+    was killed while writing (``.<name>.<random>.tmp``, regular files only); the caller
+    holds the directory's lock, so no writer is using them. Returns what was removed."""
+    removed = []
+    for path in Path(directory).glob(".*.tmp"):
+        with contextlib.suppress(OSError):
+            if path.is_file() and not path.is_symlink():
+                path.unlink()
+                removed.append(path)
+    return removed
 
 
 def atomic_save(obj: Any, path: str | Path) -> None:
@@ -349,7 +366,14 @@ def _check_archive(fh: BinaryIO, path) -> None:
     fh.seek(0)
     try:
         with zipfile.ZipFile(fh) as archive:
+            packed = next((i.filename for i in archive.infolist()
+                           if i.compress_type != zipfile.ZIP_STORED), None)
+            if packed is not None:    # torch.save stores; a deflated member can expand
+                raise _bad(path, f"its member {packed[:80]!r} is compressed, which torch.save "
+                                 "never writes (a small file could expand to gigabytes)")
             bad = archive.testzip()
+    except FormatError:
+        raise
     except Exception as e:  # noqa: BLE001 - a damaged archive fails in many ways
         first = (str(e).strip().splitlines() or [""])[0][:120]
         raise FormatError(f"{path}: not a splitfed data file (a damaged zip archive: "
@@ -806,6 +830,9 @@ class Checkpointer:
         if not self.due(t, status):
             return
         wall = self.wall_offset + (self._clock() if self._clock is not None else 0.0)
+        sync = getattr(self.logger, "sync", None)
+        if sync is not None:
+            sync()                                # the records it counts are on disk first
         atomic_save(capture(self.env, state, t, records=len(self.logger.records),
                             status=status, wall_time_s=wall,
                             resumed_from=self.resumed_from, threads=self.threads,

@@ -27,7 +27,8 @@ import yaml
 from splitfed.algorithms import ALGORITHMS, get_algorithm
 from splitfed.checkpoint import (CHECKPOINT, Checkpointer, atomic_write, check_config,
                                  checkpoint_records, cpu_capability, load_checkpoint,
-                                 restore, thread_warnings, truncate_metrics)
+                                 remove_stale_temp_files, restore, thread_warnings,
+                                 truncate_metrics)
 from splitfed.config import RunConfig, build_config
 from splitfed.exact import ceil_times
 from splitfed.configtools import from_dict, load_yaml, to_dict, yaml_round_trip
@@ -46,7 +47,7 @@ from splitfed.models import build_model, resolve_cut
 from splitfed.provenance import git_commit, provenance
 from splitfed.rng import RandomStreams, derive_seed
 from splitfed.safeio import loads_json
-from splitfed.tracking import open_trackers
+from splitfed.tracking import open_trackers, preflight
 from splitfed.transport import InProcessTransport, Ledger
 
 
@@ -724,8 +725,6 @@ def run_experiment(cfg: RunConfig, *, write: bool = True,
         raise RunInterrupted(None) from None
     if not write:
         return _execute(cfg, algorithm, env, None)
-    from splitfed.tracking import preflight
-
     if run_dir is None:
         check_out_dir(cfg, overrides)           # as --dry-run: before anything is written
     preflight(cfg)                              # the MLflow store, before the run directory
@@ -769,13 +768,15 @@ def _execute(cfg: RunConfig, algorithm, env: Environment, run_dir: Path | None, 
              state: dict | None = None, start_round: int = 1,
              records: list[dict] | None = None, wall_offset: float = 0.0,
              resumed_from: list[int] | None = None, finished: str | None = None,
-             started: dict | None = None) -> RunResult:
+             started: dict | None = None, sinks: list | None = None) -> RunResult:
     """Run rounds ``start_round..`` (none when ``finished`` names the status of a run that
     already ended), checkpointing into ``run_dir``; write metrics and the summary.
 
     ``started``: the checkpoint's ``threads``, ``cpu_capability`` and ``resumed_threads``
-    (a resumed run). Ctrl-C raises :class:`~splitfed.errors.RunInterrupted`: the last
-    checkpoint is whole (written atomically), ``metrics.jsonl`` holds whole records."""
+    (a resumed run). ``sinks``: the trackers, opened by the caller (a resume opens them
+    before it changes the run directory); else they are opened here. Ctrl-C raises
+    :class:`~splitfed.errors.RunInterrupted`: the last checkpoint is whole (written
+    atomically), ``metrics.jsonl`` holds whole records."""
     started = started or {"threads": torch.get_num_threads(),
                           "cpu_capability": cpu_capability(), "resumed_threads": []}
     git_commit()    # the code version, read as the run starts (once per process: the code
@@ -783,7 +784,9 @@ def _execute(cfg: RunConfig, algorithm, env: Environment, run_dir: Path | None, 
     try:
         logger = MetricLogger(run_dir)
         logger.records = list(records or [])
-        if run_dir is not None and finished is None:
+        if sinks is not None:
+            logger.sinks = sinks
+        elif run_dir is not None and finished is None:
             try:
                 logger.sinks = open_trackers(cfg, run_dir, start_round)
             except BaseException:
@@ -848,9 +851,7 @@ class Resume:
         return self.checkpoint["round"]
 
     def finished(self, cfg: RunConfig) -> bool:
-        """The run had ended: it diverged, or it reached ``cfg.rounds`` (a run that
-        ended ``no_client_trained`` and is extended to more rounds goes on)."""
-        return self.checkpoint["status"] in ENDS_EARLY or self.round >= cfg.rounds
+        return _ended(self.checkpoint, cfg)
 
     def started(self, resuming: bool) -> dict:
         """The thread counts for :func:`_execute` (this process's added when resuming)."""
@@ -858,6 +859,12 @@ class Resume:
         more = [torch.get_num_threads()] if resuming else []
         return {"threads": ck["threads"], "cpu_capability": ck["cpu_capability"],
                 "resumed_threads": list(ck["resumed_threads"]) + more}
+
+
+def _ended(ckpt: dict | None, cfg: RunConfig) -> bool:
+    """The run of checkpoint ``ckpt`` had ended: it diverged, or it reached ``cfg.rounds``
+    (a run that ended ``no_client_trained`` and is extended to more rounds goes on)."""
+    return ckpt is not None and (ckpt["status"] in ENDS_EARLY or ckpt["round"] >= cfg.rounds)
 
 
 def open_resume(run_dir: Path, cfg: RunConfig, algorithm, env: Environment
@@ -874,10 +881,11 @@ def open_resume(run_dir: Path, cfg: RunConfig, algorithm, env: Environment
 
 
 def _restore(run_dir: Path, ckpt: dict, records: list[dict], algorithm, env) -> Resume:
+    check_resume_config(run_dir, ckpt, env.config)   # the same run: the same config (a
+    # changed key is named here, before the state's shapes would differ without a name)
     template = algorithm.checkpoint_template(    # the objects the saved state goes into
         env, algorithm.init_state(env), ckpt["state"])
     state = restore(env, ckpt, template, where=run_dir / CHECKPOINT)
-    check_resume_config(run_dir, ckpt, env.config)   # the same run: the same config
     return Resume(ckpt, state, records)
 
 
@@ -919,27 +927,41 @@ def _resume(run_dir: Path, saved: Path) -> RunResult:
         raise ConfigError(f"{saved}: {e}") from None
     ckpt = load_checkpoint(run_dir, rounds=cfg.rounds)  # checked before the data loads
     records = checkpoint_records(run_dir, ckpt) if ckpt is not None else None
+    ended = _ended(ckpt, cfg)
+    if not ended:
+        preflight(cfg)                          # the MLflow store, without retries
     algorithm = build_algorithm(cfg)
     env = build_environment(cfg)
     resume = None                                         # every check; no file changed
     if ckpt is not None:
         resume = _restore(run_dir, ckpt, records, algorithm, env)
-    write_partition(run_dir, env, if_missing=True)
+    start = 1 if ckpt is None else ckpt["round"] + 1
+    sinks = None if ended else open_trackers(cfg, run_dir, start)  # before any change
+    try:
+        remove_stale_temp_files(run_dir)
+        write_partition(run_dir, env, if_missing=True)
+        if resume is None:
+            for name in ("metrics.jsonl", "summary.json", *LEGACY_FILES):
+                (run_dir / name).unlink(missing_ok=True)
+            common = {}
+        else:
+            kept = truncate_metrics(run_dir, ckpt["records"], ckpt["round"])
+            for name in LEGACY_FILES:            # an earlier version's csv of the records
+                (run_dir / name).unlink(missing_ok=True)
+            common = {"state": resume.state, "records": [decode_record(r) for r in kept],
+                      "wall_offset": ckpt["wall_time_s"]}
+    except BaseException:
+        for sink in sinks or []:
+            sink.close("failed")
+        raise
     if resume is None:
-        for name in ("metrics.jsonl", "summary.json", *LEGACY_FILES):
-            (run_dir / name).unlink(missing_ok=True)
-        return _execute(cfg, algorithm, env, run_dir)
-    ckpt, t = resume.checkpoint, resume.round
-    records = [decode_record(r) for r in truncate_metrics(run_dir, ckpt["records"], t)]
-    for name in LEGACY_FILES:                # an earlier version's csv of the records
-        (run_dir / name).unlink(missing_ok=True)
-    common = {"state": resume.state, "records": records, "wall_offset": ckpt["wall_time_s"]}
-    if resume.finished(cfg):
+        return _execute(cfg, algorithm, env, run_dir, sinks=sinks)
+    if ended:
         return _execute(cfg, algorithm, env, run_dir, **common,
                         resumed_from=list(ckpt["resumed_from"]), finished=ckpt["status"],
                         started=resume.started(False))
     for line in thread_warnings(ckpt):
         print(f"splitfed: warning: {run_dir}: {line}", file=sys.stderr, flush=True)
-    return _execute(cfg, algorithm, env, run_dir, **common, start_round=t + 1,
-                    resumed_from=list(ckpt["resumed_from"]) + [t],
-                    started=resume.started(True))
+    return _execute(cfg, algorithm, env, run_dir, **common, start_round=start,
+                    resumed_from=list(ckpt["resumed_from"]) + [ckpt["round"]],
+                    started=resume.started(True), sinks=sinks)

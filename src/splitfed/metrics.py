@@ -91,6 +91,14 @@ class MetricLogger:
         for sink in self.sinks:
             sink.log(record)
 
+    def sync(self) -> None:
+        """Make the records written so far durable (``fsync``): a checkpoint that counts
+        them is written after this, so a crash of the machine cannot leave a checkpoint
+        whose records were lost."""
+        if self._fh is not None:
+            self._fh.flush()
+            os.fsync(self._fh.fileno())
+
     def close(self, status: str = "completed") -> None:
         """Close the file and the sinks (each sink is closed even if another fails)."""
         if self._fh is not None:

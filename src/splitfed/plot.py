@@ -36,6 +36,7 @@ from pathlib import Path
 
 from splitfed.configtools import yaml_load
 from splitfed.errors import ConfigError
+from splitfed.filemode import new_file_mode
 from splitfed.metrics import divergence, is_finite_number, read_records
 from splitfed.study import curve
 
@@ -249,9 +250,7 @@ def _save(fig, out: Path) -> None:
         with os.fdopen(fd, "wb") as fh:
             fd = None
             fig.savefig(fh, dpi=120, format=out.suffix.lower().lstrip("."))
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)          # mkstemp makes it private
+        os.chmod(tmp, new_file_mode())          # mkstemp makes it private
         os.replace(tmp, out)
         tmp = None
     except OSError as e:

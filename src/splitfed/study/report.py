@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from splitfed.errors import ConfigError
+from splitfed.filemode import new_file_mode
 from splitfed.study.analysis import curve, last_rounds_accuracy, run_numbers, summarize
 from splitfed.study.outcome import RunOutcome, StudyResult
 from splitfed.study.plots import _print, write_plots
@@ -22,8 +23,6 @@ from splitfed.study.spec import Study
 PROVENANCE_FIELDS = ("splitfed", "commit", "dirty", "source", "torch", "threads",
                      "cpu_capability")
 #: the files :func:`publish` copies, besides the plots
-_UMASK = os.umask(0o022)                 # read once, at import (setting it is the only way)
-os.umask(_UMASK)
 PUBLISHED = ("results.md", "results.json", "sweep.md", "sweep.csv", "sweep.json",
              "study.yaml")
 #: the study file as written, in the study directory and its published copy
@@ -343,7 +342,7 @@ def _copy(src: Path, dst: Path) -> None:
     data = src.read_bytes()
     fd, tmp = tempfile.mkstemp(dir=dst.parent, prefix=f".{dst.name}.", suffix=".tmp")
     try:
-        os.fchmod(fd, 0o666 & ~_UMASK)
+        os.fchmod(fd, new_file_mode())
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
         os.replace(tmp, dst)
