@@ -736,3 +736,27 @@ def test_the_records_a_checkpoint_counts_are_synced_before_it(tmp_path, monkeypa
         assert ("fsync", "metrics.jsonl") in events[:i]
         last = max(j for j in range(i) if events[j] == ("fsync", "metrics.jsonl"))
         assert not any(e[0] == "checkpoint" for e in events[last + 1:i])
+
+
+def test_launch_resume_with_a_tracker_that_cannot_open_changes_no_file(tmp_path, stopped):
+    """``splitfed launch --resume`` opens the trackers before it cuts metrics.jsonl too,
+    and removes a killed write's temp file only after they opened."""
+    pytest.importorskip("torch.utils.tensorboard")
+    run_dir = copy_run(stopped, tmp_path / "run")
+    _with_tracking(run_dir, tensorboard=True)
+    (run_dir / "tensorboard").write_text("not a folder")
+    (run_dir / ".checkpoint.pt.x.tmp").write_bytes(b"half")
+    before = snapshot(run_dir)
+    proc = subprocess.run([str(BIN), "launch", "--resume", str(run_dir), "--nproc", "2",
+                           "--launcher", "spawn"], env=ENV, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode != 0
+    assert "tensorboard is a file, not a folder" in proc.stderr
+    assert snapshot(run_dir) == before
+    (run_dir / "tensorboard").unlink()
+    proc = subprocess.run([str(BIN), "launch", "--resume", str(run_dir), "--nproc", "2",
+                           "--launcher", "spawn"], env=ENV, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert not (run_dir / ".checkpoint.pt.x.tmp").exists()
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"

@@ -42,8 +42,8 @@ import torch
 
 from splitfed.algorithms import get_algorithm
 from splitfed.checkpoint import (CHECKPOINT, Checkpointer, checkpoint_records,
-                                 cpu_capability, load_checkpoint, restore, thread_warnings,
-                                 truncate_metrics)
+                                 cpu_capability, load_checkpoint, remove_stale_temp_files,
+                                 restore, thread_warnings, truncate_metrics)
 from splitfed.config import RunConfig, build_config
 from splitfed.configtools import load_yaml, to_dict
 from splitfed.engine.loop import ENDS_EARLY, run_rounds
@@ -213,7 +213,7 @@ def _serve(links: Links, cfg: RunConfig, *, options: RuntimeOptions,
         links.send_object(r, hello)
     env = build_environment(cfg)
     control = adapt(env, links, options.delay_scale)
-    state, start, wall0, resumed = None, 1, 0.0, []
+    state, start, wall0, resumed, sinks = None, 1, 0.0, [], None
     started = {"threads": torch.get_num_threads(), "cpu": cpu_capability(),
                "resumed_threads": []}
     with contextlib.ExitStack() as stack:
@@ -222,8 +222,12 @@ def _serve(links: Links, cfg: RunConfig, *, options: RuntimeOptions,
             template = algorithm.checkpoint_template(env, algorithm.init_state(env),
                                                      ckpt["state"])
             state = restore(env, ckpt, template, where=where)
-            records = truncate_metrics(run_dir, ckpt["records"], ckpt["round"])
             start, wall0 = ckpt["round"] + 1, ckpt["wall_time_s"]
+            if not _ended(cfg, ckpt, start):     # the trackers open before any change
+                sinks = open_trackers(cfg, run_dir, start)
+                stack.callback(_close_unused, sinks)
+            remove_stale_temp_files(run_dir)
+            records = truncate_metrics(run_dir, ckpt["records"], ckpt["round"])
             resumed = list(ckpt["resumed_from"]) + [ckpt["round"]]
             started = {"threads": ckpt["threads"], "cpu": ckpt["cpu_capability"],
                        "resumed_threads": list(ckpt["resumed_threads"])
@@ -241,16 +245,32 @@ def _serve(links: Links, cfg: RunConfig, *, options: RuntimeOptions,
                 check_empty(run_dir)
             write_config(cfg, run_dir / "config.yaml")
             write_partition(run_dir, env)
+        given = None
+        if sinks is not None:                     # _run owns them from here on
+            given = list(sinks)
+            sinks.clear()
         return _run(links, cfg, algorithm, env, control, Path(run_dir), options, ckpt,
                     state=state, start=start, records=records or [], wall0=wall0,
-                    resumed=resumed, started=started)
+                    resumed=resumed, started=started, sinks=given)
+
+
+def _ended(cfg: RunConfig, ckpt: dict | None, start: int) -> bool:
+    return ckpt is not None and (start > cfg.rounds or ckpt["status"] in ENDS_EARLY)
+
+
+def _close_unused(sinks: list | None) -> None:
+    """Close trackers opened for a resume that failed before its rounds began."""
+    for sink in sinks or []:
+        sink.close("failed")
 
 
 def _run(links, cfg, algorithm, env, control, run_dir: Path, options, ckpt, *, state,
-         start, records, wall0, resumed, started) -> RunResult:
+         start, records, wall0, resumed, started, sinks=None) -> RunResult:
     logger = _WireLogger(run_dir, env.transport, records)
-    finished = ckpt is not None and (start > cfg.rounds or ckpt["status"] in ENDS_EARLY)
-    if not finished:
+    finished = _ended(cfg, ckpt, start)
+    if sinks is not None:
+        logger.sinks = sinks
+    elif not finished:
         try:
             logger.sinks = open_trackers(cfg, run_dir, start)
         except BaseException:
