@@ -179,7 +179,7 @@ def test_a_diverged_run_is_drawn_to_its_divergence_and_marked(runs, diverged, tm
     assert at["bytes"] == sum(r.get("bytes_up", 0) + r.get("bytes_down", 0)
                               for r in diverged.records)
     figures = []
-    monkeypatch.setattr(plot, "_save", lambda fig, out: figures.append(fig))
+    monkeypatch.setattr(plot, "_save", lambda fig, out, force=False: figures.append(fig))
     plot_runs([runs[1], diverged.run_dir], tmp_path / "a.png", axes=["round", "time", "bytes"])
     (fig,) = figures
     for ax, x in zip(fig.axes, (at["round"], at["time_s"], at["bytes"] / 1e6)):

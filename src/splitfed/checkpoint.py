@@ -69,7 +69,7 @@ import torch
 
 from splitfed import safeio
 from splitfed.errors import ConfigError, FormatError
-from splitfed.filemode import new_file_mode
+from splitfed.files import new_file_mode
 from splitfed.provenance import cpu_capability  # noqa: F401 - re-exported
 
 CHECKPOINT = "checkpoint.pt"
@@ -102,7 +102,7 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
     fsync, :func:`os.replace`, fsync of the directory. A process killed at any instant
     leaves the old file or the new one, never a torn one (and maybe the temp file,
     ``.<name>.<random>.tmp``, which :func:`remove_stale_temp_files` removes). The file
-    gets the mode a new file gets under the umask (:mod:`splitfed.filemode`)."""
+    gets the mode a new file gets under the umask (:mod:`splitfed.files`)."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -734,7 +734,7 @@ def _metric_lines(run_dir: str | Path, count: int, t: int | None) -> tuple[list[
         why = e.strerror if isinstance(e, OSError) and e.strerror else type(e).__name__
         raise FormatError(f"{path}: cannot be read ({why}); the run directory is damaged, "
                           "delete it to rerun the run from the start") from None
-    lines = [line for line in text.splitlines() if line.strip()]
+    lines = [line for line in text.split("\n") if line.strip()]
     if len(lines) < count:
         raise FormatError(f"{path}: holds {len(lines)} records but the checkpoint was "
                           f"written after {count}; the run directory is damaged, delete it "

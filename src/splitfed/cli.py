@@ -43,12 +43,14 @@ study continues where it stopped, the line printed says how), 143 the same after
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import os
 import shlex
 import sys
 
 from splitfed.errors import RunInterrupted, SplitfedError, sigterm_interrupts
+from splitfed.files import one_line
 from splitfed.registry import add_plugin_argument
 
 #: exit status of an interrupted command (128 + SIGINT, as a shell reports Ctrl-C)
@@ -431,6 +433,7 @@ def main(argv: list[str] | None = None) -> int:
     stdout closed by its reader.
     An exception of any other kind is a bug and keeps its traceback."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    _tolerant_output()
     args, terminated = None, []
     try:
         parser = build_parser()
@@ -470,14 +473,21 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
-#: characters that would break a message's line, echoed from a user's value: escaped
-_ESCAPES = str.maketrans({c: repr(c)[1:-1]
-                          for c in "\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"})
-
-
 def _printable(message: str) -> str:
-    """``message`` with the line-breaking characters other than newline escaped."""
-    return message.translate(_ESCAPES)
+    """``message`` as one line of plain text (:func:`splitfed.files.one_line`): a value
+    echoed from a user's path or file cannot break it or send the terminal escapes."""
+    return one_line(message)
+
+
+def _tolerant_output() -> None:
+    """Text that is not valid UTF-8 (a directory name from another system, a lone
+    surrogate escape in a JSON file) is printed with backslash escapes instead of
+    stopping the command with a UnicodeEncodeError."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            with contextlib.suppress(ValueError, OSError):
+                reconfigure(errors="backslashreplace")
 
 
 def _interrupted(args, argv: list[str], e: BaseException) -> str:

@@ -30,6 +30,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from splitfed.errors import FormatError
+from splitfed.files import MAX_JSON_DEPTH, read_regular
 
 #: the largest ``metrics.jsonl`` read back (far above any real run's records)
 MAX_METRICS_BYTES = 1 << 30
@@ -159,7 +160,6 @@ def _parse(text: str | bytes) -> tuple[object, str | None]:
     """``text`` parsed as :func:`loads_strict` does, and the first number in it beyond
     the range of a float (its text), None when there is none: the caller says which
     fault it names first."""
-    from splitfed.safeio import MAX_JSON_DEPTH   # (imports torch: load it late)
 
     too_big: list[str] = []
 
@@ -249,7 +249,6 @@ def read_records(path: str | Path) -> list[dict]:
     (a pipe, a device) or is larger than :data:`MAX_METRICS_BYTES`; :class:`OSError`
     when it cannot be read.
     """
-    from splitfed.safeio import read_regular   # (imports torch: load it late)
 
     path = Path(path)
     try:
@@ -258,7 +257,7 @@ def read_records(path: str | Path) -> list[dict]:
         raise FormatError(f"{path}: not a metrics file (not UTF-8 text at byte "
                           f"{e.start})") from None
     records: list[dict] = []
-    for n, line in enumerate(text.splitlines(), 1):
+    for n, line in enumerate(text.split("\n"), 1):
         if not line.strip():
             continue
         try:

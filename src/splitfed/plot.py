@@ -11,7 +11,9 @@ Each argument is a run directory (what ``splitfed run`` writes: ``metrics.jsonl`
 
 Lines are labelled ``--label`` (one per run), else ``<algorithm>`` from the run's
 config, else the directory name; duplicate labels get what tells their directory names
-apart added (``fedavg (lr0.05)``, ``fedavg (lr0.1)``; else the whole name).
+apart added (``fedavg (lr0.05)``, ``fedavg (lr0.1)``; else the whole name). A label
+taken from a run is drawn as plain text (a ``$`` in it is not math, a leading ``_`` does
+not hide it), and bytes that are not UTF-8 in any label or the title are drawn as U+FFFD.
 
 A diverged run (:func:`splitfed.metrics.divergence`: its loss became non-finite) is drawn
 up to its last evaluation before it diverged; an ``x`` in the line's colour marks the
@@ -19,9 +21,11 @@ round it diverged at (at the height of that last accuracy), and its legend entry
 ``(diverged at round N)``.
 
 The image format is the output's suffix (``.png``, ``.pdf``, ``.svg``, or another format
-matplotlib writes). An existing output is not overwritten unless ``--force`` is given;
-the image is written to a temporary file next to it and renamed over it, so a failed
-write leaves the old one intact.
+matplotlib writes; one whose tool is missing, ``.pgf`` without LaTeX, is one line). An
+existing output is not overwritten unless ``--force`` is given, also one that another
+process writes while this one draws; the image is written to a temporary file next to it
+and then linked (renamed over it with ``--force``), so a failed write leaves the old one
+intact.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from pathlib import Path
 
 from splitfed.configtools import yaml_load
 from splitfed.errors import ConfigError
-from splitfed.filemode import new_file_mode
+from splitfed.files import new_file_mode, read_regular
 from splitfed.metrics import divergence, is_finite_number, read_records
 from splitfed.study import curve
 
@@ -53,16 +57,32 @@ def _metrics_file(path: Path) -> Path:
 
 
 def _default_label(metrics: Path) -> str:
-    config = metrics.parent / "config.yaml"
+    """The run's ``algorithm.name``, else its directory's name, drawn as plain text:
+    ``$`` is not math, and a leading ``_`` does not hide the line from the legend."""
+    from splitfed.configtools import MAX_YAML_BYTES
+
+    config, label = metrics.parent / "config.yaml", metrics.parent.name
     if config.is_file():
         try:
-            raw = yaml_load(config.read_text(encoding="utf-8"), str(config)) or {}
+            text = read_regular(config, str(config), MAX_YAML_BYTES).decode("utf-8")
+            raw = yaml_load(text, str(config)) or {}
             name = (raw.get("algorithm") or {}).get("name")
             if name:
-                return str(name)
+                label = str(name)
         except (OSError, ValueError, AttributeError):   # ConfigError is a ValueError
             pass                       # an unreadable config: label by the directory
-    return metrics.parent.name
+    label = label.replace("$", r"\$")
+    return " " + label if label.startswith("_") else label
+
+
+def _drawable(text: str) -> str:
+    """``text`` as matplotlib can draw it: bytes that were not UTF-8 (a directory name
+    from another system, an argument; Python keeps them as lone surrogates) become
+    U+FFFD."""
+    try:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "replace").decode("utf-8")
 
 
 def load_curves(runs: Sequence[str | Path], labels: Sequence[str] | None = None
@@ -88,7 +108,7 @@ def load_curves(runs: Sequence[str | Path], labels: Sequence[str] | None = None
         c = _curve(records)
         if not c["round"] and c["diverged_round"] is None:
             raise ConfigError(f"{metrics}: no evaluated round (no test_acc) to plot")
-        c["label"] = labels[i] if labels is not None else _default_label(metrics)
+        c["label"] = _drawable(labels[i] if labels is not None else _default_label(metrics))
         c["source"] = metrics.parent.name
         c["metrics"] = str(metrics)
         out.append(c)
@@ -183,8 +203,8 @@ def plot_runs(runs: Sequence[str | Path], out: str | Path, *,
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     if title:
-        fig.suptitle(title)
-    _save(fig, out)
+        fig.suptitle(_drawable(title))
+    _save(fig, out, force)
     return out
 
 
@@ -241,8 +261,11 @@ def check_output(out: str | Path, force: bool) -> Path:
     return out
 
 
-def _save(fig, out: Path) -> None:
-    """Render to a temporary file next to ``out``, then rename it over ``out``."""
+def _save(fig, out: Path, force: bool = False) -> None:
+    """Render to a temporary file next to ``out``, then move it to ``out``: renamed over
+    it with ``force``, else linked, which fails if ``out`` has appeared meanwhile (another
+    process wrote it while this one drew), so a file is never replaced without
+    ``force``."""
     fd, tmp = None, None
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=out.suffix,
@@ -251,10 +274,21 @@ def _save(fig, out: Path) -> None:
             fd = None
             fig.savefig(fh, dpi=120, format=out.suffix.lower().lstrip("."))
         os.chmod(tmp, new_file_mode())          # mkstemp makes it private
-        os.replace(tmp, out)
-        tmp = None
+        if force:
+            os.replace(tmp, out)
+            tmp = None
+        else:
+            os.link(tmp, out)                   # never replaces: EEXIST
+    except FileExistsError:
+        raise ConfigError(f"--out {out}: it was written by another process while this "
+                          "plot was drawn; pass --force to overwrite it, or choose another "
+                          "--out") from None
     except OSError as e:
         raise ConfigError(f"--out {out}: cannot write it ({e.strerror or e})") from None
+    except RuntimeError as e:                  # a backend's tool missing (pgf: LaTeX)
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise ConfigError(f"--out {out}: cannot write this format ({first}); choose "
+                          "another suffix (.png, .pdf, .svg)") from None
     except ValueError as e:                    # matplotlib: e.g. unbalanced $...$ math
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         hint = ("; check the $...$ math in --label and --title" if _has_math(fig)

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from splitfed.errors import ConfigError, FormatError
+from splitfed.files import one_line, read_regular
 from splitfed.metrics import (csv_text, is_finite_number, loads_strict, read_records,
                               record_summary)
 
@@ -156,12 +157,15 @@ def run_dirs(paths: str | Path | Iterable[str | Path]) -> list[Path]:
     found: list[Path] = []
     for p in paths:
         text = str(p)
-        if glob.has_magic(text):
-            matches = sorted(glob.glob(text, recursive=True))
+        if not text:
+            raise ConfigError("results: an empty path; give a run directory, a directory "
+                              "of runs or a glob")
+        if glob.has_magic(text) and not Path(text).exists():  # a real name with [ or *
+            matches = _glob(text)
             if not matches:
                 raise ConfigError(f"{text}: no file or directory matches")
             for m in matches:
-                found += _runs_under(Path(m), strict=False)
+                found += _runs_under(m, strict=False)
         else:
             path = Path(p)
             if not path.exists():
@@ -170,11 +174,37 @@ def run_dirs(paths: str | Path | Iterable[str | Path]) -> list[Path]:
             if not got:
                 raise ConfigError(f"{path}: holds no run (no metrics.jsonl in it or below)")
             found += got
-    unique = list(dict.fromkeys(found))
+    first: dict[Path, Path] = {}
+    for d in found:       # each run once, where first found, named without links if it can
+        real = _real(d)
+        if real not in first or (d.absolute() == real != first[real].absolute()):
+            first[real] = d
+    unique = list(first.values())
     if not unique:
         raise ConfigError("results: " + ", ".join(map(str, paths)) + ": no run found "
                           "(no metrics.jsonl)")
     return unique
+
+
+def _glob(pattern: str) -> list[Path]:
+    """The paths ``pattern`` matches, sorted; ``**`` does not follow symbolic links (a
+    link to a parent would repeat the walk without end)."""
+    parts = Path(pattern).parts
+    first = next(i for i, part in enumerate(parts) if glob.has_magic(part))
+    base = Path(*parts[:first]) if first else Path(".")
+    try:
+        return sorted(base.glob("/".join(parts[first:])))
+    except (OSError, ValueError):
+        return []
+
+
+def _real(path: Path) -> Path:
+    """Where ``path`` really is: one run however it is named (``./runs/../runs/x``, a
+    link to it)."""
+    try:
+        return path.resolve()
+    except (OSError, RuntimeError):
+        return path.absolute()
 
 
 def _runs_under(path: Path, strict: bool) -> list[Path]:
@@ -194,7 +224,6 @@ def _runs_under(path: Path, strict: bool) -> list[Path]:
 
 def _read_summary(path: Path) -> dict:
     """``summary.json`` checked (:data:`SUMMARY_TYPES`); {} when there is none."""
-    from splitfed.safeio import read_regular   # (imports torch: load it late)
 
     try:
         data = loads_strict(read_regular(path, str(path), MAX_SUMMARY_BYTES,
@@ -261,12 +290,14 @@ def _json_type(value) -> str:
 
 
 def _read_config(path: Path) -> dict:
-    from splitfed.configtools import yaml_load
+    from splitfed.configtools import MAX_YAML_BYTES, yaml_load
 
-    try:
-        text = path.read_text(encoding="utf-8")
+    try:      # a regular file of bounded size: a pipe or /dev/zero is refused unread
+        text = read_regular(path, str(path), MAX_YAML_BYTES).decode("utf-8")
     except FileNotFoundError:
         return {}
+    except UnicodeDecodeError as e:
+        raise FormatError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason})") from None
     except OSError as e:
         raise FormatError(f"{path}: cannot be read ({e.strerror or e})") from None
     raw = yaml_load(text, str(path), exponents=True)   # an option written 5e-1 is a number
@@ -304,13 +335,20 @@ def _rows(paths, last: bool) -> tuple[list[dict], list[str]]:
         extra = {k: _cell(v) for k, v in run.columns().items()}
         name = extra.pop("run")
         records = run.records[-1:] if last else run.records
-        for record in records:
+        for record in records or [{}]:       # a run with no record yet: a row of its own
             fields.update(dict.fromkeys(record))
             extras.update(dict.fromkeys(k for k in extra if k not in record))
-            rows.append({"run": name, **record,
-                         **{k: v for k, v in extra.items() if k not in record}})
-    columns = ["run", *fields, *(k for k in extras if k not in fields)]
+            row = {"run": name, **record,
+                   **{k: v for k, v in extra.items() if k not in record}}
+            row.update({"run": name, **{k: extra[k] for k in _OWN if k in extra}})
+            rows.append(row)
+    columns = ["run", *(k for k in fields if k != "run"),
+               *(k for k in extras if k not in fields)]
     return rows, columns
+
+
+#: the run's own columns, which a record's field of the same name does not replace
+_OWN = ("run_dir", "status")
 
 
 def load_runs(paths, *, last: bool = False):
@@ -418,7 +456,19 @@ def summary_table(paths, last: bool = True) -> str:
     return _text_table(head, body)
 
 
+def _csv_cell(value):
+    """A value as a CSV cell: lists and mappings as JSON text; text that a spreadsheet
+    would run as a formula (it begins with ``=``, ``+``, ``-``, ``@``, a tab or a carriage
+    return: a run named ``=HYPERLINK(...)``) is prefixed with ``'``, which spreadsheets
+    show as text."""
+    value = _cell(value)
+    if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r"):
+        return "'" + value
+    return value
+
+
 def _text_table(head: list[str], body: list[list[str]]) -> str:
+    body = [[one_line(c) for c in row] for row in body]   # text from files: one line
     widths = [max(len(h), *(len(row[i]) for row in body)) if body else len(h)
               for i, h in enumerate(head)]
     right = {3, 4, 5, 6, 7}
@@ -443,7 +493,8 @@ def print_table(paths: str | Path | Sequence[str | Path], fmt: str = "table",
     out = sys.stdout if file is None else file
     if fmt == "csv":
         rows, columns = _rows(paths, last)
-        out.write(csv_text(rows, columns))
+        out.write(csv_text([{k: _csv_cell(v) for k, v in r.items()} for r in rows],
+                           columns))
     else:
         out.write(summary_table(paths, last=last) + "\n")
     out.flush()

@@ -20,11 +20,8 @@ file or a message from the network could take over the process. Here:
 
 from __future__ import annotations
 
-import json
 
 import io
-import os
-import stat
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -32,10 +29,14 @@ import numpy as np
 import torch
 
 from splitfed.errors import FormatError
+from splitfed.files import (  # noqa: F401 - re-exported (they need no torch)
+    MAX_JSON_DEPTH,
+    NOT_REGULAR,
+    loads_json,
+    read_regular,
+)
 
 TAG = "__ndarray__"
-#: what :func:`read_regular` names a file that is not a regular one
-NOT_REGULAR = "not a regular file (a directory, a pipe, a socket or a device)"
 _SCALARS = (type(None), bool, int, float, str, bytes)
 _KEYS = (str, int, float, bool, type(None))
 
@@ -174,63 +175,3 @@ def load(fh: BinaryIO | str | Path, what: str = "file") -> Any:
 
 def loads(data: bytes, what: str = "message") -> Any:
     return load(io.BytesIO(data), what)
-
-
-def read_regular(path: str | Path, what: str, max_bytes: int, *,
-                 error: type[Exception] = FormatError, hint: str = "") -> bytes:
-    """The bytes of ``path``, which must be a regular file (a symbolic link to one is
-    fine) of at most ``max_bytes`` bytes.
-
-    A pipe, a socket, a device or a directory is refused without being read (a pipe is
-    opened non-blocking, so a pipe with no writer cannot hang the process), and so is a
-    file larger than ``max_bytes`` (at most ``max_bytes + 1`` bytes are ever read, so a
-    file that grows or lies about its size cannot exhaust memory). Those refusals raise
-    ``error`` with one line ``<what>: <reason>[; <hint>]``; ``what`` names the file.
-    The file not existing or not being readable raises the :class:`OSError` as is."""
-    def refuse(reason: str) -> Exception:
-        return error(f"{what}: {reason}" + (f"; {hint}" if hint else ""))
-
-    if not stat.S_ISREG(os.stat(path).st_mode):      # no open (a device's side effects)
-        raise refuse(NOT_REGULAR)
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
-    try:
-        st = os.fstat(fd)                             # what was opened, not what was seen
-        if not stat.S_ISREG(st.st_mode):
-            raise refuse(NOT_REGULAR)
-        if st.st_size > max_bytes:
-            raise refuse(f"{st.st_size} bytes, more than the {max_bytes} allowed")
-        chunks, left = [], max_bytes + 1
-        while left > 0:
-            chunk = os.read(fd, min(left, 1 << 20))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
-        if left <= 0:
-            raise refuse(f"more than the {max_bytes} bytes allowed")
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
-
-
-#: the deepest nesting of JSON arrays and objects read back: records and summaries are a
-#: few levels deep, and a deeper document would exhaust the parser's stack
-MAX_JSON_DEPTH = 64
-
-
-def loads_json(text: str | bytes) -> Any:
-    """``json.loads(text)`` for the JSON files of a run directory (``metrics.jsonl``
-    lines, ``summary.json``): a document nested deeper than :data:`MAX_JSON_DEPTH` levels
-    raises ``ValueError``, as a malformed one does, so that readers report both alike."""
-    try:
-        data = json.loads(text)
-    except RecursionError:
-        raise ValueError(f"nested deeper than {MAX_JSON_DEPTH} levels") from None
-    stack = [(data, 1)] if isinstance(data, (dict, list)) else []
-    while stack:                                # without recursion: any depth is safe
-        node, depth = stack.pop()
-        items = node.values() if isinstance(node, dict) else node
-        if depth > MAX_JSON_DEPTH:
-            raise ValueError(f"nested deeper than {MAX_JSON_DEPTH} levels")
-        stack.extend((v, depth + 1) for v in items if isinstance(v, (dict, list)))
-    return data

@@ -62,9 +62,12 @@ import urllib.parse
 from pathlib import Path
 
 from splitfed.errors import ConfigError, FormatError, SplitfedError
+from splitfed.files import loads_json, read_regular
 
 #: where a run keeps its MLflow run id (for a resume)
 TRACKING_FILE = "tracking.json"
+#: the largest tracking.json read back (it holds a URI and a run id)
+MAX_TRACKING_BYTES = 1 << 16
 #: TensorBoard's folder in a run directory
 TENSORBOARD_DIR = "tensorboard"
 #: the default MLflow file store in a run directory
@@ -307,7 +310,8 @@ class MLflowSink(_Sink):
     def _resumed_run(self) -> str | None:
         """The MLflow run of an earlier session of this run, set running again."""
         try:
-            saved = json.loads((self.run_dir / TRACKING_FILE).read_text(encoding="utf-8"))
+            saved = loads_json(read_regular(self.run_dir / TRACKING_FILE, TRACKING_FILE,
+                                            MAX_TRACKING_BYTES))
             run_id = saved["mlflow"]["run_id"] if saved["mlflow"]["uri"] == self.uri else None
         except (OSError, ValueError, KeyError, TypeError):
             return None

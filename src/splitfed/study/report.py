@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from splitfed.errors import ConfigError
-from splitfed.filemode import new_file_mode
+from splitfed.files import new_file_mode
 from splitfed.study.analysis import curve, last_rounds_accuracy, run_numbers, summarize
 from splitfed.study.outcome import RunOutcome, StudyResult
 from splitfed.study.plots import _print, write_plots

@@ -1,0 +1,119 @@
+"""Reading and writing the files of a run directory, without torch (so that commands
+that only read run directories, ``splitfed results`` and ``plot``, start fast).
+
+- :func:`read_regular`: the bytes of a regular file of bounded size (a pipe, a device or
+  a file that is too large is refused without being read);
+- :func:`loads_json`: JSON of bounded nesting;
+- :func:`new_file_mode`: the mode of the files splitfed writes. Files written atomically
+  start as a temporary file from :func:`tempfile.mkstemp`, which makes it private (0600)
+  whatever the umask; renamed into place it would stay private, so that the other
+  members of a group could not read a run directory shared with them. Writers give the
+  temporary file :func:`new_file_mode` first, the mode ``open()`` gives a new file (0644
+  under the usual umask 022)."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+from splitfed.errors import FormatError
+
+#: what :func:`read_regular` names a file that is not a regular one
+NOT_REGULAR = "not a regular file (a directory, a pipe, a socket or a device)"
+
+
+def umask() -> int:
+    """The process's umask, read without changing it where Linux reports it
+    (``/proc/self/status``); elsewhere set and restored at once."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def new_file_mode() -> int:
+    """The mode of a new regular file: 0666 less the umask."""
+    return 0o666 & ~umask()
+
+
+def read_regular(path: str | Path, what: str, max_bytes: int, *,
+                 error: type[Exception] = FormatError, hint: str = "") -> bytes:
+    """The bytes of ``path``, which must be a regular file (a symbolic link to one is
+    fine) of at most ``max_bytes`` bytes.
+
+    A pipe, a socket, a device or a directory is refused without being read (a pipe is
+    opened non-blocking, so a pipe with no writer cannot hang the process), and so is a
+    file larger than ``max_bytes`` (at most ``max_bytes + 1`` bytes are ever read, so a
+    file that grows or lies about its size cannot exhaust memory). Those refusals raise
+    ``error`` with one line ``<what>: <reason>[; <hint>]``; ``what`` names the file.
+    The file not existing or not being readable raises the :class:`OSError` as is."""
+    def refuse(reason: str) -> Exception:
+        return error(f"{what}: {reason}" + (f"; {hint}" if hint else ""))
+
+    if not stat.S_ISREG(os.stat(path).st_mode):      # no open (a device's side effects)
+        raise refuse(NOT_REGULAR)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)                             # what was opened, not what was seen
+        if not stat.S_ISREG(st.st_mode):
+            raise refuse(NOT_REGULAR)
+        if st.st_size > max_bytes:
+            raise refuse(f"{st.st_size} bytes, more than the {max_bytes} allowed")
+        chunks, left = [], max_bytes + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        if left <= 0:
+            raise refuse(f"more than the {max_bytes} bytes allowed")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+#: the deepest nesting of JSON arrays and objects read back: records and summaries are a
+#: few levels deep, and a deeper document would exhaust the parser's stack
+MAX_JSON_DEPTH = 64
+
+
+def loads_json(text: str | bytes) -> Any:
+    """``json.loads(text)`` for the JSON files of a run directory (``metrics.jsonl``
+    lines, ``summary.json``): a document nested deeper than :data:`MAX_JSON_DEPTH` levels
+    raises ``ValueError``, as a malformed one does, so that readers report both alike."""
+    try:
+        data = json.loads(text)
+    except RecursionError:
+        raise ValueError(f"nested deeper than {MAX_JSON_DEPTH} levels") from None
+    stack = [(data, 1)] if isinstance(data, (dict, list)) else []
+    while stack:                                # without recursion: any depth is safe
+        node, depth = stack.pop()
+        items = node.values() if isinstance(node, dict) else node
+        if depth > MAX_JSON_DEPTH:
+            raise ValueError(f"nested deeper than {MAX_JSON_DEPTH} levels")
+        stack.extend((v, depth + 1) for v in items if isinstance(v, (dict, list)))
+    return data
+
+
+#: characters escaped by :func:`one_line`: C0 controls but tab (newline, ESC), DEL, C1
+#: controls and Unicode's line and paragraph separators
+_CONTROLS = str.maketrans({c: repr(c)[1:-1] for c in (
+    *(chr(i) for i in range(32) if i != 9), "\x7f", *(chr(i) for i in range(0x80, 0xa0)),
+    "\u2028", "\u2029")})
+
+
+def one_line(text: str) -> str:
+    """``text`` with its control characters escaped as Python writes them (``\\n``,
+    ``\\x1b``): text read from a file or a path can then neither break a line of output
+    (an error, a table row) nor send escape sequences to the terminal."""
+    return str(text).translate(_CONTROLS)
