@@ -406,3 +406,29 @@ def test_an_empty_sweep_name_is_refused(tmp_path, capsys):
                  "--out-dir", str(tmp_path / "sw")]) == 2
     assert "--name is empty" in capsys.readouterr().err
     assert not (tmp_path / "sw").exists()
+
+
+def test_a_sweep_reruns_points_whose_plugin_code_changed(tmp_path, monkeypatch, capsys):
+    """A plugin's files are part of the code version of a run: after a fix to the
+    plugin, the finished points are rerun, not reused."""
+    module = f"plug_{abs(hash(str(tmp_path))) % 10**8}"
+    source = tmp_path / f"{module}.py"
+    source.write_text("from splitfed import register_partitioner\n"
+                      "from splitfed.data.partition import iid\n\n"
+                      f"register_partitioner('{module}_iid', iid)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg = _config(tmp_path)
+    items = ["train.lr=0.05,0.1", "checkpoint_every=0"]
+    run_sweep(cfg, items, out_dir=tmp_path, quiet=True, plugins=[module])
+    summary = json.loads((tmp_path / "small-sweep" / "runs" / "train.lr-0.1-s3"
+                          / "summary.json").read_text())
+    assert set(summary["provenance"]["plugins"]) >= {module}
+    capsys.readouterr()
+    again = run_sweep(cfg, items, out_dir=tmp_path, plugins=[module])
+    assert [o.skipped for o in again.study.outcomes] == [True, True]
+    source.write_text(source.read_text() + "# a fix\n")
+    capsys.readouterr()
+    fixed = run_sweep(cfg, items, out_dir=tmp_path, plugins=[module])
+    out = capsys.readouterr().out
+    assert [o.skipped for o in fixed.study.outcomes] == [False, False]
+    assert f"the code of plugin {module} changed since the run was recorded" in out

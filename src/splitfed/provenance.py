@@ -5,8 +5,11 @@ Every ``summary.json`` (``splitfed run``, ``splitfed launch``) carries
 from a checkout (and whether it had uncommitted changes), a digest of the package's own
 files (``source``: the code that ran, with or without git), the versions of Python, PyTorch
 and numpy, torch's thread count and CPU kernel set (they decide the last bits of float
-results), the platform and the command line. Two results can be compared, or a finished
-run reused, only when their provenance says the same code made them.
+results), the platform and the command line, and ``plugins``: each plugin module the process
+imported (``--plugin``, a config's ``plugins``, installed entry points) with a digest of
+its files, so that a plugin's changed code, like splitfed's, makes a finished run stale.
+Two results can be compared, or a finished run reused, only when their provenance says
+the same code made them.
 """
 
 from __future__ import annotations
@@ -68,6 +71,33 @@ def tree_digest(root: Path) -> str:
     return h.hexdigest()
 
 
+def plugin_digests() -> dict[str, str]:
+    """``{module: digest}`` of the plugins imported so far
+    (:func:`splitfed.registry.loaded_plugins`): a package's files as
+    :func:`tree_digest` takes them, a single module's file; ``"unknown"`` where the
+    module has no file (built in memory)."""
+    from splitfed.registry import loaded_plugins
+
+    out = {}
+    for name in loaded_plugins():
+        module = sys.modules.get(name)
+        out[name] = _module_digest(module) if module is not None else "unknown"
+    return out
+
+
+def _module_digest(module) -> str:
+    try:
+        paths = list(getattr(module, "__path__", None) or [])
+        if paths:                                   # a package: all of its files
+            return tree_digest(Path(paths[0]).resolve())
+        file = getattr(module, "__file__", None)
+        if file:
+            return hashlib.sha256(Path(file).read_bytes()).hexdigest()
+    except OSError:
+        pass
+    return "unknown"
+
+
 def cpu_capability() -> str:
     """The CPU kernels PyTorch dispatches to here (``AVX2``, ``AVX512``, ``DEFAULT``...)."""
     try:
@@ -81,7 +111,7 @@ def provenance(command: list[str] | None = None) -> dict:
     commit, dirty = git_commit()
     argv = sys.argv if command is None else command
     return {"splitfed": splitfed.__version__, "commit": commit, "dirty": dirty,
-            "source": source_digest(),
+            "source": source_digest(), "plugins": plugin_digests(),
             "python": platform.python_version(), "torch": torch.__version__,
             "numpy": np.__version__, "threads": torch.get_num_threads(),
             "cpu_capability": cpu_capability(), "platform": platform.platform(),

@@ -110,6 +110,23 @@ def _source(prov: Mapping) -> str | None:
     return source if isinstance(source, str) and source else None
 
 
+def _plugins(prov: Mapping) -> dict:
+    plugins = prov.get("plugins")
+    return dict(plugins) if isinstance(plugins, Mapping) else {}
+
+
+def _plugins_changed(recorded: Mapping, current: Mapping) -> str | None:
+    """The first plugin that the run recorded and this process imported whose files
+    differ (or cannot be read); None when every such plugin is the same. Plugins only
+    one side imported are not compared: a study's process imports the plugins of all of
+    its runs, a run's own process those of its config."""
+    old = _plugins(recorded)
+    for name, digest in _plugins(current).items():
+        if name in old and (old[name] != digest or digest == "unknown"):
+            return name
+    return None
+
+
 def compare_code(recorded: Mapping | None, current: Mapping) -> tuple[bool, str | None]:
     """(same code, note). Not the same: the note reads ``recorded with <code_version>,
     now <code_version>``. The same code: the same splitfed version and, when both
@@ -124,6 +141,9 @@ def compare_code(recorded: Mapping | None, current: Mapping) -> tuple[bool, str 
     then = code_version(recorded)
     if recorded["splitfed"] != current.get("splitfed"):
         return False, f"recorded with {then}, now {now}"
+    changed = _plugins_changed(recorded, current)
+    if changed:
+        return False, f"the code of plugin {changed} changed since the run was recorded"
     if _source(recorded) and _source(current):
         return (True, None) if _source(recorded) == _source(current) else (
             False, f"recorded with {then}, now {now}")
