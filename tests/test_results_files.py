@@ -95,7 +95,7 @@ def test_text_that_is_not_utf8_or_holds_controls_is_printed_escaped(good, tmp_pa
 
 
 def test_an_error_about_a_path_stays_one_line(capsys, tmp_path):
-    _one_error(capsys, ["results", str(tmp_path / "a\nb\x1bc")], "a\\nb\\x1bc")
+    _one_error(capsys, ["results", str(tmp_path / "a\rb\x1bc")], "a\\rb\\x1bc")
     _one_error(capsys, ["results", ""], "an empty path")
 
 

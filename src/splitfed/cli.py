@@ -474,9 +474,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _printable(message: str) -> str:
-    """``message`` as one line of plain text (:func:`splitfed.files.one_line`): a value
-    echoed from a user's path or file cannot break it or send the terminal escapes."""
-    return one_line(message)
+    """``message`` with its control characters but newline escaped
+    (:func:`splitfed.files.one_line`): a value echoed from a user's file cannot send the
+    terminal escape sequences or break a line in the middle (a carriage return, a form
+    feed); the newlines are the message's own (a list of failed runs)."""
+    return one_line(message, newlines=True)
 
 
 def _tolerant_output() -> None:

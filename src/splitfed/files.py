@@ -112,8 +112,12 @@ _CONTROLS = str.maketrans({c: repr(c)[1:-1] for c in (
     "\u2028", "\u2029")})
 
 
-def one_line(text: str) -> str:
+_CONTROLS_BUT_NEWLINE = {k: v for k, v in _CONTROLS.items() if k != ord("\n")}
+
+
+def one_line(text: str, *, newlines: bool = False) -> str:
     """``text`` with its control characters escaped as Python writes them (``\\n``,
     ``\\x1b``): text read from a file or a path can then neither break a line of output
-    (an error, a table row) nor send escape sequences to the terminal."""
-    return str(text).translate(_CONTROLS)
+    (a table row) nor send escape sequences to the terminal. ``newlines``: keep newlines
+    (a message of several lines, each escaped)."""
+    return str(text).translate(_CONTROLS_BUT_NEWLINE if newlines else _CONTROLS)
