@@ -208,3 +208,19 @@ def test_a_server_batch_larger_than_the_servers_data_is_refused(tmp_path, capsys
 def test_a_server_batch_within_the_servers_data_is_accepted(tmp_path, capsys, overrides):
     code, err = run(tmp_path, capsys, overrides)
     assert code == 0, err
+
+
+def test_an_option_type_a_config_cannot_give_is_a_plugin_error_naming_it():
+    import dataclasses
+
+    from splitfed.configtools import from_dict
+    from splitfed.errors import PluginError
+
+    @dataclasses.dataclass
+    class Odd:
+        obj: object = None
+
+    assert from_dict(Odd, {}, path="algorithm") == Odd()
+    with pytest.raises(PluginError, match=r"^algorithm.obj: its declared type <class 'object'> "
+                                          r"is not one a config value can have"):
+        from_dict(Odd, {"obj": 5}, path="algorithm")

@@ -266,6 +266,8 @@ class BadRounds(FedAvg):
             "notdict": lambda: dataclasses.replace(res, state=list(res.state.items())),
             "shape": lambda: dataclasses.replace(res, state={**res.state, "model": {
                 **res.state["model"], key: torch.zeros(3)}}),
+            "dtype": lambda: dataclasses.replace(res, state={**res.state, "model": {
+                **res.state["model"], key: res.state["model"][key].double()}}),
             "loss": lambda: dataclasses.replace(res, train_loss="high"),
             "tensorloss": lambda: dataclasses.replace(res, train_loss=torch.tensor(0.5)),
             "metric": lambda: dataclasses.replace(res, metrics={"foo": "bar"}),
@@ -289,8 +291,10 @@ def bad_rounds(scratch):
     ("newkey", "returned state keys that init_state did not declare ('extra'); declare "
                "every key of the state in init_state"),
     ("notdict", "returned a state of type list"),
-    ("shape", "returned state['model']['fc1.1.weight'] of shape (3,); the model's is a "
-              "tensor of shape (32, 64)"),
+    ("shape", "returned state['model']['fc1.1.weight'] of shape (3,) and torch.float32; the "
+              "model's is a tensor of shape (32, 64) and torch.float32"),
+    ("dtype", "returned state['model']['fc1.1.weight'] of shape (32, 64) and torch.float64; "
+              "the model's is a tensor of shape (32, 64) and torch.float32"),
     ("loss", "returned train_loss 'high' (str); expected None or a real number"),
     ("tensorloss", "returned train_loss tensor(0.5000) (Tensor); expected None or a real"),
     ("metric", "returned the metric 'foo' = 'bar' (str); a metric is a real number or None"),

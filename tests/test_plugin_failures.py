@@ -196,6 +196,7 @@ class OddStep(ServerStep):
         return {"list": lambda: [model[first]],
                 "key": lambda: {"nonexistent.weight": model[first]},
                 "shape": lambda: {first: model[first].reshape(-1)[:3]},
+                "dtype": lambda: {first: model[first].double()},
                 "value": lambda: {first: 1.0},
                 "raise": lambda: {}["state"],
                 "ok": lambda: {first: model[first] * 1}}[self.options.mode]()
@@ -210,6 +211,8 @@ class OddStep(ServerStep):
               "'fc1.1.weight', whose shape is (32, 64)"),
     ("value", "the update of transform 'zz_step' (plugin {}) returned float for "
               "'fc1.1.weight'"),
+    ("dtype", "the update of transform 'zz_step' (plugin {}) returned torch.float64 for "
+              "'fc1.1.weight', whose dtype is torch.float32"),
     ("raise", "transform 'zz_step' (plugin {}) failed: KeyError: 'state'"),
 ])
 def test_a_server_steps_mistake_names_the_step_not_the_algorithm(scratch, mode, what):

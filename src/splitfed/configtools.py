@@ -46,7 +46,7 @@ from typing import Any, Literal, Union
 
 import yaml
 
-from splitfed.errors import ConfigError
+from splitfed.errors import ConfigError, PluginError
 
 _BOUNDS = {"ge": (">=", lambda v, b: v >= b), "gt": (">", lambda v, b: v > b),
            "le": ("<=", lambda v, b: v <= b), "lt": ("<", lambda v, b: v < b)}
@@ -307,7 +307,9 @@ def _convert(tp: Any, value: Any, key: str) -> Any:
         return _CONTAINERS[origin or tp](tp, value, key)
     if tp in _SCALARS:
         return _SCALARS[tp](value, key)
-    raise TypeError(f"{key}: unsupported annotation {tp!r}")
+    raise PluginError(f"{key}: its declared type {tp!r} is not one a config value can have "
+                      "(bool, int, float, str, a Literal, a list, tuple or dict of these, a "
+                      "dataclass, or a Union with None); change the option's annotation")
 
 
 def _type_error(key: str, expected: str, value: Any) -> ConfigError:

@@ -158,12 +158,13 @@ def _check_model(algorithm, env, state: dict, bad) -> None:
         raise bad(f"returned a state['model'] with {what}; it holds the whole model's "
                   "state_dict (client and server sides)")
     for key, value in model.items():
-        want = expected[key].shape
-        if not isinstance(value, torch.Tensor) or value.shape != want:
-            got = (f"shape {tuple(value.shape)}" if isinstance(value, torch.Tensor)
-                   else type(value).__name__)
+        want, dtype = expected[key].shape, expected[key].dtype
+        if (not isinstance(value, torch.Tensor) or value.shape != want
+                or value.dtype != dtype):
+            got = (f"shape {tuple(value.shape)} and {value.dtype}"
+                   if isinstance(value, torch.Tensor) else type(value).__name__)
             raise bad(f"returned state['model'][{key!r}] of {got}; the model's is a tensor "
-                      f"of shape {tuple(want)}")
+                      f"of shape {tuple(want)} and {dtype}")
 
 
 #: what a checkpoint stores by its ``state_dict()`` (splitfed.checkpoint), besides plain data

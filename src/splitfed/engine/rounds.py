@@ -234,7 +234,7 @@ def _check_step(step, model: dict, new) -> None:
     def bad(what: str) -> PluginError:
         return PluginError(f"algorithm.server_transforms: the update of {describe(step)} "
                            f"{what}; it must return a dict of the model's tensors it changes "
-                           "(names of the model it was given, each of its shape)")
+                           "(names of the model it was given, each of its shape and dtype)")
 
     if not isinstance(new, Mapping):
         raise bad(f"returned {type(new).__name__}")
@@ -246,3 +246,6 @@ def _check_step(step, model: dict, new) -> None:
         if value.shape != model[name].shape:
             raise bad(f"returned shape {tuple(value.shape)} for {name!r}, whose shape is "
                       f"{tuple(model[name].shape)}")
+        if value.dtype != model[name].dtype:
+            raise bad(f"returned {value.dtype} for {name!r}, whose dtype is "
+                      f"{model[name].dtype}")
