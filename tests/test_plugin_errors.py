@@ -16,7 +16,7 @@ from collections import OrderedDict
 
 import numpy as np
 import pytest
-from helpers import ModeOptions, plugin_run
+from helpers import ModeOptions, digits_config, plugin_run
 import torch
 from torch import nn
 
@@ -24,6 +24,7 @@ import splitfed
 from splitfed import registry
 from splitfed.algorithms.fedavg import FedAvg
 from splitfed.cli import main
+from splitfed.configtools import dump_yaml
 from splitfed.data.partition import partition
 from splitfed.engine.rounds import Round, RoundResult
 from splitfed.engine.transforms import GradientTransform
@@ -393,3 +394,72 @@ def test_round_result_is_where_the_docs_say():
     assert [f.name for f in dataclasses.fields(RoundResult)] == [
         "state", "train_loss", "samples", "server_samples", "metrics",
         "server_model_samples"]
+
+
+class Failing(FedAvg):
+    """FedAvg whose method ``mode`` names raises (or returns what it must not)."""
+
+    name = "zz_failing"
+    Options = BadOptions
+
+    def __init__(self, options=None, **kwargs):
+        if getattr(options, "mode", None) == "init":
+            raise ValueError("bad options")
+        super().__init__(options, **kwargs)
+
+    def check(self, env):
+        if self.options.mode == "check":
+            raise ValueError("cannot run this")
+
+    def init_state(self, env):
+        if self.options.mode == "state":
+            raise RuntimeError("no state")
+        return None if self.options.mode == "nostate" else super().init_state(env)
+
+    def round(self, env, state, t, cohort):
+        if self.options.mode == "round" and t == 2:
+            raise ValueError("my algorithm has a bug")
+        return super().round(env, state, t, cohort)
+
+    def eval_model(self, env, state):
+        if self.options.mode == "evaldict":
+            return {"not": "a model"}
+        return super().eval_model(env, state)
+
+
+@pytest.mark.parametrize("mode, what", [
+    ("init", "failed in its constructor: ValueError: bad options"),
+    ("check", "failed in check: ValueError: cannot run this"),
+    ("state", "failed in init_state: RuntimeError: no state"),
+    ("nostate", ": init_state returned NoneType; it must return the algorithm's state, a "
+                "dict"),
+    ("round", "failed in round 2: ValueError: my algorithm has a bug"),
+    ("evaldict", ": eval_model returned dict; it must return the model to evaluate"),
+])
+def test_a_plugin_algorithms_failure_is_one_line_naming_it(scratch, capsys, tmp_path, mode,
+                                                           what):
+    """Every hook of a plugin algorithm, like every other component, fails in one line
+    naming it and its plugin, not with a traceback through splitfed (the exception stays
+    the error's cause)."""
+    splitfed.register_algorithm("zz_failing", Failing)
+    with pytest.raises(PluginError) as info:
+        plugin_run(algorithm={"name": "zz_failing", "mode": mode}, rounds=2)
+    message = str(info.value)
+    assert message.startswith(f"algorithm.name: algorithm 'zz_failing' (plugin {HERE})")
+    assert what in message and "\n" not in message, message
+    if mode in ("init", "check"):               # the dry run checks them too
+        cfg = tmp_path / "c.yaml"
+        dump_yaml(digits_config(algorithm={"name": "zz_failing", "mode": mode}), cfg)
+        line = one_line_error(capsys, ["run", str(cfg), "--dry-run"])
+        assert what in line
+
+
+def test_a_built_in_algorithms_exception_keeps_its_traceback(monkeypatch):
+    from splitfed.algorithms.fedavg import FedAvg as BuiltIn
+
+    def broken(self, env, state, t, cohort):
+        raise ValueError("a bug of splitfed")
+
+    monkeypatch.setattr(BuiltIn, "round", broken)
+    with pytest.raises(ValueError, match="a bug of splitfed"):
+        plugin_run(algorithm={"name": "fedavg"})

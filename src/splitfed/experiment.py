@@ -44,6 +44,7 @@ from splitfed.errors import ConfigError, FormatError, RunInterrupted
 from splitfed.locking import LOCK_NAME, DirLock
 from splitfed.metrics import MetricLogger, decode_record, record_summary
 from splitfed.models import build_model, resolve_cut
+from splitfed.origins import call_algorithm
 from splitfed.provenance import git_commit, provenance
 from splitfed.rng import RandomStreams, derive_seed
 from splitfed.safeio import loads_json
@@ -417,8 +418,15 @@ def build_algorithm(cfg: RunConfig):
     """The configured algorithm with its options and the config's transforms."""
     cls = get_algorithm(cfg.algorithm.name)
     options = from_dict(cls.Options, cfg.algorithm.options, path="algorithm")
-    return cls(options, client_transforms=_transforms(cfg, "client_transforms"),
-               server_transforms=_transforms(cfg, "server_transforms"))
+    return call_algorithm(cfg.algorithm.name, "its constructor", cls, options,
+                          client_transforms=_transforms(cfg, "client_transforms"),
+                          server_transforms=_transforms(cfg, "server_transforms"))
+
+
+def check_algorithm_env(algorithm, env: Environment) -> None:
+    """``algorithm.check(env)``: what the algorithm refuses of this run (a plugin's
+    failure there is one line naming it, :func:`splitfed.origins.call_algorithm`)."""
+    call_algorithm(env.config.algorithm.name, "check", algorithm.check, env)
 
 
 def _transforms(cfg: RunConfig, section: str) -> list:
@@ -720,7 +728,7 @@ def run_experiment(cfg: RunConfig, *, write: bool = True,
     try:
         algorithm = build_algorithm(cfg)
         env = build_environment(cfg)
-        algorithm.check(env)
+        check_algorithm_env(algorithm, env)
     except KeyboardInterrupt:
         raise RunInterrupted(None) from None
     if not write:

@@ -29,6 +29,27 @@ def component(kind: str, name: str) -> str:
     return f"{kind} {name!r}" + (f" (plugin {where})" if where else "")
 
 
+def call_algorithm(name: str, during: str, fn, *args, **kwargs):
+    """``fn(*args, **kwargs)``, the code of the algorithm registered as ``name`` (its
+    class, or a method of it). When a plugin
+    registered it, an exception of the algorithm's code (anything but splitfed's errors,
+    also one raised by splitfed's engine for what the algorithm gave it) becomes one
+    :class:`~splitfed.errors.PluginError`, ``algorithm.name: algorithm 'x' (plugin p)
+    failed in <during>: ValueError: ...``, instead of a traceback through splitfed; the
+    exception stays its ``__cause__``. A built-in algorithm's exceptions pass unchanged."""
+    if origin("algorithm", name) is None:
+        return fn(*args, **kwargs)
+    from splitfed.errors import PluginError, SplitfedError
+
+    try:
+        return fn(*args, **kwargs)
+    except SplitfedError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the plugin's own failure, reported as such
+        raise PluginError(f"algorithm.name: {component('algorithm', name)} failed in "
+                          f"{during}: {type(e).__name__}: {one_line(e)}") from e
+
+
 def call_plugin(kind: str, name: str, field: str, fn, *args, **kwargs):
     """``fn(*args, **kwargs)``, the code of component ``name`` of ``kind``. When a plugin
     registered it, an exception of the plugin's own code (anything but splitfed's errors)

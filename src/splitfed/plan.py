@@ -35,12 +35,15 @@ def build_plan(cfg, overrides: list[str] | None = None) -> dict:
     which name the run directory as they would name the run's. Raises what the run would
     raise before it starts (:class:`~splitfed.errors.ConfigError` and the like); writes
     nothing."""
-    from splitfed.experiment import RUN_FILES, build_algorithm, build_environment
+    from splitfed.experiment import (RUN_FILES, build_algorithm, build_environment,
+                                     check_algorithm_env)
+    from splitfed.origins import call_algorithm
 
     algorithm = build_algorithm(cfg)
     env = build_environment(cfg)
-    algorithm.check(env)
-    algorithm.prepare_model(env)            # the model as the run trains it (FedLoRA's)
+    check_algorithm_env(algorithm, env)
+    call_algorithm(cfg.algorithm.name, "prepare_model",   # the model as the run trains
+                   algorithm.prepare_model, env)           # it (FedLoRA's adapters)
     run_dir = check_out_dir(cfg, overrides)
     files = [f for f in RUN_FILES if f != "checkpoint.pt" or cfg.checkpoint_every]
     tracking = getattr(cfg, "tracking", None)              # experiment trackers

@@ -53,16 +53,23 @@ from splitfed.engine.evaluate import evaluate
 from splitfed.engine.flops import TRAIN_FACTOR, forward_macs
 from splitfed.engine.participation import NOBODY
 from splitfed.engine.rounds import RoundResult
+from splitfed.errors import PluginError
 from splitfed.metrics import divergence
 from splitfed.models import dry_output, output_shape, split
+from splitfed.origins import call_algorithm, component
 from splitfed.safeio import unsaveable
 from splitfed.transport import payload_bytes
 
 
 def _evaluate(algorithm, env, state) -> dict[str, float]:
     test = env.data.test
-    return evaluate(algorithm.eval_model(env, state), test.x, test.y,
-                    env.config.engine.eval_batch_size)
+    name = env.config.algorithm.name
+    model = call_algorithm(name, "eval_model", algorithm.eval_model, env, state)
+    if not isinstance(model, torch.nn.Module):
+        raise PluginError(f"algorithm.name: {component('algorithm', name)}: eval_model "
+                          f"returned {type(model).__name__}; it must return the model to "
+                          "evaluate (a torch.nn.Module)")
+    return evaluate(model, test.x, test.y, env.config.engine.eval_batch_size)
 
 
 def evaluates(cfg, t: int) -> bool:
@@ -182,7 +189,6 @@ def check_result(algorithm, env, result, t: int, declared: tuple = ()) -> RoundR
     non-finite one makes the run diverge), ``samples`` whole numbers >= 0, ``metrics`` a
     dict of names to real numbers or None, not one of :data:`RESERVED_KEYS`."""
     from splitfed.engine.algorithm import describe
-    from splitfed.errors import PluginError
 
     def bad(what: str) -> PluginError:
         return PluginError(f"{describe(algorithm, env)}: round {t} {what}")
@@ -249,7 +255,12 @@ def run_rounds(algorithm, env, logger, state: dict | None = None,
     ``progress_lines``: with ``progress: false``, a line on stderr per evaluated round."""
     cfg = env.config
     if state is None:
-        state = algorithm.init_state(env)
+        state = call_algorithm(cfg.algorithm.name, "init_state",
+                               algorithm.init_state, env)
+        if not isinstance(state, dict):
+            raise PluginError(f"algorithm.name: {component('algorithm', cfg.algorithm.name)}"
+                              f": init_state returned {type(state).__name__}; it must return "
+                              "the algorithm's state, a dict")
     declared = tuple(state) if isinstance(state, dict) else ()
     started = time.perf_counter()
     lines = progress_lines and not cfg.progress
@@ -280,7 +291,9 @@ def run_rounds(algorithm, env, logger, state: dict | None = None,
                 cohort = _over_select(algorithm, env, cohort, work)
         else:                                    # the server alone trains: nobody takes part
             cohort = env.clock.begin_round(NOBODY)
-        result = check_result(algorithm, env, algorithm.round(env, state, t, cohort), t,
+        result = check_result(algorithm, env,
+                              call_algorithm(cfg.algorithm.name, f"round {t}",
+                                             algorithm.round, env, state, t, cohort), t,
                               declared)
         state = result.state
         used = env.clock.used(cohort.ids)

@@ -228,7 +228,8 @@ def check_runs(runs: list[StudyRun]) -> None:
     after another (they share it, loaded once); the first failure raises its error
     with the run's label (and seed) in front. Nothing is written. When it takes long, a
     line on stderr every :data:`CHECK_PROGRESS_S` seconds says how many are checked."""
-    from splitfed.experiment import build_algorithm, build_environment, data_key
+    from splitfed.experiment import (build_algorithm, build_environment,
+                                     check_algorithm_env, data_key)
 
     seen: set[str] = set()
     seeds = {r.label: 0 for r in runs}
@@ -252,7 +253,7 @@ def check_runs(runs: list[StudyRun]) -> None:
         try:
             algorithm = build_algorithm(run.config)
             env = build_environment(run.config, data_cache=data)
-            algorithm.check(env)
+            check_algorithm_env(algorithm, env)
         except RunInterrupted:
             raise
         except SplitfedError as e:
