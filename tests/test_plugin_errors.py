@@ -463,3 +463,33 @@ def test_a_built_in_algorithms_exception_keeps_its_traceback(monkeypatch):
     monkeypatch.setattr(BuiltIn, "round", broken)
     with pytest.raises(ValueError, match="a bug of splitfed"):
         plugin_run(algorithm={"name": "fedavg"})
+
+
+def test_an_option_named_as_a_key_of_its_section_is_refused_when_registered(scratch):
+    """``data.limit_train`` or ``model.cut`` go to splitfed: an option of that name would
+    silently keep its default."""
+    def loader(data_dir, rng, limit_train=7):
+        raise AssertionError("never called")
+
+    def builder(input_shape, num_classes, *, cut=1):
+        raise AssertionError("never called")
+
+    def profile(num_clients, rng, deadline=3.0):
+        raise AssertionError("never called")
+
+    @dataclasses.dataclass
+    class NameOptions:
+        name: str = "hello"
+
+    class Named(FedAvg):
+        Options = NameOptions
+
+    cases = [(splitfed.register_dataset, "zz_clash", loader, "'limit_train'", "data"),
+             (splitfed.register_model, "zz_clash", builder, "'cut'", "model"),
+             (splitfed.register_clock_profile, "zz_clash", profile, "'deadline'", "clock"),
+             (splitfed.register_algorithm, "zz_clash", Named, "'name'", "algorithm")]
+    for register, name, obj, option, section in cases:
+        with pytest.raises(PluginError, match=rf"the option {option} has the name of the key "
+                                              rf"{section}\.{option[1:-1]}, which splitfed "
+                                              "reads itself"):
+            register(name, obj)

@@ -140,6 +140,26 @@ def _check_function(kind: str, name: str, fn: Any) -> None:
                                for p in params[len(lead):]):
         raise PluginError(f"{what}: the options of a model are keyword-only: "
                           "def builder(input_shape, num_classes, *, option=default)")
+    _check_option_names(what, _SECTION[kind], [p.name for p in params[len(lead):]])
+
+
+#: the config section whose other keys are each kind's options
+_SECTION = {"model": "model", "dataset": "data", "partitioner": "partition",
+            "clock profile": "clock", "algorithm": "algorithm"}
+
+
+def _check_option_names(what: str, section: str, names: list[str]) -> None:
+    """An option may not be named as one of the section's own keys (``data.limit_train``,
+    ``model.cut``, ``clock.deadline``, ``algorithm.name``): the config's value of that key
+    goes to splitfed, and the option would silently keep its default."""
+    from splitfed.config import _field_names
+
+    own = _field_names(section)
+    for name in names:
+        if name in own:
+            raise PluginError(f"{what}: the option {name!r} has the name of the key "
+                              f"{section}.{name}, which splitfed reads itself, so the option "
+                              "would never be set from a config; rename it")
 
 
 def _check_algorithm(name: str, cls: Any) -> None:
@@ -154,6 +174,7 @@ def _check_algorithm(name: str, cls: Any) -> None:
     if not dataclasses.is_dataclass(cls.Options):
         raise PluginError(f"{what}: {cls.__name__}.Options must be a dataclass (its fields "
                           "are the algorithm's options)")
+    _check_option_names(what, "algorithm", [f.name for f in dataclasses.fields(cls.Options)])
     if cls.round is Algorithm.round:
         raise PluginError(f"{what}: {cls.__name__} does not define round(self, env, state, t, "
                           "cohort) -> RoundResult, the method every algorithm implements")
@@ -174,6 +195,9 @@ def _check_transform(name: str, cls: Any) -> None:
     if cls.name != name:
         raise PluginError(f"{what}: the class's name attribute is {cls.name!r}; set "
                           f"name = {name!r} (it keys the transform's state)")
+    if "name" in {f.name for f in dataclasses.fields(cls.Options)}:
+        raise PluginError(f"{what}: the option 'name' is the key that names the transform in "
+                          "algorithm.client_transforms / server_transforms; rename it")
     if issubclass(cls, GradientTransform) and cls.start is GradientTransform.start:
         raise PluginError(f"{what}: {cls.__name__} does not define start(self, env, state, t, "
                           "cohort, round_), the method every gradient transform implements")
