@@ -493,3 +493,10 @@ def test_an_option_named_as_a_key_of_its_section_is_refused_when_registered(scra
                                               rf"{section}\.{option[1:-1]}, which splitfed "
                                               "reads itself"):
             register(name, obj)
+
+
+def test_the_section_keys_registration_guards_are_the_config_classes_fields():
+    from splitfed.config import _OPEN_SECTIONS, _field_names
+
+    assert {s: set(keys) for s, keys in registry.SECTION_KEYS.items()} == {
+        s: set(_field_names(s)) for s in _OPEN_SECTIONS}

@@ -24,6 +24,7 @@ from splitfed.experiment import run_experiment
 from splitfed.metrics import read_records
 from splitfed.results import run_dirs
 from tests.helpers import digits_config
+from tests.test_results_more import _refused as _one_error
 
 BIN = os.path.join(os.path.dirname(sys.executable), "splitfed")
 
@@ -37,14 +38,6 @@ def good(tmp_path_factory):
 def _copy(good, where):
     shutil.copytree(good, where)
     return where
-
-
-def _one_error(capsys, args, *parts):
-    code = main(args)
-    err = capsys.readouterr().err
-    assert code == 2 and err.count("\n") == 1 and err.startswith("splitfed: error: "), err
-    for part in parts:
-        assert part in err, err
 
 
 @pytest.mark.parametrize("kind", ["fifo", "dev zero", "not utf-8", "too large"])

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 #: kind -> name -> where a plugin component came from (kinds as splitfed.registry names them)
 ORIGINS: dict[str, dict[str, str]] = {}
+#: the plugins imported so far, in order (splitfed.registry.load_plugins appends to it;
+#: the provenance of a run records them)
+LOADED_PLUGINS: list[str] = []
 
 
 def origin(kind: str, name: str) -> str | None:
@@ -31,31 +34,23 @@ def component(kind: str, name: str) -> str:
 
 def call_algorithm(name: str, during: str, fn, *args, **kwargs):
     """``fn(*args, **kwargs)``, the code of the algorithm registered as ``name`` (its
-    class, or a method of it). When a plugin
-    registered it, an exception of the algorithm's code (anything but splitfed's errors,
-    also one raised by splitfed's engine for what the algorithm gave it) becomes one
-    :class:`~splitfed.errors.PluginError`, ``algorithm.name: algorithm 'x' (plugin p)
-    failed in <during>: ValueError: ...``, instead of a traceback through splitfed; the
-    exception stays its ``__cause__``. A built-in algorithm's exceptions pass unchanged."""
-    if origin("algorithm", name) is None:
-        return fn(*args, **kwargs)
-    from splitfed.errors import PluginError, SplitfedError
-
-    try:
-        return fn(*args, **kwargs)
-    except SplitfedError:
-        raise
-    except Exception as e:  # noqa: BLE001 - the plugin's own failure, reported as such
-        raise PluginError(f"algorithm.name: {component('algorithm', name)} failed in "
-                          f"{during}: {type(e).__name__}: {one_line(e)}") from e
+    class, or a method of it), as :func:`call_plugin` calls a component: a plugin
+    algorithm's exception (also one splitfed's engine raised for what the algorithm gave
+    it) becomes ``algorithm.name: algorithm 'x' (plugin p) failed in <during>: ValueError:
+    ...``; a built-in algorithm's exceptions pass unchanged."""
+    return _call("algorithm", name, "algorithm.name", f" in {during}", fn, *args, **kwargs)
 
 
 def call_plugin(kind: str, name: str, field: str, fn, *args, **kwargs):
     """``fn(*args, **kwargs)``, the code of component ``name`` of ``kind``. When a plugin
     registered it, an exception of the plugin's own code (anything but splitfed's errors)
     becomes one :class:`~splitfed.errors.PluginError` naming ``field``, the component,
-    its plugin and the exception, instead of a traceback through splitfed; a built-in
-    component's exceptions pass unchanged."""
+    its plugin and the exception, instead of a traceback through splitfed (the exception
+    stays its ``__cause__``); a built-in component's exceptions pass unchanged."""
+    return _call(kind, name, field, "", fn, *args, **kwargs)
+
+
+def _call(kind: str, name: str, field: str, during: str, fn, *args, **kwargs):
     if origin(kind, name) is None:
         return fn(*args, **kwargs)
     from splitfed.errors import PluginError, SplitfedError
@@ -65,5 +60,5 @@ def call_plugin(kind: str, name: str, field: str, fn, *args, **kwargs):
     except SplitfedError:
         raise
     except Exception as e:  # noqa: BLE001 - the plugin's own failure, reported as such
-        raise PluginError(f"{field}: {component(kind, name)} failed: "
+        raise PluginError(f"{field}: {component(kind, name)} failed{during}: "
                           f"{type(e).__name__}: {one_line(e)}") from e

@@ -73,13 +73,13 @@ def tree_digest(root: Path) -> str:
 
 def plugin_digests() -> dict[str, str]:
     """``{module: digest}`` of the plugins imported so far
-    (:func:`splitfed.registry.loaded_plugins`): a package's files as
+    (:data:`splitfed.origins.LOADED_PLUGINS`): a package's files as
     :func:`tree_digest` takes them, a single module's file; ``"unknown"`` where the
     module has no file (built in memory)."""
-    from splitfed.registry import loaded_plugins
+    from splitfed.origins import LOADED_PLUGINS
 
     out = {}
-    for name in loaded_plugins():
+    for name in LOADED_PLUGINS:
         module = sys.modules.get(name)
         out[name] = _module_digest(module) if module is not None else "unknown"
     return out

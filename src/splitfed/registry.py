@@ -42,7 +42,11 @@ from __future__ import annotations
 import importlib
 import sys
 from splitfed.errors import PluginError, SplitfedError
-from splitfed.origins import ORIGINS, origin  # noqa: F401 - origin: splitfed.registry.origin
+from splitfed.origins import (  # noqa: F401 - origin: splitfed.registry.origin
+    LOADED_PLUGINS,
+    ORIGINS,
+    origin,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:                               # typing is not imported at run time
@@ -79,7 +83,7 @@ _ORIGINS.update({kind: {} for kind in _REGISTRIES})
 #: the plugins being imported (innermost last), to record where registrations come from
 _LOADING: list[str] = []
 #: plugins imported so far (as given), and whether the entry points were loaded
-_LOADED: list[str] = []
+_LOADED: list[str] = LOADED_PLUGINS
 _ENTRY_POINTS_LOADED = False
 #: registrations made so far (replacements included): a plugin whose import adds none is
 #: reported (its ``@register_...`` lines live in a module it does not import)
@@ -148,13 +152,22 @@ _SECTION = {"model": "model", "dataset": "data", "partitioner": "partition",
             "clock profile": "clock", "algorithm": "algorithm"}
 
 
+#: the keys of each section that splitfed reads itself (the fields of its config class,
+#: splitfed.config; tests/test_plugin_errors.py checks that they agree)
+SECTION_KEYS = {
+    "data": ("name", "data_dir", "limit_train", "limit_test", "options"),
+    "partition": ("scheme", "num_clients", "options"),
+    "model": ("name", "cut", "options"),
+    "algorithm": ("name", "client_transforms", "server_transforms", "options"),
+    "clock": ("profile", "deadline", "over_select", "options"),
+}
+
+
 def _check_option_names(what: str, section: str, names: list[str]) -> None:
     """An option may not be named as one of the section's own keys (``data.limit_train``,
     ``model.cut``, ``clock.deadline``, ``algorithm.name``): the config's value of that key
     goes to splitfed, and the option would silently keep its default."""
-    from splitfed.config import _field_names
-
-    own = _field_names(section)
+    own = SECTION_KEYS[section]
     for name in names:
         if name in own:
             raise PluginError(f"{what}: the option {name!r} has the name of the key "
