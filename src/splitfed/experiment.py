@@ -859,7 +859,7 @@ class Resume:
         return self.checkpoint["round"]
 
     def finished(self, cfg: RunConfig) -> bool:
-        return _ended(self.checkpoint, cfg)
+        return run_ended(self.checkpoint, cfg)
 
     def started(self, resuming: bool) -> dict:
         """The thread counts for :func:`_execute` (this process's added when resuming)."""
@@ -869,7 +869,7 @@ class Resume:
                 "resumed_threads": list(ck["resumed_threads"]) + more}
 
 
-def _ended(ckpt: dict | None, cfg: RunConfig) -> bool:
+def run_ended(ckpt: dict | None, cfg: RunConfig) -> bool:
     """The run of checkpoint ``ckpt`` had ended: it diverged, or it reached ``cfg.rounds``
     (a run that ended ``no_client_trained`` and is extended to more rounds goes on)."""
     return ckpt is not None and (ckpt["status"] in ENDS_EARLY or ckpt["round"] >= cfg.rounds)
@@ -935,7 +935,7 @@ def _resume(run_dir: Path, saved: Path) -> RunResult:
         raise ConfigError(f"{saved}: {e}") from None
     ckpt = load_checkpoint(run_dir, rounds=cfg.rounds)  # checked before the data loads
     records = checkpoint_records(run_dir, ckpt) if ckpt is not None else None
-    ended = _ended(ckpt, cfg)
+    ended = run_ended(ckpt, cfg)
     if not ended:
         preflight(cfg)                          # the MLflow store, without retries
     algorithm = build_algorithm(cfg)

@@ -46,11 +46,12 @@ from splitfed.checkpoint import (CHECKPOINT, Checkpointer, checkpoint_records,
                                  restore, thread_warnings, truncate_metrics)
 from splitfed.config import RunConfig, build_config
 from splitfed.configtools import load_yaml, to_dict
-from splitfed.engine.loop import ENDS_EARLY, run_rounds
+from splitfed.engine.loop import run_rounds
 from splitfed.errors import ConfigError
 from splitfed.experiment import (RunResult, check_empty, new_run_dir,
                                  build_algorithm, build_environment, check_resume_config,
-                                 check_run_files, config_data, lock_run_dir, write_config,
+                                 check_run_files, config_data, lock_run_dir, run_ended,
+                                 write_config,
                                  write_partition, write_summary)
 from splitfed.metrics import MetricLogger, record_summary
 from splitfed.provenance import provenance
@@ -223,7 +224,7 @@ def _serve(links: Links, cfg: RunConfig, *, options: RuntimeOptions,
                                                      ckpt["state"])
             state = restore(env, ckpt, template, where=where)
             start, wall0 = ckpt["round"] + 1, ckpt["wall_time_s"]
-            if not _ended(cfg, ckpt, start):     # the trackers open before any change
+            if not run_ended(ckpt, cfg):     # the trackers open before any change
                 sinks = open_trackers(cfg, run_dir, start)
                 stack.callback(_close_unused, sinks)
             remove_stale_temp_files(run_dir)
@@ -254,10 +255,6 @@ def _serve(links: Links, cfg: RunConfig, *, options: RuntimeOptions,
                     resumed=resumed, started=started, sinks=given)
 
 
-def _ended(cfg: RunConfig, ckpt: dict | None, start: int) -> bool:
-    return ckpt is not None and (start > cfg.rounds or ckpt["status"] in ENDS_EARLY)
-
-
 def _close_unused(sinks: list | None) -> None:
     """Close trackers opened for a resume that failed before its rounds began."""
     for sink in sinks or []:
@@ -267,7 +264,7 @@ def _close_unused(sinks: list | None) -> None:
 def _run(links, cfg, algorithm, env, control, run_dir: Path, options, ckpt, *, state,
          start, records, wall0, resumed, started, sinks=None) -> RunResult:
     logger = _WireLogger(run_dir, env.transport, records)
-    finished = _ended(cfg, ckpt, start)
+    finished = run_ended(ckpt, cfg)
     if sinks is not None:
         logger.sinks = sinks
     elif not finished:
