@@ -182,3 +182,32 @@ def test_a_format_whose_tool_is_missing_is_one_line(good, tmp_path, capsys):
     _one_error(capsys, ["plot", str(good), "-o", str(tmp_path / "x.pgf")],
                "cannot write this format", "xelatex")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_results_and_plot_import_no_installed_plugin(good, tmp_path, monkeypatch, capsys):
+    """They read run directories only: a broken installed plugin does not stop them."""
+    from splitfed import registry
+    from splitfed.errors import PluginError
+
+    def broken():
+        raise PluginError("plugin (entry point 'broken' of group splitfed.plugins) "
+                          "'missing' cannot be imported")
+
+    monkeypatch.setattr(registry, "load_entry_points", broken)
+    assert main(["results", str(good), "--last"]) == 0
+    assert main(["plot", str(good), "-o", str(tmp_path / "a.png")]) == 0
+    capsys.readouterr()
+    _one_error(capsys, ["list"], "entry point 'broken'")
+
+
+def test_a_summary_records_its_plugins_digests_as_text(good, tmp_path, capsys):
+    summary = json.loads((good / "summary.json").read_text())
+    assert summary["provenance"]["plugins"] == {}       # a run that imported none
+    run = _copy(good, tmp_path / "run")
+    summary["provenance"]["plugins"] = {"my_lab": "ab12"}
+    (run / "summary.json").write_text(json.dumps(summary))
+    assert main(["results", str(run), "--last"]) == 0
+    summary["provenance"]["plugins"] = {"my_lab": 3}
+    (run / "summary.json").write_text(json.dumps(summary))
+    capsys.readouterr()
+    _one_error(capsys, ["results", str(run), "--last"], "provenance.plugins.my_lab is 3")

@@ -33,7 +33,9 @@ results | config``.
 imports a module (by name, from this Python environment) that registers algorithms,
 models, data sets, partitioners or clock profiles before the config is read, and adds it
 to the config's ``plugins``; installed packages' entry points of the group
-``splitfed.plugins`` are imported by every command (docs/extending.md).
+``splitfed.plugins`` are imported by every command that reads a config or names a
+component (not by ``results`` and ``plot``, which read run directories only;
+docs/extending.md).
 
 Exit status: 0 done, 3 a run did not complete (diverged, no_client_trained), 2 an error
 (one line: splitfed: error: ...), 130 interrupted (Ctrl-C; an interrupted run, sweep or
@@ -299,9 +301,12 @@ class _Parser(argparse.ArgumentParser):
 
 def _load_plugins(args) -> None:
     """Import the entry points of the group ``splitfed.plugins`` and the ``--plugin``
-    modules, before any command reads a config."""
+    modules, before any command reads a config. ``results`` and ``plot`` read run
+    directories only: they import none (a broken installed plugin does not stop them)."""
     from splitfed.registry import load_entry_points, load_plugins
 
+    if getattr(args, "command", None) in ("results", "plot"):
+        return
     load_entry_points()
     load_plugins(getattr(args, "plugin", None) or [])
 

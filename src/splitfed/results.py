@@ -63,7 +63,8 @@ SUMMARY_TYPES: dict[str, tuple[str, ...]] = {
     "provenance": ("object", "null"), "processes": ("count",), "lost_ranks": ("object",)}
 #: the types of the provenance keys (any other: text or null)
 PROVENANCE_TYPES: dict[str, tuple[str, ...]] = {"dirty": ("boolean", "null"),
-                                                "threads": ("count", "null")}
+                                                "threads": ("count", "null"),
+                                                "plugins": ("object", "null")}
 #: the largest ``summary.json`` read back (a run's is a few kilobytes)
 MAX_SUMMARY_BYTES = 1 << 24
 FORMATS = ("table", "csv")
@@ -247,6 +248,10 @@ def _read_summary(path: Path) -> dict:
         kinds = PROVENANCE_TYPES.get(key, ("text", "null"))
         if not _is_kind(value, kinds):
             raise _wrong_type(path, f"provenance.{key}", value, kinds)
+    plugins = prov.get("plugins") if isinstance(prov, dict) else None
+    for name, digest in (plugins.items() if isinstance(plugins, dict) else ()):
+        if not isinstance(digest, str):        # module -> the digest of its files
+            raise _wrong_type(path, f"provenance.plugins.{name}", digest, ("text",))
     return data
 
 
