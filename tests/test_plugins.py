@@ -347,6 +347,12 @@ def test_registered_functions_are_checked(scratch):
         splitfed.register_model("zz_bad", lambda input_shape, num_classes, width=3: None)
     with pytest.raises(PluginError, match=r"\(labels, num_clients, rng, \.\.\.\)"):
         splitfed.register_partitioner("zz_bad", lambda labels, rng: None)
+    with pytest.raises(PluginError, match=r"must take \(data_dir, rng, \.\.\.\) as its first "
+                                          r"positional parameters, in that order \(it takes "
+                                          r"\(rng, n, \.\.\.\)\)"):
+        splitfed.register_dataset("zz_bad", lambda rng, n=3: None)   # rng would get the dir
+    with pytest.raises(PluginError, match=r"in that order \(it takes \(labels, rng, num"):
+        splitfed.register_partitioner("zz_bad", lambda labels, rng, num_clients: None)
     with pytest.raises(PluginError, match="no \\*args or \\*\\*kwargs"):
         splitfed.register_clock_profile("zz_bad", lambda num_clients, rng, **kw: None)
     with pytest.raises(PluginError, match="subclass of splitfed.engine.algorithm"):

@@ -133,9 +133,13 @@ def _check_function(kind: str, name: str, fn: Any) -> None:
         raise PluginError(f"{what}: cannot read the signature of {fn!r}") from None
     lead = _LEADING[kind]
     positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    if len(params) < len(lead) or any(p.kind not in positional for p in params[:len(lead)]):
+    if (len(params) < len(lead) or any(p.kind not in positional for p in params[:len(lead)])
+            or [p.name for p in params[:len(lead)]] != list(lead)):
+        given = ", ".join(p.name for p in params[:len(lead)])
         raise PluginError(f"{what}: {getattr(fn, '__name__', fn)} must take "
-                          f"({', '.join(lead)}, ...) as its first positional parameters")
+                          f"({', '.join(lead)}, ...) as its first positional parameters, "
+                          f"in that order (it takes ({given}, ...)); splitfed passes them by "
+                          "position, and the parameters after them are the options")
     if any(p.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
            for p in params):
         raise PluginError(f"{what}: {getattr(fn, '__name__', fn)} must name its options "
