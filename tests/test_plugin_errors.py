@@ -447,6 +447,10 @@ def test_a_plugin_algorithms_failure_is_one_line_naming_it(scratch, capsys, tmp_
     message = str(info.value)
     assert message.startswith(f"algorithm.name: algorithm 'zz_failing' (plugin {HERE})")
     assert what in message and "\n" not in message, message
+    if mode == "round":                         # where in the plugin's code it happened
+        line = next(i for i, text in enumerate(open(__file__), 1)
+                    if 'raise ValueError("my algorithm has a bug")' in text)
+        assert message.endswith(f"(at {__file__}:{line})"), message
     if mode in ("init", "check"):               # the dry run checks them too
         cfg = tmp_path / "c.yaml"
         dump_yaml(digits_config(algorithm={"name": "zz_failing", "mode": mode}), cfg)

@@ -120,7 +120,7 @@ def test_a_partitioners_exception_names_it(scratch):
     message = str(info.value)
     one_line(message)
     assert message == (f"partition.scheme: partitioner 'zz_raise' (plugin {HERE}) failed: "
-                       "KeyError: 'missing'")
+                       f"KeyError: 'missing' (at {__file__}:114)")
 
 
 @pytest.fixture

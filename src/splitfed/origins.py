@@ -60,5 +60,26 @@ def _call(kind: str, name: str, field: str, during: str, fn, *args, **kwargs):
     except SplitfedError:
         raise
     except Exception as e:  # noqa: BLE001 - the plugin's own failure, reported as such
+        at = _plugin_frame(e)
         raise PluginError(f"{field}: {component(kind, name)} failed{during}: "
-                          f"{type(e).__name__}: {one_line(e)}") from e
+                          f"{type(e).__name__}: {one_line(e)}"
+                          + (f" (at {at})" if at else "")) from e
+
+
+def _plugin_frame(e: BaseException) -> str | None:
+    """``file:line`` of the innermost frame of ``e``'s traceback in code that is neither
+    splitfed's nor torch's, numpy's or Python's own: where in the plugin it happened."""
+    import os
+    import sys
+    import traceback
+
+    skip = [os.path.dirname(os.path.abspath(__file__)), os.path.dirname(os.__file__)]
+    for lib in ("torch", "numpy"):
+        module = sys.modules.get(lib)
+        if getattr(module, "__file__", None):
+            skip.append(os.path.dirname(os.path.abspath(module.__file__)))
+    for frame in reversed(traceback.extract_tb(e.__traceback__)):
+        path = os.path.abspath(frame.filename)
+        if not any(path == d or path.startswith(d + os.sep) for d in skip):
+            return f"{frame.filename}:{frame.lineno}"
+    return None

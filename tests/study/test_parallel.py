@@ -323,6 +323,11 @@ class Stalling(FedAvg):
 '''
 
 
+#: the line of the plugin's raise, which a failure names
+PLUGIN_LINE = str(next(i for i, line in enumerate(PLUGIN.splitlines(), 1)
+                       if "raise RuntimeError" in line))
+
+
 @pytest.fixture
 def lab(tmp_path):
     """A working directory with the plugin on PYTHONPATH (the worker processes inherit
@@ -359,10 +364,12 @@ def test_a_failing_run_does_not_stop_the_others_and_is_rerun_next_time(lab):
         "splitfed: error: 1 of 3 runs failed; the others are kept and the results are "
         "written once every run has finished: run the same command again (after fixing "
         "the cause) to run the failed ones",
-        "  run 'algorithm.fail_round=2' (seed 3): RuntimeError: failing on purpose in "
-        "round 2"]
+        "  run 'algorithm.fail_round=2' (seed 3): algorithm.name: algorithm 'test_failing' "
+        "(plugin parallel_test_plugin) failed in round 2: RuntimeError: failing on purpose in "
+        "round 2 (at " + str(lab / "plugins" / "parallel_test_plugin.py") + ":" + PLUGIN_LINE
+        + ")"]
     assert err.count("Traceback") == 1                       # printed by its worker
-    assert out.count(" ... failed: RuntimeError: failing on purpose in round 2") == 1
+    assert out.count("failed in round 2: RuntimeError: failing on purpose in round 2") == 1
     for point in (0, 4):
         done = sweep / "runs" / f"algorithm.fail_round-{point}-s3"
         assert json.loads((done / "summary.json").read_text())["status"] == "completed"

@@ -50,7 +50,7 @@ from multiprocessing.connection import wait
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from splitfed.errors import ConfigError, RunInterrupted, SplitfedError
+from splitfed.errors import ConfigError, PluginError, RunInterrupted, SplitfedError
 from splitfed.locking import LOCK_NAME, check_free
 
 if TYPE_CHECKING:
@@ -217,6 +217,12 @@ def run_point(task: PointTask) -> PointResult:
     except RunInterrupted:
         raise
     except SplitfedError as e:
+        cause = e.__cause__
+        if isinstance(e, PluginError) and isinstance(cause, Exception) and not isinstance(
+                cause, SplitfedError):               # a plugin's own exception: where it was
+            print(f"splitfed: run {task.label!r} (seed {task.seed}) failed:", file=sys.stderr)
+            traceback.print_exception(cause)
+            sys.stderr.flush()
         return PointResult(task.index, error=str(e))
     except Exception as e:  # noqa: BLE001 - one run's failure must not stop the others
         print(f"splitfed: run {task.label!r} (seed {task.seed}) failed:", file=sys.stderr)
