@@ -52,16 +52,14 @@ on the kind of CPU it was started with (else a warning says the last bits will d
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import math
 import os
-import tempfile
 import warnings
 import zipfile
 from pathlib import Path
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, BinaryIO
 
 import numpy as np
@@ -69,7 +67,10 @@ import torch
 
 from splitfed import safeio
 from splitfed.errors import ConfigError, FormatError
-from splitfed.files import new_file_mode
+from splitfed.files import (  # noqa: F401 - atomic_write, remove_stale_temp_files: re-exported
+    atomic_write,
+    remove_stale_temp_files,
+)
 from splitfed.provenance import cpu_capability  # noqa: F401 - re-exported
 
 CHECKPOINT = "checkpoint.pt"
@@ -97,57 +98,9 @@ FREE_KEYS = ("rounds", "name", "out_dir", "progress", "checkpoint_every", "track
 MAX_CONFIG_CHARS = 4 << 20
 
 
-def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
-    """Write ``path`` atomically: ``write(fh)`` into a temp file in the same directory,
-    fsync, :func:`os.replace`, fsync of the directory. A process killed at any instant
-    leaves the old file or the new one, never a torn one (and maybe the temp file,
-    ``.<name>.<random>.tmp``, which :func:`remove_stale_temp_files` removes). The file
-    gets the mode a new file gets under the umask (:mod:`splitfed.files`)."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.fchmod(fd, new_file_mode())            # the umask's mode, not mkstemp's 0600
-        with os.fdopen(fd, "wb") as fh:
-            write(fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(path.parent)
-
-
-def remove_stale_temp_files(directory: str | Path) -> list[Path]:
-    """Remove the temp files :func:`atomic_write` left in ``directory`` when its process
-    was killed while writing (``.<name>.<random>.tmp``, regular files only); the caller
-    holds the directory's lock, so no writer is using them. Returns what was removed."""
-    removed = []
-    for path in Path(directory).glob(".*.tmp"):
-        with contextlib.suppress(OSError):
-            if path.is_file() and not path.is_symlink():
-                path.unlink()
-                removed.append(path)
-    return removed
-
-
 def atomic_save(obj: Any, path: str | Path) -> None:
     """:func:`splitfed.safeio.save` to ``path`` atomically (:func:`atomic_write`)."""
     atomic_write(path, lambda fh: safeio.save(obj, fh))
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 # ------------------------------------------------------------------ writing

@@ -52,7 +52,7 @@ import shlex
 import sys
 
 from splitfed.errors import RunInterrupted, SplitfedError, sigterm_interrupts
-from splitfed.files import one_line
+from splitfed.files import escape_controls
 from splitfed.registry import add_plugin_argument
 
 #: exit status of an interrupted command (128 + SIGINT, as a shell reports Ctrl-C)
@@ -480,10 +480,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def _printable(message: str) -> str:
     """``message`` with its control characters but newline escaped
-    (:func:`splitfed.files.one_line`): a value echoed from a user's file cannot send the
+    (:func:`splitfed.files.escape_controls`): a value echoed from a user's file cannot send the
     terminal escape sequences or break a line in the middle (a carriage return, a form
     feed); the newlines are the message's own (a list of failed runs)."""
-    return one_line(message, newlines=True)
+    return escape_controls(message, newlines=True)
 
 
 def _tolerant_output() -> None:

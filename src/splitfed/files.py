@@ -4,6 +4,9 @@ that only read run directories, ``splitfed results`` and ``plot``, start fast).
 - :func:`read_regular`: the bytes of a regular file of bounded size (a pipe, a device or
   a file that is too large is refused without being read);
 - :func:`loads_json`: JSON of bounded nesting;
+- :func:`escape_controls`: text from a file or a path made safe to print on one line;
+- :func:`atomic_write`: a file replaced whole or not at all (and
+  :func:`remove_stale_temp_files`, for the temp files of a writer that was killed);
 - :func:`new_file_mode`: the mode of the files splitfed writes. Files written atomically
   start as a temporary file from :func:`tempfile.mkstemp`, which makes it private (0600)
   whatever the umask; renamed into place it would stay private, so that the other
@@ -13,11 +16,14 @@ that only read run directories, ``splitfed results`` and ``plot``, start fast).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import stat
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from splitfed.errors import FormatError
 
@@ -43,6 +49,54 @@ def umask() -> int:
 def new_file_mode() -> int:
     """The mode of a new regular file: 0666 less the umask."""
     return 0o666 & ~umask()
+
+
+def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
+    """Write ``path`` atomically: ``write(fh)`` into a temp file in the same directory,
+    fsync, :func:`os.replace`, fsync of the directory. A process killed at any instant
+    leaves the old file or the new one, never a torn one (and maybe the temp file,
+    ``.<name>.<random>.tmp``, which :func:`remove_stale_temp_files` removes). The file
+    gets the mode a new file gets under the umask (:func:`new_file_mode`)."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.fchmod(fd, new_file_mode())            # the umask's mode, not mkstemp's 0600
+        with os.fdopen(fd, "wb") as fh:
+            write(fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(path.parent)
+
+
+def remove_stale_temp_files(directory: str | Path) -> list[Path]:
+    """Remove the temp files :func:`atomic_write` left in ``directory`` when its process
+    was killed while writing (``.<name>.<random>.tmp``, regular files only); the caller
+    holds the directory's lock, so no writer is using them. Returns what was removed."""
+    removed = []
+    for path in Path(directory).glob(".*.tmp"):
+        with contextlib.suppress(OSError):
+            if path.is_file() and not path.is_symlink():
+                path.unlink()
+                removed.append(path)
+    return removed
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def read_regular(path: str | Path, what: str, max_bytes: int, *,
@@ -105,7 +159,7 @@ def loads_json(text: str | bytes) -> Any:
     return data
 
 
-#: characters escaped by :func:`one_line`: C0 controls but tab (newline, ESC), DEL, C1
+#: characters escaped by :func:`escape_controls`: C0 controls but tab (newline, ESC), DEL, C1
 #: controls and Unicode's line and paragraph separators
 _CONTROLS = str.maketrans({c: repr(c)[1:-1] for c in (
     *(chr(i) for i in range(32) if i != 9), "\x7f", *(chr(i) for i in range(0x80, 0xa0)),
@@ -115,7 +169,7 @@ _CONTROLS = str.maketrans({c: repr(c)[1:-1] for c in (
 _CONTROLS_BUT_NEWLINE = {k: v for k, v in _CONTROLS.items() if k != ord("\n")}
 
 
-def one_line(text: str, *, newlines: bool = False) -> str:
+def escape_controls(text: str, *, newlines: bool = False) -> str:
     """``text`` with its control characters escaped as Python writes them (``\\n``,
     ``\\x1b``): text read from a file or a path can then neither break a line of output
     (a table row) nor send escape sequences to the terminal. ``newlines``: keep newlines

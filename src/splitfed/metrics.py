@@ -30,7 +30,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from splitfed.errors import FormatError
-from splitfed.files import MAX_JSON_DEPTH, read_regular
+from splitfed.files import MAX_JSON_DEPTH, atomic_write, read_regular
 
 #: the largest ``metrics.jsonl`` read back (far above any real run's records)
 MAX_METRICS_BYTES = 1 << 30
@@ -293,7 +293,6 @@ def write_csv(records: list[dict], path: Path) -> None:
     """The records as CSV (a column per field, in the order first seen), written
     atomically; non-finite numbers as ``nan``, ``inf``, ``-inf``."""
     data = csv_text(records).encode("utf-8")
-    from splitfed.checkpoint import atomic_write   # (imports torch: load it late)
 
     atomic_write(path, lambda fh: fh.write(data))   # replaces a link, never its target
 

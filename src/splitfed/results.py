@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from splitfed.errors import ConfigError, FormatError
-from splitfed.files import one_line, read_regular
+from splitfed.files import escape_controls, read_regular
 from splitfed.metrics import (csv_text, is_finite_number, loads_strict, read_records,
                               record_summary)
 
@@ -473,7 +473,7 @@ def _csv_cell(value):
 
 
 def _text_table(head: list[str], body: list[list[str]]) -> str:
-    body = [[one_line(c) for c in row] for row in body]   # text from files: one line
+    body = [[escape_controls(c) for c in row] for row in body]   # text from files: one line
     widths = [max(len(h), *(len(row[i]) for row in body)) if body else len(h)
               for i, h in enumerate(head)]
     right = {3, 4, 5, 6, 7}

@@ -62,7 +62,7 @@ import urllib.parse
 from pathlib import Path
 
 from splitfed.errors import ConfigError, FormatError, SplitfedError
-from splitfed.files import loads_json, read_regular
+from splitfed.files import atomic_write, loads_json, read_regular
 
 #: where a run keeps its MLflow run id (for a resume)
 TRACKING_FILE = "tracking.json"
@@ -358,7 +358,6 @@ class MLflowSink(_Sink):
             self.client.log_batch(run_id, params=params[i:i + self.BATCH])
         text = json.dumps({"mlflow": {"uri": self.uri, "run_id": run_id,
                                       "experiment_id": experiment_id}}, indent=2) + "\n"
-        from splitfed.checkpoint import atomic_write
 
         atomic_write(self.run_dir / TRACKING_FILE, lambda fh: fh.write(text.encode("utf-8")))
         return run_id

@@ -6,13 +6,11 @@ directory such as ``docs/results``."""
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
 from splitfed.errors import ConfigError
-from splitfed.files import new_file_mode
+from splitfed.files import atomic_write
 from splitfed.study.analysis import curve, last_rounds_accuracy, run_numbers, summarize
 from splitfed.study.outcome import RunOutcome, StudyResult
 from splitfed.study.plots import _print, write_plots
@@ -337,15 +335,7 @@ def publish(study_dir: str | Path, dest: str | Path) -> Path:
 
 
 def _copy(src: Path, dst: Path) -> None:
-    """Replace ``dst`` with the bytes of ``src`` at once (written aside, then renamed),
-    readable as a file written normally is (the umask's mode, not mkstemp's 0600)."""
+    """Replace ``dst`` with the bytes of ``src`` at once (:func:`splitfed.files.
+    atomic_write`: written aside, then renamed, with the umask's mode)."""
     data = src.read_bytes()
-    fd, tmp = tempfile.mkstemp(dir=dst.parent, prefix=f".{dst.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, new_file_mode())
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, dst)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(dst, lambda fh: fh.write(data))
