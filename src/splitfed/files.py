@@ -51,12 +51,16 @@ def new_file_mode() -> int:
     return 0o666 & ~umask()
 
 
-def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
+def atomic_write(path: str | Path, write: Callable[[BinaryIO], None], *,
+                 replace: bool = True) -> None:
     """Write ``path`` atomically: ``write(fh)`` into a temp file in the same directory,
     fsync, :func:`os.replace`, fsync of the directory. A process killed at any instant
     leaves the old file or the new one, never a torn one (and maybe the temp file,
     ``.<name>.<random>.tmp``, which :func:`remove_stale_temp_files` removes). The file
-    gets the mode a new file gets under the umask (:func:`new_file_mode`)."""
+    gets the mode a new file gets under the umask (:func:`new_file_mode`). With
+    ``replace=False`` an existing ``path`` is never replaced, not even one that appeared
+    while ``write`` ran: the temp file is linked to ``path`` instead of renamed, and
+    :class:`FileExistsError` is raised."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -65,7 +69,11 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
             write(fh)
             fh.flush()
             os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        if replace:
+            os.replace(tmp, path)
+        else:
+            os.link(tmp, path)                    # EEXIST if path exists
+            os.unlink(tmp)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)

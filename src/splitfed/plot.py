@@ -30,17 +30,14 @@ intact.
 
 from __future__ import annotations
 
-import contextlib
 import math
-import os
 import re
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 from splitfed.configtools import yaml_load
 from splitfed.errors import ConfigError
-from splitfed.files import new_file_mode, read_regular
+from splitfed.files import atomic_write, read_regular
 from splitfed.metrics import divergence, is_finite_number, read_records
 from splitfed.study import curve
 
@@ -262,23 +259,13 @@ def check_output(out: str | Path, force: bool) -> Path:
 
 
 def _save(fig, out: Path, force: bool = False) -> None:
-    """Render to a temporary file next to ``out``, then move it to ``out``: renamed over
-    it with ``force``, else linked, which fails if ``out`` has appeared meanwhile (another
-    process wrote it while this one drew), so a file is never replaced without
-    ``force``."""
-    fd, tmp = None, None
+    """Render to a temporary file next to ``out``, then move it to ``out``
+    (:func:`splitfed.files.atomic_write`): renamed over it with ``force``, else linked,
+    which fails if ``out`` has appeared meanwhile (another process wrote it while this
+    one drew), so a file is never replaced without ``force``."""
+    fmt = out.suffix.lower().lstrip(".")
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=out.suffix,
-                                   dir=out.parent)
-        with os.fdopen(fd, "wb") as fh:
-            fd = None
-            fig.savefig(fh, dpi=120, format=out.suffix.lower().lstrip("."))
-        os.chmod(tmp, new_file_mode())          # mkstemp makes it private
-        if force:
-            os.replace(tmp, out)
-            tmp = None
-        else:
-            os.link(tmp, out)                   # never replaces: EEXIST
+        atomic_write(out, lambda fh: fig.savefig(fh, dpi=120, format=fmt), replace=force)
     except FileExistsError:
         raise ConfigError(f"--out {out}: it was written by another process while this "
                           "plot was drawn; pass --force to overwrite it, or choose another "
@@ -294,12 +281,6 @@ def _save(fig, out: Path, force: bool = False) -> None:
         hint = ("; check the $...$ math in --label and --title" if _has_math(fig)
                 else "")
         raise ConfigError(f"cannot draw the figure ({first}){hint}") from None
-    finally:
-        if fd is not None:
-            os.close(fd)
-        if tmp is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
 
 
 def _has_math(fig) -> bool:
