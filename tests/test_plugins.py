@@ -2,11 +2,11 @@
 
 The plugin is the example of docs/extending.md (``examples/plugin_example/splitfed_lab``:
 a model with cut points, a data set read from CSV files, a partitioner, a clock profile,
-a gradient transform and a split algorithm), copied into a temporary directory and used
-through the command line from another working directory, with only ``PYTHONPATH`` (or an
-entry point) pointing at it; the data files are written by the tests. Every code block of
-docs/extending.md is checked to be an excerpt of the example's files, and the plugin's own
-conformance tests (``examples/plugin_example/tests``) run here too.
+a gradient transform, a server step and a split algorithm), copied into a temporary
+directory and used through the command line from another working directory, with only
+``PYTHONPATH`` (or an entry point) pointing at it; the data files are written by the
+tests. Every code block of docs/extending.md is checked to be an excerpt of the example's
+files, and the plugin's own conformance tests (``examples/plugin_example/tests``) run here too.
 """
 
 from __future__ import annotations
@@ -191,10 +191,13 @@ def test_list_marks_plugin_entries(lab):
     assert "fedavg " in out and "lenet5" in out and "[plugin" not in out.split("fedavg ")[1][:80]
     # the transforms: name, kind, reference; the plugin's marked, built-in ones not
     transforms = out.split("transforms (")[1].split("datasets:")[0].splitlines()[1:]
-    assert len(transforms) == len(TRANSFORMS) + 1
+    assert len(transforms) == len(TRANSFORMS) + 2
     clip = next(line for line in transforms if line.startswith("  clip_norm "))
     assert re.fullmatch(r"  clip_norm +gradient +Pascanu et al\. 2013 .* \[plugin "
                         r"splitfed_lab\]", clip), clip
+    trimmed = next(line for line in transforms if line.startswith("  trimmed_mean "))
+    assert re.fullmatch(r"  trimmed_mean +server step +Yin et al\. 2018 .* \[plugin "
+                        r"splitfed_lab\]", trimmed), trimmed
     momentum = next(line for line in transforms if line.startswith("  momentum "))
     assert "server step" in momentum and "Hsu" in momentum and "[plugin" not in momentum
 

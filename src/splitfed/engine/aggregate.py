@@ -13,21 +13,48 @@ leaves out the slots whose mask is False. With ``renormalise`` (every participat
 but bernoulli) the kept slots' weights are scaled by (sum of all weights offered) / (sum
 of the kept weights), i.e. renormalised over the kept clients; under bernoulli the
 dropped clients' terms are simply zero. Nothing dropped: exactly the plain aggregate.
+
+A server step that needs each client's upload, not only their weighted sum (a
+coordinate-wise median or trimmed mean), sets ``needs_uploads = True``; the round then
+builds its accumulator with ``keep_uploads=True``, which also keeps a copy of every
+aggregated upload and :meth:`DeltaAccumulator.uploads` returns them with the weights the
+sum used (memory: one copy of the trained part per aggregated client).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 
-class DeltaAccumulator:
-    """Streams the weighted sum of client deltas, one chunk of clients at a time."""
+@dataclass
+class Uploads:
+    """The aggregated clients' uploads, in the order they were added.
 
-    def __init__(self, reference: Mapping[str, torch.Tensor], *, renormalise: bool = False):
+    ``values``: per tensor name, the clients' new values stacked as ``[n, ...]`` (a copy,
+    in the reference's dtype and device); ``weights``: float64 ``[n]``, the weights the
+    aggregate gave them (renormalisation over the kept clients included), so that
+    ``reference + sum_i weights[i] (values[i] - reference)`` is ``result(1.0)``;
+    ``ids``: the clients' ids ``[n]`` (None where the caller did not give them)."""
+
+    values: dict[str, torch.Tensor]
+    weights: torch.Tensor
+    ids: np.ndarray | None
+
+    def __len__(self) -> int:
+        return len(self.weights)
+
+
+class DeltaAccumulator:
+    """Streams the weighted sum of client deltas, one chunk of clients at a time
+    (``keep_uploads``: and keeps a copy of each upload, :meth:`uploads`)."""
+
+    def __init__(self, reference: Mapping[str, torch.Tensor], *, renormalise: bool = False,
+                 keep_uploads: bool = False):
         self.reference = dict(reference)
         self._sum = {k: torch.zeros_like(v, dtype=torch.float64 if v.is_floating_point()
                                           else v.dtype) for k, v in self.reference.items()}
@@ -38,21 +65,30 @@ class DeltaAccumulator:
         self.renormalise = renormalise
         self._offered = 0.0
         self._kept = 0.0
+        self.keep_uploads = keep_uploads
+        self._kept_values: list[dict[str, torch.Tensor]] = []
+        self._kept_weights: list[torch.Tensor] = []
+        self._kept_ids: list[np.ndarray] | None = []
 
     @torch.no_grad()
     def add(self, weights: torch.Tensor, stacked: Mapping[str, torch.Tensor],
-            keep=None) -> None:
+            keep=None, *, ids=None) -> None:
         """``weights`` [C] and per-name tensors [C, ...] of the clients' new values;
-        ``keep`` [C] (bool, optional): which of them to aggregate."""
+        ``keep`` [C] (bool, optional): which of them to aggregate; ``ids`` [C]
+        (optional): the clients' ids, for :meth:`uploads`."""
         w = weights.to(torch.float64)
         self._offered += float(w.sum())
         if keep is not None and not np.all(keep):
             rows = torch.from_numpy(np.flatnonzero(keep))
             w = w[rows]
             stacked = {k: stacked[k][rows.to(stacked[k].device)] for k in self.reference}
+            if ids is not None:
+                ids = np.asarray(ids)[rows.numpy()]
         self._kept += float(w.sum())
         if len(w) == 0:
             return
+        if self.keep_uploads:
+            self._keep(w, stacked, ids)
         for k, ref in self.reference.items():
             x = stacked[k]
             if ref.is_floating_point():
@@ -62,6 +98,36 @@ class DeltaAccumulator:
             else:
                 self._sum[k] = torch.maximum(self._sum[k], x.max(dim=0).values)
         self._count += len(w)
+
+    def _keep(self, w: torch.Tensor, stacked, ids) -> None:
+        self._kept_values.append({k: stacked[k].detach().to(ref.device, ref.dtype, copy=True)
+                                  for k, ref in self.reference.items()})
+        self._kept_weights.append(w.cpu())
+        if ids is None or self._kept_ids is None:
+            self._kept_ids = None
+        else:
+            self._kept_ids.append(np.asarray(ids).reshape(-1))
+
+    def uploads(self) -> Uploads:
+        """The aggregated uploads and their weights (:class:`Uploads`); only when the
+        accumulator keeps them (``keep_uploads``: a server step with ``needs_uploads``)."""
+        if not self.keep_uploads:
+            raise RuntimeError(
+                "aggregate.uploads(): the clients' uploads were not kept; a server step "
+                "that reads them sets the class attribute needs_uploads = True")
+        n = sum(len(w) for w in self._kept_weights)
+        values = {k: (torch.cat([v[k] for v in self._kept_values]) if n else
+                      ref.new_empty((0, *ref.shape)))
+                  for k, ref in self.reference.items()}
+        weights = (torch.cat(self._kept_weights) if n else
+                   torch.zeros(0, dtype=torch.float64))
+        scale = self._scale()
+        if scale != 1.0:        # as _scaled: divided by the kept weight first if it overflows
+            weights = (weights * scale if math.isfinite(scale) else
+                       weights / self._kept * self._offered)
+        ids = (None if self._kept_ids is None else
+               np.concatenate(self._kept_ids) if n else np.zeros(0, dtype=np.int64))
+        return Uploads(values, weights, ids)
 
     @property
     def count(self) -> int:

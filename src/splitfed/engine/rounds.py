@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from splitfed.engine.aggregate import DeltaAccumulator
+from splitfed.engine.aggregate import DeltaAccumulator, Uploads
 from splitfed.engine.transforms import StepContext, start_gradients
 from splitfed.origins import call_plugin
 
@@ -76,6 +76,11 @@ class SingleDelta:
 
     def delta(self) -> dict[str, torch.Tensor]:
         return {k: self.last[k] - v for k, v in self.reference.items() if v.is_floating_point()}
+
+    def uploads(self) -> Uploads:
+        """The one model, with weight 1 (as :meth:`DeltaAccumulator.uploads`)."""
+        return Uploads({k: self.last[k].detach().clone().unsqueeze(0) for k in self.reference},
+                       torch.ones(1, dtype=torch.float64), None)
 
 
 class Round:
@@ -136,7 +141,10 @@ class Round:
         """Aggregate against ``reference`` (a dict: a weighted delta accumulator), or use
         the given aggregate object (:class:`SingleDelta`)."""
         if isinstance(reference, dict):
-            self.acc = DeltaAccumulator(reference, renormalise=self.env.clock.renormalise)
+            keep = any(getattr(step, "needs_uploads", False)
+                       for step in self.algorithm.server_steps)
+            self.acc = DeltaAccumulator(reference, renormalise=self.env.clock.renormalise,
+                                        keep_uploads=keep)
         else:
             self.acc = reference
 
@@ -161,7 +169,7 @@ class Round:
         slots = np.asarray(slots)
         ids = self.cohort.ids[slots] if ids is None else ids
         self.acc.add(self.weights[torch.from_numpy(slots)], values,
-                     keep=self.env.clock.on_time(ids) if keep is None else keep)
+                     keep=self.env.clock.on_time(ids) if keep is None else keep, ids=ids)
         if loss is not None:
             self.losses[torch.from_numpy(slots)] = loss.to(torch.float64).cpu()
 

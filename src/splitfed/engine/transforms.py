@@ -13,7 +13,8 @@ two places, and the same objects plug into SL, SFL-V1, SFL-V2 and CSE-FSL:
   clients in cohort ``slots`` before every optimizer step, or just that function;
 - a :class:`ServerStep` computes the new global model of the trained part from the
   round's aggregate (:class:`~splitfed.engine.aggregate.DeltaAccumulator`, or any
-  object with ``reference``, ``result(eta)``, ``delta()`` and ``count``): the global
+  object with ``reference``, ``result(eta)``, ``delta()``, ``count`` and, for a step
+  with ``needs_uploads``, ``uploads()``, each client's upload and weight): the global
   learning rate (:class:`Rate`, the default: x + eta_g * sum_n w_n (x_n - x)), server
   momentum (:class:`Momentum`), FedOpt's adaptive optimizers, or, after the aggregation,
   training on the server's own data (CLG-SGD's eq. 5).
@@ -148,6 +149,10 @@ class ServerStep(Transform):
     aggregates: ClassVar[bool] = True
     #: whether it runs in a round whose cohort is empty (nothing was aggregated)
     on_empty: ClassVar[bool] = False
+    #: True for a step that reads each client's upload (``ctx.aggregate.uploads()``: a
+    #: median, a trimmed mean), not only their weighted sum; the round then keeps a copy
+    #: of every aggregated upload
+    needs_uploads: ClassVar[bool] = False
 
     def update(self, ctx: StepContext, model: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         raise NotImplementedError
