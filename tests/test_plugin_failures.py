@@ -320,3 +320,37 @@ def test_unsaveable_names_where_and_what():
         "value['a'][1]['b']: a builtins.builtin_function_or_method"
     assert unsaveable({(1, 2): 0}, "s") == "s: the dict key (1, 2) (a tuple)"
     assert unsaveable(np.array([object()])) == "value: a numpy array of Python objects"
+
+
+class Silent(FedAvg):
+    """FedAvg that trains its cohort but moves nothing through the transport."""
+
+    name = "zz_silent"
+
+    def round(self, env, state, t, cohort):
+        from splitfed.engine.rounds import Round
+
+        rnd = Round(self, env, state, t, cohort)
+        if rnd.empty:
+            return rnd.finish()
+        rnd.aggregate_against(state["model"])       # no rnd.send, no upload
+        return rnd.finish()
+
+
+def test_a_round_that_sends_nothing_is_warned_about_once(scratch, capsys):
+    """Clients took part, the ledger counts nothing: one warning line for the run; FedAvg
+    itself gets none."""
+    splitfed.register_algorithm("zz_silent", Silent)
+    result = plugin_run(algorithm={"name": "zz_silent"})
+    assert result.status == "completed"
+    assert all(r["bytes_up"] == 0 and r["bytes_down"] == 0 for r in result.records[1:])
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if "env.transport" in line]
+    assert lines == [
+        f"splitfed: warning: algorithm.name: algorithm 'zz_silent' (plugin {HERE}) used "
+        f"{result.records[1]['clients_used']} client(s) in round 1 but sent nothing through "
+        "env.transport: the records count 0 bytes and the clock no communication time for "
+        "it (docs/extending.md: everything that crosses the network goes through the "
+        "transport)"]
+    plugin_run(algorithm={"name": "fedavg"})
+    assert "env.transport" not in capsys.readouterr().err

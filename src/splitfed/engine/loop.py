@@ -278,6 +278,7 @@ def run_rounds(algorithm, env, logger, state: dict | None = None,
     model_macs = TRAIN_FACTOR * forward_macs(env.model, tuple(env.data.input_shape))
     copy_bytes = server_copy_bytes(algorithm, env)
     work = client_work(algorithm, env) if env.clock.keep is not None else None
+    warned_silent = False
     bar = tqdm(range(start_round, cfg.rounds + 1), desc=cfg.name, unit="round",
                disable=not cfg.progress, dynamic_ncols=True)
     for t in bar:
@@ -312,6 +313,10 @@ def run_rounds(algorithm, env, logger, state: dict | None = None,
             record.update(_evaluate(algorithm, env, state))
             if divergence([record]) is not None:      # a non-finite test loss
                 status = "diverged"
+        if (needs_clients and used > 0 and not warned_silent
+                and record["bytes_up"] == 0 and record["bytes_down"] == 0):
+            warned_silent = True
+            _warn_silent(cfg, t, used)
         if t == cfg.rounds and status == "completed" and needs_clients and not used_any:
             status = "no_client_trained"
         logger.log(record)
@@ -325,6 +330,17 @@ def run_rounds(algorithm, env, logger, state: dict | None = None,
             break
     bar.close()
     return state, status
+
+
+def _warn_silent(cfg, t: int, used: int) -> None:
+    """A warning on stderr (once a run): clients took part in round ``t`` but nothing
+    went through the transport, so the records count no bytes and the clock no
+    communication (an algorithm that moves tensors without ``env.transport``)."""
+    print(f"splitfed: warning: algorithm.name: {component('algorithm', cfg.algorithm.name)} "
+          f"used {used} client(s) in round {t} but sent nothing through env.transport: "
+          "the records count 0 bytes and the clock no communication time for it "
+          "(docs/extending.md: everything that crosses the network goes through the "
+          "transport)", file=sys.stderr, flush=True)
 
 
 def _progress_line(cfg, record: dict, started: float, status: str) -> None:
