@@ -204,7 +204,16 @@ def test_a_plugin_that_registers_nothing_is_named_in_a_warning(scratch, plugin_f
                   "zz_hollow_lab/models.py": "from splitfed import register_model\n"
                                              "@register_model('zz_hollow')\n"
                                              "def f(input_shape, num_classes): ...\n"})
-    monkeypatch.setattr(registry, "_LOADED", [])
+    from splitfed.origins import LOADED_PLUGINS
+
+    saved = list(LOADED_PLUGINS)
+    try:
+        _hollow_plugin_is_warned_about_once(capsys)
+    finally:
+        LOADED_PLUGINS[:] = saved
+
+
+def _hollow_plugin_is_warned_about_once(capsys):
     assert registry.load_plugins(["zz_hollow_lab"]) == ["zz_hollow_lab"]
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["splitfed: warning: plugin zz_hollow_lab registered nothing while imported "

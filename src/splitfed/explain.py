@@ -31,6 +31,7 @@ import typing
 from dataclasses import dataclass
 
 from splitfed.errors import ConfigError
+from splitfed.registry import SECTIONS
 
 #: the command that regenerates docs/config.md (named by the test that checks it)
 REGENERATE = "python -m splitfed.explain > docs/config.md"
@@ -38,14 +39,14 @@ REGENERATE = "python -m splitfed.explain > docs/config.md"
 #: kinds of components (as :mod:`splitfed.registry` names them), in the order they are
 #: documented: kind -> (plural for headings, the config key that chooses one, the section
 #: whose other keys are its options)
-KINDS = {
-    "algorithm": ("algorithms", "algorithm.name", "algorithm"),
-    "transform": ("transforms", "algorithm.client_transforms / server_transforms", None),
-    "model": ("models", "model.name", "model"),
-    "dataset": ("data sets", "data.name", "data"),
-    "partitioner": ("partitioners", "partition.scheme", "partition"),
-    "clock profile": ("clock profiles", "clock.profile", "clock"),
-}
+KINDS = {kind: (plural, chooser, SECTIONS.get(kind)) for kind, plural, chooser in (
+    ("algorithm", "algorithms", "algorithm.name"),
+    ("transform", "transforms", "algorithm.client_transforms / server_transforms"),
+    ("model", "models", "model.name"),
+    ("dataset", "data sets", "data.name"),
+    ("partitioner", "partitioners", "partition.scheme"),
+    ("clock profile", "clock profiles", "clock.profile"),
+)}
 #: how the text names a component of each kind
 _LABELS = {"dataset": "data set"}
 

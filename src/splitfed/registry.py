@@ -82,8 +82,8 @@ _ORIGINS: dict[str, dict[str, str]] = ORIGINS
 _ORIGINS.update({kind: {} for kind in _REGISTRIES})
 #: the plugins being imported (innermost last), to record where registrations come from
 _LOADING: list[str] = []
-#: plugins imported so far (as given), and whether the entry points were loaded
-_LOADED: list[str] = LOADED_PLUGINS
+#: whether the entry points were loaded (the plugins imported so far, as given, are
+#: :data:`splitfed.origins.LOADED_PLUGINS`, which provenance reads)
 _ENTRY_POINTS_LOADED = False
 #: registrations made so far (replacements included): a plugin whose import adds none is
 #: reported (its ``@register_...`` lines live in a module it does not import)
@@ -148,11 +148,12 @@ def _check_function(kind: str, name: str, fn: Any) -> None:
                                for p in params[len(lead):]):
         raise PluginError(f"{what}: the options of a model are keyword-only: "
                           "def builder(input_shape, num_classes, *, option=default)")
-    _check_option_names(what, _SECTION[kind], [p.name for p in params[len(lead):]])
+    _check_option_names(what, SECTIONS[kind], [p.name for p in params[len(lead):]])
 
 
-#: the config section whose other keys are each kind's options
-_SECTION = {"model": "model", "dataset": "data", "partitioner": "partition",
+#: the config section whose other keys are each kind's options (a transform has none: its
+#: options are the keys of its entry in a transform list)
+SECTIONS = {"model": "model", "dataset": "data", "partitioner": "partition",
             "clock profile": "clock", "algorithm": "algorithm"}
 
 
@@ -404,11 +405,11 @@ def load_plugins(specs: Iterable[str] | None) -> list[str]:
     for raw in specs or ():
         spec = plugin_spec(raw)
         out.append(spec)
-        if spec in _LOADED:
+        if spec in LOADED_PLUGINS:
             continue
         fresh, before = spec not in sys.modules, _COUNT[0]
         _import(spec, "plugin", lambda s=spec: _import_module(s))
-        _LOADED.append(spec)
+        LOADED_PLUGINS.append(spec)
         if fresh and _COUNT[0] == before:
             print(f"splitfed: warning: plugin {spec} registered nothing while imported "
                   "(no register_* call ran; a module holding them that it does not import "
@@ -441,4 +442,4 @@ def load_entry_points() -> list[str]:
 
 def loaded_plugins() -> list[str]:
     """The plugins imported by :func:`load_plugins` so far, in order."""
-    return list(_LOADED)
+    return list(LOADED_PLUGINS)
