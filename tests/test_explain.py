@@ -134,3 +134,22 @@ def test_components_defined_outside_the_package_stay_out_of_the_doc(monkeypatch)
     monkeypatch.setitem(MODELS, "zz_tiny", _tiny)             # no origin, not splitfed's
     assert "zz_tiny" not in explain.markdown()
     assert "zz_tiny" in explain.markdown(builtin_only=False)
+
+
+def _bare(input_shape, num_classes, *, depth: int = 2):
+    pass
+
+
+def test_a_plugin_component_without_a_docstring_says_so(monkeypatch):
+    """Not its module's docstring (this test module's), which may describe another
+    component; splitfed's own models, a module each, keep theirs."""
+    from splitfed import registry
+    from splitfed.models import MODELS
+
+    monkeypatch.setitem(MODELS, "zz_bare", _bare)
+    monkeypatch.setitem(registry._ORIGINS["model"], "zz_bare", "my_lab")
+    shown = explain.explain("zz_bare")
+    assert shown.startswith("model zz_bare [plugin my_lab]: no description (its function "
+                            "has no docstring)"), shown
+    assert "model.depth: int = 2" in shown
+    assert explain.explain("lenet5").startswith("model lenet5: LeNet-5")

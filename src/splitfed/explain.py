@@ -199,7 +199,7 @@ def component(kind: str, name: str) -> Component:
         keys = dataclass_keys(obj.Options, section or "")
         facts = _class_facts(kind, obj)
     else:
-        summary = _doc_summary(obj)
+        summary = _doc_summary(obj, module=is_builtin(kind, name, obj))
         details = "\n\n".join(_one_line(p) for p in (inspect.getdoc(obj) or "").split("\n\n")[1:])
         keys = function_keys(kind, obj, section)
         facts = [f"`{chooser}: {name}`"]
@@ -262,11 +262,15 @@ def _annotation(p: inspect.Parameter) -> str:
     return type(value).__name__
 
 
-def _doc_summary(obj) -> str:
-    """The first paragraph of ``obj``'s docstring, else of its module's, on one line."""
+def _doc_summary(obj, *, module: bool = True) -> str:
+    """The first paragraph of ``obj``'s docstring on one line; without one, that of its
+    module (``module``: splitfed's own components, a module each) or a line saying so (a
+    plugin's module may hold several components and describe none of them)."""
     doc = inspect.getdoc(obj) or ""
-    if not doc:
+    if not doc and module:
         doc = inspect.getdoc(sys.modules.get(getattr(obj, "__module__", ""), None)) or ""
+    if not doc:
+        return "no description (its function has no docstring)"
     return _one_line(doc.split("\n\n")[0])
 
 
