@@ -317,7 +317,7 @@ def test_a_rounds_result_is_checked_in_the_first_round(bad_rounds, mode, what):
     with pytest.raises(PluginError) as info:
         plugin_run(algorithm={"name": "zz_rounds", "mode": mode})
     message = str(info.value)
-    assert message.startswith(f"algorithm 'zz_rounds' (plugin {HERE}): ")
+    assert message.startswith(f"algorithm.name: algorithm 'zz_rounds' (plugin {HERE}): ")
     assert what in message and "round 1" in message and "\n" not in message
 
 

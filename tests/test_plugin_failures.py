@@ -301,7 +301,8 @@ def test_a_state_a_checkpoint_cannot_hold_is_named_in_its_round(scratch):
         plugin_run(algorithm={"name": "zz_unsaveable"})
     message = str(info.value)
     one_line(message)
-    assert message == (f"algorithm 'zz_unsaveable' (plugin {HERE}): round 1 returned a state "
+    assert message == (f"algorithm.name: algorithm 'zz_unsaveable' (plugin {HERE}): round 1 "
+                       "returned a state "
                        "that a checkpoint cannot hold (state['extra']['log'][0]: a "
                        "builtins.object); the state holds tensors, numpy arrays, numbers, "
                        "strings, modules, optimizers, and lists and dicts of these")

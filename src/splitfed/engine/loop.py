@@ -191,7 +191,7 @@ def check_result(algorithm, env, result, t: int, declared: tuple = ()) -> RoundR
     from splitfed.engine.algorithm import describe
 
     def bad(what: str) -> PluginError:
-        return PluginError(f"{describe(algorithm, env)}: round {t} {what}")
+        return PluginError(f"algorithm.name: {describe(algorithm, env)}: round {t} {what}")
 
     if not isinstance(result, RoundResult):
         raise bad(f"returned {type(result).__name__}; round must return a splitfed.engine."

@@ -189,11 +189,11 @@ class Round:
             from splitfed.engine.algorithm import describe
             from splitfed.errors import PluginError
 
-            raise PluginError(f"{describe(algo, env)}: Round.finish() was called in round "
-                              f"{self.t} for a cohort of {self.cohort.size} client(s) "
-                              "before Round.send() (or aggregate_against()): there is no "
-                              "aggregate to finish; send the clients their part first, "
-                              "or finish at once only when rnd.empty")
+            raise PluginError(f"algorithm.name: {describe(algo, env)}: Round.finish() was "
+                              f"called in round {self.t} for a cohort of {self.cohort.size} "
+                              "client(s) before Round.send() (or aggregate_against()): "
+                              "there is no aggregate to finish; send the clients their part "
+                              "first, or finish at once only when rnd.empty")
         new = {**self.state, **(state or {})}
         model = {**self.model, **new.get("model", {})}
         ctx = StepContext(env, self.t, self.acc, None, self)
