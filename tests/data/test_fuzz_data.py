@@ -327,6 +327,47 @@ def test_cifar_data_of_a_doctored_dtype_is_refused_in_one_line(cifar_dir, capfd,
     assert capfd.readouterr().err == ""
 
 
+class _Strided:
+    """numpy.ndarray called by the pickle itself: ``shape`` over a one-byte buffer with
+    zero strides (a few hundred bytes of file for any number of images)."""
+
+    def __init__(self, shape):
+        self.shape = shape
+
+    def __reduce__(self):
+        return np.ndarray, (self.shape, np.dtype("u1"), b"\x00", 0, (0,) * len(self.shape))
+
+
+@pytest.mark.parametrize("batch", [
+    {b"data": _Strided((100_000, 3072)), b"labels": _Strided((100_000,))},
+    {b"data": np.zeros((3, 3072), np.uint8), b"labels": _Strided((3,))},
+    {b"data": _Strided((10**9, 3072)), b"labels": [0]},
+])
+def test_cifar_arrays_the_file_does_not_store_are_refused(cifar_dir, batch):
+    """Only numpy's _reconstruct of an empty array (which the data then fills) is read;
+    calling numpy.ndarray from the pickle is refused before anything is allocated."""
+    bad = bad_batch(cifar_dir)
+    dump(bad, batch)
+    assert bad.stat().st_size < 10_000          # a few hundred bytes, or one real array
+    msg = load_cifar_error(cifar_dir, bad)
+    assert "refusing to call numpy.ndarray" in msg, msg
+
+
+def test_an_array_larger_than_its_file_is_refused(tmp_path):
+    """The loader's second guard: an array read from a pickle is no larger than the file
+    and contiguous (a view repeating bytes is not data the file stores)."""
+    from splitfed.data.cifar import _check_stored
+
+    path = tmp_path / "f"
+    path.write_bytes(b"x" * 100)
+    _check_stored(path, b"data", np.zeros((2, 50), np.uint8))
+    with pytest.raises(DataError, match="declares 101 bytes of array in a file of 100 bytes"):
+        _check_stored(path, b"data", np.zeros(101, np.uint8))
+    view = np.lib.stride_tricks.as_strided(np.zeros(1, np.uint8), (4, 5), (0, 0))
+    with pytest.raises(DataError, match="not an array the file stores"):
+        _check_stored(path, b"labels", view)
+
+
 @pytest.mark.parametrize("names", [[b"a"] * 3, 7, {b"x": 1}])
 def test_cifar_meta_with_wrong_class_names(cifar_dir, names):
     meta = cifar_dir / "cifar-10-batches-py" / "batches.meta"

@@ -44,15 +44,32 @@ _ALLOWED = {
 MAX_PICKLE_BYTES = 1 << 30
 
 
+class _ArrayType:
+    """What the unpickler gives for ``numpy.ndarray``: the subtype argument of
+    ``_reconstruct``, and nothing else. ``numpy.ndarray`` itself is never handed out: a
+    pickle that called it could make an array of any shape over a one-byte buffer (zero
+    strides), which costs memory in full once the loader copies it."""
+
+    def __call__(self, *args, **kwargs):
+        raise pickle.UnpicklingError("refusing to call numpy.ndarray (only numpy's "
+                                     "_reconstruct of an empty array is read)")
+
+    def __repr__(self) -> str:
+        return "numpy.ndarray"
+
+
+_NDARRAY = _ArrayType()
+
+
 def _guard_reconstruct(reconstruct):
     """numpy's ``_reconstruct`` as the pickles of arrays call it: an empty ndarray that
     ``__setstate__`` then fills; any other subtype or shape is refused (a shape would
     allocate memory before the data is seen)."""
     def guarded(subtype, shape, dtype):
-        if subtype is not np.ndarray or tuple(shape) != (0,):
+        if subtype is not _NDARRAY or tuple(shape) != (0,):
             raise pickle.UnpicklingError(f"refusing numpy _reconstruct({subtype!r}, "
-                                         f"{shape!r})")
-        return reconstruct(subtype, shape, dtype)
+                                         f"{_preview(shape)})")
+        return reconstruct(np.ndarray, shape, dtype)
     return guarded
 
 
@@ -75,6 +92,8 @@ class _SafeUnpickler(pickle.Unpickler):
         if name in _ALLOWED.get(module, ()):
             if name == "encode":
                 return _encode
+            if name == "ndarray":
+                return _NDARRAY
             found = super().find_class(module, name)
             return _guard_reconstruct(found) if name == "_reconstruct" else found
         raise pickle.UnpicklingError(f"refusing to load {module}.{name}")
@@ -123,6 +142,7 @@ def _read_batch(path: Path, label_keys: list[bytes],
     if data.dtype.descr != [("", "|u1")] or data.ndim != 2 or data.shape[1] != 3072:
         raise DataError(f"{path}: b'data' must be uint8 [n, 3072], got "
                         f"{_preview(data.dtype)} {data.shape}")
+    _check_stored(path, b"data", data)
     labels = []
     for k, n in zip(label_keys, num_classes):
         given = batch[k]                    # a list of ints (an array in some copies)
@@ -130,11 +150,22 @@ def _read_batch(path: Path, label_keys: list[bytes],
                 isinstance(given, list)
                 and all(type(v) is int for v in given)):    # (not bool; no nested lists)
             raise DataError(f"{path}: {k!r} must be a list of integers, one per image")
+        if isinstance(given, np.ndarray):
+            _check_stored(path, k, given)
         y = labels_tensor(given, n, f"{path} {k!r}").numpy()
         if y.shape != (len(data),):
             raise DataError(f"{path}: {k!r} has shape {y.shape}, expected ({len(data)},)")
         labels.append(y)
     return data.reshape(-1, 3, 32, 32), labels
+
+
+def _check_stored(path: Path, key: bytes, array: np.ndarray) -> None:
+    """An array read from a pickle holds bytes the file stored: contiguous, and no larger
+    than the file (no view that repeats a few bytes over a large shape)."""
+    size = Path(path).stat().st_size
+    if not array.flags.c_contiguous or array.nbytes > size:
+        raise DataError(f"{path}: {key!r} declares {array.nbytes} bytes of array in a file of "
+                        f"{size} bytes; not an array the file stores")
 
 
 def _read_split(paths, label_keys, num_classes):
