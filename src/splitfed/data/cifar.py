@@ -241,7 +241,7 @@ def load_cifar100(data_dir: str | None, rng: np.random.Generator,
     ``label_mode="fine"`` gives the 100 classes, ``"coarse"`` the 20 superclasses.
     """
     if label_mode not in ("fine", "coarse"):
-        raise ConfigError(f"label_mode must be 'fine' or 'coarse', got {label_mode!r}")
+        raise ConfigError(f"data.label_mode: must be 'fine' or 'coarse', got {label_mode!r}")
     how_to = ("Download cifar-100-python.tar.gz (https://www.cs.toronto.edu/~kriz/cifar.html) "
               "and extract it into data_dir, giving data_dir/cifar-100-python/{train, test, meta}.")
     dirs = _dirs(data_dir, "cifar-100-python", how_to)

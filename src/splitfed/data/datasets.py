@@ -73,10 +73,12 @@ def find_file(name: str, dirs: Sequence[Path], how_to: str, gz: bool = False) ->
 
 
 def int_option(where: str, name: str, value, low: int, high: int) -> int:
-    """``value`` as an int in [low, high]; ConfigError naming ``where.name`` otherwise."""
+    """``value`` as an int in [low, high]; ConfigError naming the key ``data.name``
+    (and the data set ``where``, unless it is ``"data"``) otherwise."""
     ok = not isinstance(value, (bool, np.bool_)) and isinstance(value, (int, np.integer))
     if not ok or not low <= value <= high:
-        raise ConfigError(f"{where}: {name} must be an integer in [{low}, {high}], "
+        of = "" if where == "data" else f" ({where})"
+        raise ConfigError(f"data.{name}: must be an integer in [{low}, {high}]{of}, "
                           f"got {value!r}")
     return int(value)
 

@@ -11,9 +11,10 @@ clients is refused naming it. Schemes:
 - ``dirichlet(alpha, min_partition_size=10, self_balancing=False, max_tries=10)``: for each
   class, draw p ~ Dir(alpha * 1_K) over the K clients and cut the (shuffled) class at the
   cumulative proportions. Everything is redrawn until every client has at least
-  ``min_partition_size`` samples (ConfigError after ``max_tries`` draws, naming the largest
-  minimum any draw reached). With ``self_balancing``, clients already holding >= N / K
-  samples get proportion 0 for the classes that follow (the rest renormalised).
+  ``min_partition_size`` samples (ConfigError after ``max_tries`` draws, at most
+  :data:`MAX_TRIES`, naming the largest minimum any draw reached). With
+  ``self_balancing``, clients already holding >= N / K samples get proportion 0 for the
+  classes that follow (the rest renormalised).
   ``alpha = inf`` is IID and delegates to ``iid``. With ``self_balancing=True`` this is the
   label-Dirichlet partition of NIID-Bench (Li et al., ICDE 2022), which the public code of
   paper 003 uses unchanged (its ``DirPartitioner``: the same cap, the same cut, redrawn
@@ -56,7 +57,8 @@ def _int_param(scheme: str, name: str, value, low: int, high: int | None = None)
     ok = not isinstance(value, bool) and isinstance(value, (int, np.integer))
     if not ok or value < low or (high is not None and value > high):
         span = f">= {low}" if high is None else f"in [{low}, {high}]"
-        raise ConfigError(f"{scheme}: {name} must be an integer {span}, got {value!r}")
+        raise ConfigError(f"partition.{name}: must be an integer {span} ({scheme}), "
+                          f"got {value!r}")
     return int(value)
 
 
@@ -102,13 +104,19 @@ def _dirichlet_owners(labels, num_clients, rng, alpha, self_balancing) -> np.nda
     return owner
 
 
+#: the most Dirichlet draws a partition may take (each costs a pass over the labels: a
+#: larger bound could keep a run, or its --dry-run, busy for days before it starts)
+MAX_TRIES = 1000
+
+
 def _alpha(alpha) -> float:
     try:
         value = float(alpha) if not isinstance(alpha, bool) else float("nan")
     except (TypeError, ValueError):
         value = float("nan")
     if not value > 0:
-        raise ConfigError(f"dirichlet: alpha must be a number > 0 (or inf for IID), got {alpha!r}")
+        raise ConfigError(f"partition.alpha: must be a number > 0 (or inf for IID), got "
+                          f"{alpha!r}")
     return value
 
 
@@ -120,9 +128,9 @@ def dirichlet(labels, num_clients, rng, alpha: float, min_partition_size=10, sel
     """
     alpha = _alpha(alpha)
     min_size = _int_param("dirichlet", "min_partition_size", min_partition_size, 0)
-    tries = _int_param("dirichlet", "max_tries", max_tries, 1)
+    tries = _int_param("dirichlet", "max_tries", max_tries, 1, MAX_TRIES)
     if min_size * num_clients > len(labels):
-        raise ConfigError(f"dirichlet: min_partition_size={min_size} x {num_clients} clients "
+        raise ConfigError(f"partition.min_partition_size: {min_size} x {num_clients} clients "
                           f"exceeds the {len(labels)} samples; lower min_partition_size")
     if np.isinf(alpha):
         return iid(labels, num_clients, rng)
@@ -133,7 +141,7 @@ def dirichlet(labels, num_clients, rng, alpha: float, min_partition_size=10, sel
         if smallest >= min_size:
             return _owners_to_parts(owner, num_clients)
         reached = max(reached, smallest)
-    raise ConfigError(f"dirichlet: no draw in max_tries={tries} gave every client >= "
+    raise ConfigError(f"partition.max_tries: no draw in max_tries={tries} gave every client >= "
                       f"min_partition_size={min_size} samples (the best draw's smallest "
                       f"client held {reached}); lower min_partition_size, raise max_tries "
                       f"or raise alpha (now {alpha})")
@@ -157,9 +165,10 @@ def pathological(labels, num_clients, rng, num_classes_per_partition,
     K = len(classes)
     C = _int_param("pathological", "num_classes_per_partition", num_classes_per_partition, 1)
     if C > K:
-        raise ConfigError(f"pathological: num_classes_per_partition={C} exceeds the {K} classes")
+        raise ConfigError(f"partition.num_classes_per_partition: {C} exceeds the {K} classes "
+                          "of the data set")
     if class_assignment_mode not in _MODES:
-        raise ConfigError(f"pathological: class_assignment_mode must be one of {_MODES}, "
+        raise ConfigError(f"partition.class_assignment_mode: must be one of {_MODES}, "
                           f"got {class_assignment_mode!r}")
     holds = np.zeros((num_clients, K), dtype=bool)
     assigned = _assign_classes(num_clients, K, C, class_assignment_mode, rng)
@@ -181,13 +190,15 @@ def shard(labels, num_clients, rng, num_shards_per_partition, shard_size=None,
     if shard_size is None:
         shard_size = n // (num_clients * S)
         if shard_size < 1:
-            raise ConfigError(f"shard: {n} samples cannot fill {num_clients} clients x {S} shards")
+            raise ConfigError(f"partition.num_shards_per_partition: {n} samples cannot fill "
+                              f"{num_clients} clients x {S} shards")
     size = _int_param("shard", "shard_size", shard_size, 1, n)
     n_full = n // size
     n_shards = n_full + int(bool(keep_incomplete_shard) and n % size > 0)
     need = num_clients * S
     if need > n_shards:
-        raise ConfigError(f"shard: {num_clients} clients x {S} shards need {need} shards of "
+        raise ConfigError(f"partition.shard_size: {num_clients} clients x {S} shards need "
+                          f"{need} shards of "
                           f"{size} samples, but {n} samples make only {n_shards}")
     _, groups = _class_groups(labels, rng)
     order = np.concatenate(groups)

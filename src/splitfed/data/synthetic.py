@@ -39,22 +39,24 @@ MAX_VALUES = 10**8
 def _check(alpha, beta, num_devices, dim, num_classes, test_fraction, iid) -> None:
     for name, value in (("alpha", alpha), ("beta", beta)):
         if not _is_number(value) or not np.isfinite(value) or value < 0:
-            raise ConfigError(f"synthetic: {name} must be a finite number >= 0, got {value!r}")
+            raise ConfigError(f"data.{name}: must be a finite number >= 0 (synthetic), got "
+                              f"{value!r}")
     for name, value, low, high in (("num_devices", num_devices, 1, MAX_DEVICES),
                                    ("dim", dim, 1, MAX_DIM),
                                    ("num_classes", num_classes, 2, MAX_CLASSES)):
         if (isinstance(value, bool) or not isinstance(value, (int, np.integer))
                 or not low <= value <= high):
-            raise ConfigError(f"synthetic: {name} must be an integer in [{low}, {high}], "
+            raise ConfigError(f"data.{name}: must be an integer in [{low}, {high}] (synthetic), "
                               f"got {value!r}")
     if num_classes * dim * num_devices > MAX_VALUES:
-        raise ConfigError(f"synthetic: num_devices={num_devices} x num_classes={num_classes} "
+        raise ConfigError(f"data.num_devices: {num_devices} x num_classes={num_classes} "
                           f"x dim={dim} weights exceed {MAX_VALUES} values; lower one of "
                           "data.num_devices, data.num_classes, data.dim")
     if not _is_number(test_fraction) or not 0 < test_fraction < 1:
-        raise ConfigError(f"synthetic: test_fraction must be in (0, 1), got {test_fraction!r}")
+        raise ConfigError(f"data.test_fraction: must be in (0, 1) (synthetic), got "
+                          f"{test_fraction!r}")
     if not isinstance(iid, (bool, np.bool_)):
-        raise ConfigError(f"synthetic: iid must be true or false, got {iid!r}")
+        raise ConfigError(f"data.iid: must be true or false (synthetic), got {iid!r}")
 
 
 def _check_features(xtr: np.ndarray, xte: np.ndarray, beta) -> None:

@@ -65,7 +65,7 @@ class WordTokenizer:
 
     def __init__(self, texts: Sequence[str], vocab_size: int = 8192):
         if vocab_size <= FIRST_WORD:
-            raise ConfigError(f"vocab_size must be > {FIRST_WORD}, got {vocab_size}")
+            raise ConfigError(f"data.vocab_size: must be > {FIRST_WORD}, got {vocab_size}")
         counts = Counter(w for t in texts for w in self.words(t))
         ranked = sorted(counts, key=lambda w: (-counts[w], w))[: vocab_size - FIRST_WORD]
         self.vocab = {w: i for i, w in enumerate(ranked, start=FIRST_WORD)}
@@ -267,15 +267,15 @@ def load_synthetic_text(data_dir: str | None, rng: np.random.Generator,
     min_len = int_option("synthetic_text", "min_len", min_len, 2, MAX_LEN)
     marker = int_option("synthetic_text", "marker", marker, FIRST_WORD, MAX_VOCAB)
     if max(num_train, num_test) * seq_len > MAX_TOKENS:
-        raise ConfigError(f"synthetic_text: num_train/num_test x seq_len={seq_len} exceeds "
+        raise ConfigError(f"data.seq_len: num_train/num_test x seq_len={seq_len} exceeds "
                           f"{MAX_TOKENS} tokens; lower data.num_train, data.num_test or "
                           "data.seq_len")
     if not FIRST_WORD <= marker < vocab_size or vocab_size < FIRST_WORD + 2:
-        raise ConfigError(f"synthetic_text: need {FIRST_WORD} <= marker < vocab_size and "
+        raise ConfigError(f"data.marker: need {FIRST_WORD} <= marker < vocab_size and "
                           f"vocab_size >= {FIRST_WORD + 2}; got marker={marker}, "
                           f"vocab_size={vocab_size}")
     if not 2 <= min_len <= seq_len:
-        raise ConfigError(f"synthetic_text: need 2 <= min_len <= seq_len, got {min_len}, "
+        raise ConfigError(f"data.min_len: need 2 <= min_len <= seq_len, got {min_len}, "
                           f"{seq_len}")
     xtr, ytr = marker_sequences(rng, num_train, seq_len, vocab_size, min_len, marker)
     xte, yte = marker_sequences(rng, num_test, seq_len, vocab_size, min_len, marker)
