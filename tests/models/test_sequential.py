@@ -178,3 +178,83 @@ def test_forward_train_with_an_in_place_relu_behind_a_one_by_one_pool(size):
     out, grads = _train_step(model, model, x, y)
     fast, fast_grads = _train_step(lambda z: sequential.forward_train(model, z), model, x, y)
     assert torch.equal(out, fast) and all(torch.equal(a, b) for a, b in zip(grads, fast_grads))
+
+
+# -------------------------------------------- strided 1x1 convolutions, channels_last input
+
+def _grads(module, x, y):
+    x = x.detach().requires_grad_(True)
+    loss = F.cross_entropy(sequential.forward_train(module, x), y)
+    return torch.autograd.grad(loss, [*module.parameters(), x])
+
+
+@pytest.mark.parametrize("width", [2, 4, 6, 16])
+@pytest.mark.parametrize("kind", ["resnet_block", "plain"])
+def test_a_strided_1x1_server_trains_right_on_channels_last_input(kind, width):
+    """The server part of SFL-V2 and CSE-FSL gets the cohort's activations in channels_last
+    memory. oneDNN's strided 1x1 convolution of 2-7 channels aborted the process (or gave
+    wrong gradients) on such input; ResNet's block convolves the strided samples instead,
+    and any other module with a strided 1x1 convolution gets a contiguous copy. Gradients
+    (parameters and input) against a float64 reference, for a few steps' calls."""
+    from helpers import assert_float_close
+    from splitfed.models.resnet import BasicBlock
+
+    torch.manual_seed(0)
+    if kind == "resnet_block":
+        body = BasicBlock(width, 2 * width, stride=2)
+    else:
+        body = nn.Sequential(nn.Conv2d(width, 2 * width, 1, stride=2, bias=False),
+                             nn.BatchNorm2d(2 * width), nn.ReLU())
+    module = nn.Sequential(body, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(2 * width, 10))
+    module64 = copy.deepcopy(module).double()
+    for batch in (2, 8, 2, 8):
+        x = torch.randn(batch, width, 8, 8).to(memory_format=torch.channels_last)
+        y = torch.randint(0, 10, (batch,))
+        got = _grads(module, x, y)
+        x64 = x.detach().double().contiguous().requires_grad_(True)
+        ref64 = torch.autograd.grad(F.cross_entropy(module64(x64), y),
+                                    [*module64.parameters(), x64])
+        x32 = x.detach().contiguous().requires_grad_(True)
+        plain32 = torch.autograd.grad(F.cross_entropy(_nchw_forward(module, x32), y),
+                                      [*module.parameters(), x32])
+        for g, r32, r64 in zip(got, plain32, ref64):
+            assert_float_close(g, r32, r64, terms=batch * 64, what=f"{kind} width {width}")
+
+
+def _nchw_forward(module, x):
+    """The module's own forward on an NCHW input, with convolutions at stride 1 of the
+    strided samples for every 1x1 (a float32 reference that avoids the faulty kernel)."""
+    def run(m, z):
+        if isinstance(m, nn.Conv2d) and tuple(m.kernel_size) == (1, 1):
+            return F.conv2d(z[:, :, ::m.stride[0], ::m.stride[1]], m.weight, m.bias)
+        if isinstance(m, nn.Sequential):
+            for c in m:
+                z = run(c, z)
+            return z
+        if type(m).__name__ == "BasicBlock":
+            out = F.relu(m.bn1(m.conv1(z)))
+            out = m.bn2(m.conv2(out))
+            return F.relu(out + run(m.shortcut, z))
+        return m(z)
+    return run(module, x)
+
+
+@pytest.mark.parametrize("algorithm", ["sflv2", "csefsl"])
+def test_sflv2_and_csefsl_train_a_narrow_resnet_cut_before_a_strided_shortcut(
+        algorithm, tmp_path):
+    """End to end, in a process of its own (the faulty kernel aborted the process): ResNet-18
+    of width 4 cut after its first stage, whose server part starts with a strided 1x1
+    shortcut of 4 channels, trains two rounds."""
+    import os
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "splitfed", "run", "quick_digits",
+         f"algorithm.name={algorithm}", "model.name=resnet18", "~model.hidden",
+         "model.width=4", "model.cut=1", "rounds=2", "progress=false",
+         f"out_dir={tmp_path}"],
+        capture_output=True, text=True, timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "status completed" in proc.stdout, proc.stdout

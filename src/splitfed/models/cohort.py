@@ -66,7 +66,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, vmap
 
 from splitfed.errors import SplitfedError
-from splitfed.models.sequential import commutes_with_max
+from splitfed.models.sequential import commutes_with_max, strided_1x1, strided_samples
 
 #: Samples per batched call where a 2-core CPU is fastest (about 160-640; docs/design.md,
 #: Speed): the default number of clients per call is this over the batch size.
@@ -295,37 +295,10 @@ def _conv2d(ctx, m, x):
     if m.padding_mode != "zeros":
         x, padding = F.pad(x, m._reversed_padding_repeated_twice, mode=m.padding_mode), 0
     stride = m.stride
-    if _strided_1x1(w, stride, padding, x):
-        x, stride = _strided_samples(x, stride, padding), 1
+    if strided_1x1(w, stride, padding, x):
+        x, stride = strided_samples(x, stride, padding), 1
         padding = 0
     return F.conv2d(x, w, b, stride, padding, m.dilation, ctx.n * m.groups)
-
-
-def _strided_1x1(w: Tensor, stride, padding, x: Tensor) -> bool:
-    """A 1x1 convolution of stride > 1 that is trained on a CPU.
-
-    oneDNN's channels_last weight gradient of such a convolution is wrong on some CPUs
-    (an AMD EPYC with AVX2, PyTorch 2.13: ResNet-18's 1x1 shortcut of width 4 with one
-    client per call, 2, 4 or 6 input channels, got gradients off by whole units, and the
-    kernel at times wrote past its buffer and aborted the process), and unit-stride
-    1x1 convolutions were right on every shape tried: the strided samples are taken
-    first (:func:`_strided_samples`) and convolved at stride 1, the same sums."""
-    return (tuple(w.shape[-2:]) == (1, 1) and tuple(_pair(stride)) != (1, 1)
-            and isinstance(padding, (int, tuple, list)) and x.device.type == "cpu"
-            and torch.is_grad_enabled())
-
-
-def _strided_samples(x: Tensor, stride, padding) -> Tensor:
-    """The pixels a 1x1 convolution of ``stride`` and zero ``padding`` reads from ``x``."""
-    ph, pw = _pair(padding)
-    if ph or pw:
-        x = F.pad(x, (pw, pw, ph, ph))
-    sh, sw = _pair(stride)
-    return x[:, :, ::sh, ::sw]
-
-
-def _pair(v) -> tuple:
-    return tuple(v) if isinstance(v, (tuple, list)) else (v, v)
 
 
 def _linear(ctx, m, x):

@@ -19,12 +19,18 @@ from torch import nn
 
 from splitfed.errors import ConfigError
 from splitfed.models.blocks import BlockModel, image_shape
+from splitfed.models.sequential import conv_1x1
 
 CUTS = {k: f"after residual stage {k}, paper 002's Lc = {k}" for k in range(1, 5)}
 
 
 class BasicBlock(nn.Module):
-    """Two 3x3 conv + BN layers with an identity (or 1x1 conv + BN) shortcut."""
+    """Two 3x3 conv + BN layers with an identity (or 1x1 conv + BN) shortcut. A strided
+    1x1 shortcut trained on a CPU convolves its strided samples at stride 1
+    (:func:`splitfed.models.sequential.strided_1x1`: the same sums, not oneDNN's faulty
+    kernel), as the batched cohort forward does."""
+
+    handles_strided_1x1 = True
 
     def __init__(self, inp: int, out: int, stride: int = 1):
         super().__init__()
@@ -41,7 +47,14 @@ class BasicBlock(nn.Module):
     def forward(self, x):
         out = F.relu(self.bn1(self.conv1(x)), inplace=True)
         out = self.bn2(self.conv2(out))
-        return F.relu(out + self.shortcut(x), inplace=True)
+        return F.relu(out + self._shortcut(x), inplace=True)
+
+    def _shortcut(self, x):
+        if len(self.shortcut) == 2 and not (self.shortcut._forward_hooks
+                                            or self.shortcut._forward_pre_hooks):
+            conv, bn = self.shortcut
+            return bn(conv_1x1(conv, x))
+        return self.shortcut(x)
 
     def forward_cohort(self, ctx, x):
         """:meth:`forward` for a cohort of clients (see :mod:`splitfed.models.cohort`)."""

@@ -49,6 +49,8 @@ for bit those of ``module(x)``, gradients included (tests/models/test_sequential
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -76,6 +78,66 @@ def _hooked(m: nn.Module) -> bool:
 
 def _pair(v) -> tuple:
     return tuple(v) if isinstance(v, (tuple, list)) else (v, v)
+
+
+# ------------------------------------------------- strided 1x1 convolutions on a CPU
+
+def strided_1x1(w: torch.Tensor, stride, padding, x: torch.Tensor) -> bool:
+    """A 1x1 convolution of stride > 1 that is trained on a CPU.
+
+    oneDNN's channels_last weight gradient of such a convolution is wrong on some CPUs
+    (an AMD EPYC with AVX2, PyTorch 2.13: ResNet-18's 1x1 shortcut of width 4 with one
+    client per call, 2, 4 or 6 input channels, got gradients off by whole units, and the
+    kernel at times wrote past its buffer and aborted the process; a plain module given
+    a channels_last input with 2-7 channels aborted too), and unit-stride 1x1
+    convolutions were right on every shape tried: the strided samples are taken first
+    (:func:`strided_samples`) and convolved at stride 1, the same sums."""
+    return (tuple(w.shape[-2:]) == (1, 1) and tuple(_pair(stride)) != (1, 1)
+            and isinstance(padding, (int, tuple, list)) and x.device.type == "cpu"
+            and torch.is_grad_enabled())
+
+
+def strided_samples(x: torch.Tensor, stride, padding) -> torch.Tensor:
+    """The pixels a 1x1 convolution of ``stride`` and zero ``padding`` reads from ``x``."""
+    ph, pw = _pair(padding)
+    if ph or pw:
+        x = F.pad(x, (pw, pw, ph, ph))
+    sh, sw = _pair(stride)
+    return x[:, :, ::sh, ::sw]
+
+
+def conv_1x1(conv: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
+    """``conv(x)``, through :func:`strided_samples` when it is a strided 1x1 convolution
+    trained on a CPU (:func:`strided_1x1`)."""
+    if (type(conv) is nn.Conv2d and conv.padding_mode == "zeros" and not _hooked(conv)
+            and not _global_hooks()
+            and strided_1x1(conv.weight, conv.stride, conv.padding, x)):
+        return F.conv2d(strided_samples(x, conv.stride, conv.padding), conv.weight,
+                        conv.bias, 1, 0, conv.dilation, conv.groups)
+    return conv(x)
+
+
+#: modules already scanned by :func:`_has_strided_1x1` (a module's layers do not change)
+_SCANNED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _has_strided_1x1(module: nn.Module) -> bool:
+    """Whether ``module`` runs a strided 1x1 convolution itself (not one inside a module
+    that takes its samples first: ``handles_strided_1x1``)."""
+    found = _SCANNED.get(module)
+    if found is None:
+        found = _scan_strided_1x1(module)
+        _SCANNED[module] = found
+    return found
+
+
+def _scan_strided_1x1(m: nn.Module) -> bool:
+    if getattr(m, "handles_strided_1x1", False):
+        return False
+    if isinstance(m, nn.Conv2d) and tuple(m.kernel_size) == (1, 1) and \
+            tuple(_pair(m.stride)) != (1, 1):
+        return True
+    return any(_scan_strided_1x1(c) for c in m.children())
 
 
 def _is_max_pool(m: nn.Module) -> bool:
@@ -232,7 +294,12 @@ def forward_train(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """``module(x)`` for a training step, bit for bit (outputs and gradients), with the
     max-pooling of the module docstring on a CPU. Under ``torch.no_grad`` nothing is
     kept for a backward pass either way."""
-    if x.device.type != "cpu" or _global_hooks():
+    if x.device.type != "cpu":
+        return module(x)
+    if (x.dim() == 4 and not x.is_contiguous() and torch.is_grad_enabled()
+            and _has_strided_1x1(module)):
+        x = x.contiguous()       # not channels_last for oneDNN's strided 1x1 (strided_1x1)
+    if _global_hooks():
         return module(x)
     return _walk(module, x, _train_pool, _train_first)
 
