@@ -114,3 +114,10 @@ def test_a_model_that_cannot_take_the_data_is_refused_before_anything_is_written
     assert "model.name: mlp cannot take the samples of data.name=synthetic_text" in err
     assert "torch.int64" in err and len(err.strip().splitlines()) == 1
     assert not out.exists() or not any(out.iterdir())
+
+
+@pytest.mark.parametrize("hidden", [[0], [32, -1], "wide", [True], [1.5]])
+def test_mlp_hidden_is_named_in_its_refusal(hidden):
+    with pytest.raises(ConfigError, match=r"^model\.hidden: must be a list of positive "
+                                          r"integers \(mlp"):
+        build_model("mlp", (1, 8, 8), 10, hidden=hidden)

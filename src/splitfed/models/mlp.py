@@ -19,11 +19,12 @@ from splitfed.models.blocks import BlockModel
 
 def mlp(input_shape, num_classes: int, *, hidden=(200, 200)) -> BlockModel:
     if not isinstance(hidden, (list, tuple)):
-        raise ConfigError(f"mlp: hidden must be a list of positive ints (layer widths), "
-                          f"got {hidden!r}")
+        raise ConfigError(f"model.hidden: must be a list of positive integers (mlp: the "
+                          f"hidden layers' widths), got {hidden!r}")
     hidden = tuple(hidden)
     if not all(isinstance(h, int) and not isinstance(h, bool) and h > 0 for h in hidden):
-        raise ConfigError(f"mlp: hidden must be positive ints, got {hidden!r}")
+        raise ConfigError(f"model.hidden: must be a list of positive integers (mlp: the "
+                          f"hidden layers' widths), got {list(hidden)!r}")
     prev = math.prod(int(s) for s in input_shape)
     blocks = OrderedDict()
     for i, h in enumerate(hidden, start=1):
