@@ -279,3 +279,30 @@ def test_server_rate_over_tau_takes_steps_of_eta_s_over_tau():
     plain = final(server_lr=0.03)
     assert all(torch.equal(scaled[k], divided[k]) for k in scaled)
     assert not all(torch.equal(scaled[k], plain[k]) for k in scaled)
+
+
+def test_adaptive_tau_does_not_count_the_wait_for_a_client_to_come_online(tmp_path):
+    """eq. (12)'s t_straggler runs from the round's start: when a trace makes the server
+    wait for the next client to come online, the wait is not straggler time. Identical
+    clients, one online at a time with gaps between them, give every round the tau of
+    the same clients always online."""
+    header = ("client_id,compute_macs_per_s,uplink_bytes_per_s,downlink_bytes_per_s,"
+              "available_from,available_until\n")
+    windows = header + "".join(f"{c},1e9,1.25e6,5e6,{a},{b}\n" for c, (a, b) in enumerate(
+        [("0", "0.004"), ("0.02", "0.03"), ("0.1", ""), ("", "0")]))
+    always = header + "".join(f"{c},1e9,1.25e6,5e6,,\n" for c in range(4))
+    taus = {}
+    for name, text in (("windows", windows), ("always", always)):
+        (tmp_path / f"{name}.csv").write_text(text)
+        cfg = digits_config(algorithm={"name": "musplitfed", "adaptive_tau": True,
+                                       "max_tau": 10000},
+                            partition={"scheme": "iid", "num_clients": 4}, rounds=3,
+                            clock={"profile": "trace", "path": str(tmp_path / f"{name}.csv"),
+                                   "server_compute": 1e7})
+        res = run_experiment(cfg, write=False)
+        taus[name] = [r["tau"] for r in res.records[1:]]
+        if name == "windows":       # the server waited before rounds 2 and 3
+            assert [r["participants"] for r in res.records[1:]] == [1, 1, 1]
+            first = res.records[1]["sim_round_s"]
+            assert all(r["sim_round_s"] > first * (1 + 1e-9) for r in res.records[2:])
+    assert taus["windows"] == taus["always"] == [taus["always"][0]] * 3

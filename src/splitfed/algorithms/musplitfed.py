@@ -153,7 +153,8 @@ class MUSplitFed(Algorithm):
     def _adaptive_tau(self, env, ids, server_module, h) -> int:
         """Paper 001 eq. (12): tau = t_straggler / t_server, rounded down, in [1, max_tau].
 
-        t_straggler: seconds from the round's start (``clock.now`` while a round is open)
+        t_straggler: seconds from the round's start (``clock.round_start``: after any wait
+        for a client to come online, which is not a straggler's time)
         until the last participant's activations and labels have reached the server;
         t_server: seconds of one server update of one client's copy on its lane (2 q
         forward passes of the batch, or a forward and a backward when first-order)."""
@@ -161,7 +162,7 @@ class MUSplitFed(Algorithm):
         passes = TRAIN_FACTOR if o.server_order == "first" else 2 * o.directions
         macs = env.clock.batch_macs(server_module, h.shape)
         t_server = passes * macs / env.clock.profiles.server_compute
-        t_straggler = float(env.clock.arrival_time(ids).max()) - env.clock.now
+        t_straggler = float(env.clock.arrival_time(ids).max()) - env.clock.round_start
         return int(min(o.max_tau, max(1, np.floor(t_straggler / t_server))))
 
     def _server_steps(self, server: ForwardCopies, h, y, base: int, tau: int,

@@ -126,6 +126,12 @@ class VirtualClock:
         self._unavailable = unavailable
         return cohort
 
+    @property
+    def round_start(self) -> float:
+        """When the open round started: ``now`` at :meth:`begin_round`, or later when a
+        trace made the server wait for a client to come online."""
+        return self._start
+
     def _next_window(self, t: float) -> float:
         """``t``, or, when a trace makes no client at all available at ``t``, the
         earliest later time one is: the server waits for a client to come online (an
