@@ -513,3 +513,28 @@ def test_clock_profiles_refuse_infinite_means_and_huge_spreads(profile, options,
     the records' times not JSON); a log-normal spread of 1000 overflows the speeds."""
     with pytest.raises(ConfigError, match=match):
         build_profiles(profile, options, 4, np.random.default_rng(0))
+
+
+def test_a_dropped_client_does_not_cut_the_kept_clients_later_messages():
+    """SCAFFOLD sends each client's control delta after its model. With a deadline between
+    the kept clients' model uploads and their control deltas, a dropped slow client does
+    not end the round at the deadline: the round waits for the kept clients' deltas (the
+    server uses them), so it lasts as long as the same round without the slow client."""
+    from splitfed.experiment import run_experiment
+
+    def round_record(speeds, deadline=None):
+        cfg = digits_config(algorithm={"name": "scaffold"}, rounds=1,
+                            partition={"scheme": "iid", "num_clients": 4},
+                            clock={"profile": "fixed", "client_compute": speeds,
+                                   "deadline": deadline})
+        return run_experiment(cfg, write=False).records[1]
+
+    fast = [1e9] * 4
+    natural = round_record(fast)["sim_round_s"]
+    deadline = 0.8 * natural          # after the model uploads, before the control deltas
+    on_time = round_record(fast, deadline)
+    assert on_time["dropped"] == 0 and on_time["sim_round_s"] == natural
+    slow = round_record(fast[:3] + [1e4], deadline)
+    assert slow["dropped"] == 1 and slow["clients_used"] == 3
+    assert slow["sim_round_s"] == pytest.approx(natural, rel=1e-12)
+    assert slow["sim_round_s"] > deadline

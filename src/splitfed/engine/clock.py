@@ -42,9 +42,10 @@ Deadline (``clock.deadline`` seconds after the round's start): a participant who
 model upload arrives after ``start + deadline`` is dropped: :meth:`on_time` (asked by
 the aggregation) says so and its update is not aggregated (the kept clients' weights are
 renormalised, except under bernoulli participation), and the round ends at
-``min(end, start + deadline)``, or when the server's own work ends if that is later
-(without a dropped client it ends at ``end``: the deadline never cuts the server's own
-work). :meth:`can_start` (asked by SL's
+``min(end, start + deadline)``, or later when the server's own work or a kept client's
+last message (SCAFFOLD's control delta, sent after the model) ends later (without a
+dropped client it ends at ``end``: the deadline never cuts the server's own work, nor
+what the kept clients send). :meth:`can_start` (asked by SL's
 :func:`~splitfed.engine.split.take_turn`) refuses a turn that would start after the
 deadline. Dropped clients and clients a trace marks unavailable at the round's start
 (taken out of the cohort by :meth:`begin_round`) are counted in ``dropped``. When a
@@ -157,7 +158,11 @@ class VirtualClock:
             if last.max() > start:
                 slowest = int(ids[int(np.argmax(last))])
         if self.deadline is not None and self._dropped:
-            end = max(min(end, start + self.deadline), self._own_end)
+            kept = ids[~np.isin(ids, np.fromiter(self._dropped, np.int64))]
+            # the kept clients' later messages (SCAFFOLD's control deltas follow the
+            # model) are waited for; the dropped clients' are not
+            after = float(self._last[kept].max()) if kept.size else start
+            end = max(min(end, start + self.deadline), after, self._own_end)
         if not math.isfinite(end):
             raise SimulatedTimeError(
                 f"clock: the simulated time of a round starting at {start!r} s became "
