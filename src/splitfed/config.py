@@ -189,7 +189,8 @@ class ClockConfig:
                 "1e9 MAC/s, uplink 1.25e6 B/s, downlink 5e6 B/s, server 1e11 MAC/s)"})
     deadline: float | None = field(default=None, metadata={
         "gt": 0, "help": "round deadline in simulated seconds: clients whose model "
-                         "upload arrives later are dropped from the round (null: none)"})
+                         "upload arrives later are dropped from the round (null: none; "
+                         "not with participation.mode with_replacement)"})
     over_select: float = field(default=0.0, metadata={
         "ge": 0, "le": MAX_OVER_SELECT,
         "help": "over-selection (FedScale's over-commitment): sample "
@@ -269,6 +270,12 @@ class RunConfig:
                               "out_dir)")
         if not self.out_dir or "\x00" in self.out_dir:
             raise ConfigError(f"out_dir: {self.out_dir!r} is not a usable directory path")
+        if self.clock.deadline is not None and self.participation.mode == "with_replacement":
+            raise ConfigError(
+                "clock.deadline: not with participation.mode with_replacement (a client "
+                "drawn twice is one device, late or not by its last upload, which the "
+                "round learns only after its first slots were aggregated); set "
+                "clock.deadline=null or participation.mode uniform")
 
 
 _OPEN_SECTIONS = {"data": DataConfig, "partition": PartitionConfig, "model": ModelConfig,

@@ -101,6 +101,8 @@ def _construct(cls: type, kwargs: dict, path: str) -> Any:
     try:
         return cls(**kwargs)
     except ValueError as err:  # ConfigError is a ValueError
+        if not path and isinstance(err, ConfigError):
+            raise                       # the whole config's own check names its keys
         raise ConfigError(f"{path or cls.__name__}: {err}") from err
 
 

@@ -232,3 +232,22 @@ def test_property_cohort_invariants(setup):
     if mode != "with_replacement":
         assert np.all(np.diff(cohort.ids) > 0)
 
+
+
+def test_a_deadline_is_refused_with_sampling_with_replacement():
+    """A client drawn twice is one device, late or not by its last upload; the round would
+    learn that only after aggregating its first slots (and chunking would decide which),
+    so the two are refused together, naming both keys, before anything runs."""
+    from helpers import digits_config
+
+    from splitfed.cli import main
+
+    with pytest.raises(ConfigError, match=r"^clock\.deadline: not with participation\.mode "
+                                          r"with_replacement .*set clock\.deadline=null"):
+        digits_config(participation={"mode": "with_replacement", "clients_per_round": 3},
+                      clock={"deadline": 1.0})
+    digits_config(participation={"mode": "with_replacement", "clients_per_round": 3})
+    digits_config(participation={"mode": "uniform", "clients_per_round": 2},
+                  clock={"deadline": 1.0})
+    assert main(["run", "quick_digits", "participation.mode=with_replacement",
+                 "participation.clients_per_round=3", "clock.deadline=1", "--dry-run"]) == 2
