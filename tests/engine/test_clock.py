@@ -502,11 +502,12 @@ def test_dropped_slots_renormalise_except_under_bernoulli():
 
 
 @pytest.mark.parametrize("profile, options, match", [
-    ("exponential", {"mean": math.inf}, "mean must be finite and > 0"),
-    ("exponential", {"delay_mean": math.inf}, "delay_mean finite and >= 0"),
-    ("exponential", {"mean": math.nan}, "mean must be finite"),
-    ("fedscale", {"compute_sigma": 1000.0}, r"must be in \[0, 10.0\]"),
-    ("fedscale", {"bandwidth_sigma": -0.1}, r"must be in \[0, 10.0\]"),
+    ("exponential", {"mean": math.inf}, r"^clock\.mean: must be a finite number > 0"),
+    ("exponential", {"mean": -1.0}, r"^clock\.mean: must be a finite number > 0"),
+    ("exponential", {"delay_mean": math.inf}, r"^clock\.delay_mean: must be a finite number >= 0"),
+    ("exponential", {"mean": math.nan}, r"^clock\.mean: must be a finite"),
+    ("fedscale", {"compute_sigma": 1000.0}, r"^clock\.compute_sigma: must be in \[0, 10.0\]"),
+    ("fedscale", {"bandwidth_sigma": -0.1}, r"^clock\.bandwidth_sigma: must be in \[0, 10.0\]"),
 ])
 def test_clock_profiles_refuse_infinite_means_and_huge_spreads(profile, options, match):
     """An infinite mean slowdown or delay would make every simulated time infinite (and

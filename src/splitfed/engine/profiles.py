@@ -155,9 +155,11 @@ def exponential(num_clients: int, rng: np.random.Generator, *, mean: float = 1.0
                 client_compute=CLIENT_COMPUTE, uplink=UPLINK, downlink=DOWNLINK,
                 server_compute: float = SERVER_COMPUTE) -> Profiles:
     """Computation times scaled by Exp(``mean``) draws (paper 001 Sec. 5; GAS)."""
-    if not (0 < mean < math.inf and 0 <= delay_mean < math.inf):
-        raise ValueError(f"mean must be finite and > 0 and delay_mean finite and >= 0, got "
-                         f"{mean}, {delay_mean}")
+    if not 0 < mean < math.inf:
+        raise ConfigError(f"clock.mean: must be a finite number > 0 (exponential), got {mean}")
+    if not 0 <= delay_mean < math.inf:
+        raise ConfigError(f"clock.delay_mean: must be a finite number >= 0 (exponential), "
+                          f"got {delay_mean}")
     p = fixed(num_clients, rng, client_compute=client_compute, uplink=uplink,
               downlink=downlink, server_compute=server_compute)
     if per_round:
@@ -179,10 +181,10 @@ def fedscale(num_clients: int, rng: np.random.Generator, *,
              bandwidth_sigma: float = 0.8, server_compute: float = SERVER_COMPUTE
              ) -> Profiles:
     """Log-normal client speeds and link rates around the given medians, drawn once."""
-    if not (0 <= compute_sigma <= MAX_SIGMA and 0 <= bandwidth_sigma <= MAX_SIGMA):
-        raise ValueError(f"compute_sigma and bandwidth_sigma must be in [0, {MAX_SIGMA}] "
-                         f"(log-normal spreads; 0.5 and 0.8 by default), got "
-                         f"{compute_sigma}, {bandwidth_sigma}")
+    for key, sigma in (("compute_sigma", compute_sigma), ("bandwidth_sigma", bandwidth_sigma)):
+        if not 0 <= sigma <= MAX_SIGMA:
+            raise ConfigError(f"clock.{key}: must be in [0, {MAX_SIGMA}] (fedscale: a "
+                              f"log-normal spread), got {sigma}")
     n = num_clients
 
     def draw(median, sigma, name):
