@@ -144,11 +144,57 @@ def check_config(args) -> None:
     where = args.resume if args.resume is not None else args.run_dir
     if where is not None:       # the run's own directory: it must be creatable beside it
         if args.run_dir is not None:
-            check_empty(Path(args.run_dir))
+            try:
+                check_empty(Path(args.run_dir))
+            except OSError as e:
+                raise run_dir_error(args.run_dir, e) from None
         build_plan(dataclasses.replace(cfg, out_dir=str(Path(where).parent)))
     else:
         build_plan(cfg, args.overrides)
     preflight(cfg)
+    if args.run_dir is not None:
+        check_run_dir_creatable(Path(args.run_dir))
+
+
+def run_dir_error(run_dir, e: OSError) -> ConfigError:
+    """The one-line error of a ``--run-dir`` that cannot be created (its name cut as
+    every error message cuts names, :func:`splitfed.experiment.short`)."""
+    from splitfed.experiment import short
+
+    return ConfigError(f"--run-dir: cannot create the run directory {short(str(run_dir))} "
+                       f"({e.strerror or e}); choose another --run-dir")
+
+
+def check_run_dir_creatable(run_dir: Path) -> None:
+    """Create ``run_dir`` (and its missing parents) and remove them again: a directory
+    that cannot be created (a read-only or full file system, ``/proc``, a name too long)
+    is refused here, with one line naming ``--run-dir``, before any rank starts. Rank 0
+    creates it again when the run starts."""
+    made: list[Path] = []
+    try:
+        missing = []
+        path = run_dir
+        while not path.exists() and not path.is_symlink():
+            missing.append(path)
+            if path.parent == path:
+                break
+            path = path.parent
+        for path in reversed(missing):
+            try:
+                path.mkdir()
+            except FileExistsError:         # "d/..", or made meanwhile by another
+                if not path.is_dir():
+                    raise
+                continue
+            made.append(path)
+    except OSError as e:
+        raise run_dir_error(run_dir, e) from None
+    finally:
+        for path in reversed(made):
+            try:
+                path.rmdir()
+            except OSError:
+                pass
 
 
 def _check_resume(run_dir: Path, cfg) -> None:

@@ -238,9 +238,7 @@ def _serve(links: Links, cfg: RunConfig, *, options: RuntimeOptions,
             if run_dir is None:
                 run_dir = new_run_dir(cfg)
             else:
-                run_dir = Path(run_dir)
-                check_empty(run_dir)
-                run_dir.mkdir(parents=True, exist_ok=True)
+                run_dir = make_run_dir(Path(run_dir))
             if not locked:
                 stack.enter_context(lock_run_dir(run_dir))
                 check_empty(run_dir)
@@ -253,6 +251,19 @@ def _serve(links: Links, cfg: RunConfig, *, options: RuntimeOptions,
         return _run(links, cfg, algorithm, env, control, Path(run_dir), options, ckpt,
                     state=state, start=start, records=records or [], wall0=wall0,
                     resumed=resumed, started=started, sinks=given)
+
+
+def make_run_dir(run_dir: Path) -> Path:
+    """Create the run directory ``--run-dir`` names (absent or empty); one that cannot
+    be created is a :class:`ConfigError` naming ``--run-dir``."""
+    from splitfed.runtime.launch import run_dir_error
+
+    try:
+        check_empty(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise run_dir_error(run_dir, e) from None
+    return run_dir
 
 
 def _close_unused(sinks: list | None) -> None:
