@@ -303,11 +303,13 @@ def spawn(nproc: int, worker_args: Sequence[str], *, module: str = WORKER,
 
 def torchrun_command(nproc: int, worker_args: Sequence[str], rdzv_dir: Path) -> list[str]:
     """torchrun's agent, started through this module's ``__main__`` (it dies with the
-    launcher)."""
+    launcher); its rendezvous file and its log directory are in ``rdzv_dir`` (the
+    launcher's status directory, removed when the launcher ends)."""
     return [sys.executable, "-m", __name__, "--nnodes=1",
             f"--nproc-per-node={int(nproc)}", "--max-restarts=0",
             "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_dir / 'rendezvous'}",
             "--rdzv-conf=store_type=file", f"--rdzv-id=splitfed-{os.getpid()}",
+            f"--log-dir={rdzv_dir / 'torchelastic'}",
             "-m", WORKER, *worker_args]
 
 
