@@ -18,7 +18,10 @@ What listens where (docs/distributed.md, "Security"):
 Two launchers:
 
 - ``torchrun`` (default): torchrun's agent stops every rank when one exits with an
-  error: a client process that dies ends the run (resume it with ``--resume``).
+  error: a client process that dies ends the run (one line names the rank, exit status
+  1; resume it with ``--resume``). Once rank 0 has reported its status, the other ranks
+  have :data:`GRACE_S` seconds to exit before the launcher stops them (a hung client
+  rank that rank 0 dropped does not hold the launcher).
 - ``spawn``: starts the N processes itself: a client process that dies or hangs is
   dropped by rank 0 and the run goes on.
 
@@ -53,6 +56,12 @@ LAUNCHER_ENV = "SPLITFED_LAUNCHER_PID"
 #: the launcher's command line (a JSON list), which rank 0 records as the run's command
 COMMAND_ENV = "SPLITFED_LAUNCH_COMMAND"
 STATUS_ENV = "SPLITFED_STATUS_DIR"
+#: seconds the other ranks have to exit once rank 0 has ended (a rank that rank 0 dropped
+#: may hang: it is stopped then)
+GRACE_S = 30.0
+#: the exit status of ``splitfed launch`` when a rank died before rank 0 reported the
+#: run's status (the run can be resumed)
+RANK_DIED = 1
 _PR_SET_PDEATHSIG = 1
 
 
@@ -236,10 +245,31 @@ class Ranks(list):
 
     def status(self, default: int) -> int:
         """Rank 0's exit status as it reported it (``default`` if it did not)."""
+        reported = self.reported()
+        return default if reported is None else reported
+
+    def reported(self) -> int | None:
+        """Rank 0's exit status, once it has reported it (None before)."""
         try:
             return int((self.status_dir / "rank0").read_text().strip())
         except (OSError, ValueError):
-            return default
+            return None
+
+    def run_dir(self) -> str:
+        """The run directory rank 0 writes, once it has made it (``RUN_DIR`` before)."""
+        try:
+            return (self.status_dir / "run_dir").read_text() or "RUN_DIR"
+        except OSError:
+            return "RUN_DIR"
+
+    def failures(self) -> list[tuple[int, int]]:
+        """``(rank, exit code)`` of the workers whose failure ended torchrun's agent, the
+        first first (a negative code: killed by that signal); empty when none."""
+        try:
+            data = json.loads((self.status_dir / FAILURES).read_text())
+            return [(int(rank), int(code)) for rank, code in data]
+        except (OSError, ValueError, TypeError):
+            return []
 
     def close(self) -> None:
         self.server.close()
@@ -248,6 +278,8 @@ class Ranks(list):
 
 #: a launcher's status directory: ``<tmp>/splitfed-launch-<launcher pid>-<random>``
 STATUS_PREFIX = "splitfed-launch-"
+#: the file in the status directory where torchrun's agent lists the failed workers
+FAILURES = "failures.json"
 
 
 def _remove_stale_status_dirs() -> None:
@@ -324,11 +356,11 @@ def torchrun(nproc: int, worker_args: Sequence[str], *, listen: str = "127.0.0.1
     return ranks
 
 
-def wait_all(procs: list[subprocess.Popen], grace_s: float = 30.0) -> int:
-    """Wait for rank 0, then give the other ranks ``grace_s`` seconds to exit (killing
-    any that do not); returns rank 0's exit status."""
+def wait_all(procs: list[subprocess.Popen], grace_s: float | None = None) -> int:
+    """Wait for rank 0, then give the other ranks ``grace_s`` seconds (:data:`GRACE_S`)
+    to exit (killing any that do not); returns rank 0's exit status."""
     code = procs[0].wait()
-    deadline = time.monotonic() + grace_s
+    deadline = time.monotonic() + (GRACE_S if grace_s is None else grace_s)
     for p in procs[1:]:
         try:
             p.wait(max(0.1, deadline - time.monotonic()))
@@ -336,6 +368,35 @@ def wait_all(procs: list[subprocess.Popen], grace_s: float = 30.0) -> int:
             p.kill()
             p.wait()
     return code
+
+
+def wait_agent(ranks: Ranks, grace_s: float | None = None, poll_s: float = 0.2) -> int:
+    """Wait for torchrun's agent (``ranks[0]``); once rank 0 has reported its status,
+    give the agent and its other workers ``grace_s`` seconds (:data:`GRACE_S`) to exit,
+    then stop them (a client rank that hangs keeps torchrun's agent waiting for ever).
+    Returns the agent's exit status, or rank 0's when the agent was stopped."""
+    agent = ranks[0]
+    deadline = None
+    while True:
+        code = agent.poll()
+        if code is not None:
+            return code
+        if deadline is None and ranks.reported() is not None:
+            deadline = time.monotonic() + (GRACE_S if grace_s is None else grace_s)
+        if deadline is not None and time.monotonic() >= deadline:
+            stop(ranks)
+            return ranks.status(1)
+        time.sleep(poll_s)
+
+
+def describe_exit(code: int) -> str:
+    """A process's exit code in words: ``signal SIGKILL`` or ``exit status 1``."""
+    if code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit status {code}"
 
 
 def descendants(pid: int) -> list[int]:
@@ -387,33 +448,97 @@ def _launch(args) -> int:
         start = spawn if args.launcher == "spawn" else torchrun
         ranks = start(args.nproc, worker_argv(args), listen=listen, secret=secret,
                       env={COMMAND_ENV: json.dumps(list(sys.argv))})
-        code = wait_all(ranks) if args.launcher == "spawn" else ranks[0].wait()
-        code = ranks.status(code)
-        return 128 - code if code < 0 else code      # killed by a signal: 128 + its number
+        code = wait_all(ranks) if args.launcher == "spawn" else wait_agent(ranks)
+        if ranks.reported() is None:
+            return _died(ranks, args, code)
+        return ranks.status(code)
     except KeyboardInterrupt as e:
+        interrupted = not isinstance(e, Terminated)
+        what = "interrupted" if interrupted else "terminated"
         if ranks is not None:
             stop(ranks)
-        interrupted = not isinstance(e, Terminated)
-        print(f"splitfed: {'interrupted' if interrupted else 'terminated'}: all ranks "
-              "stopped (continue the run with splitfed launch --resume RUN_DIR)",
-              file=sys.stderr, flush=True)
+        reported = None if ranks is None else ranks.reported()
+        if reported is None:
+            resume = _resume_command(ranks, args)
+            print(f"splitfed: {what}: all ranks stopped (continue the run with {resume})",
+                  file=sys.stderr, flush=True)
+        else:
+            print(f"splitfed: {what}: the run had already ended (exit status {reported}); "
+                  "the remaining ranks stopped", file=sys.stderr, flush=True)
         return 130 if interrupted else 143
     finally:
         if ranks is not None:
             ranks.close()
 
 
+def _resume_command(ranks: Ranks | None, args) -> str:
+    """The command that continues the run (whole, to be copied: as ``splitfed run``'s
+    own hint)."""
+    run_dir = args.resume or (ranks.run_dir() if ranks is not None else "RUN_DIR")
+    return f"splitfed launch --resume {run_dir} --nproc {args.nproc}"
+
+
+def _died(ranks: Ranks, args, code: int) -> int:
+    """Rank 0 did not report the run's status: a rank died (under torchrun: a worker
+    failed and the agent stopped the others). One line says which rank and how to
+    continue; returns :data:`RANK_DIED`."""
+    failures = ranks.failures() if args.launcher == "torchrun" else [(0, code)]
+    if failures:
+        rank, why = failures[0]
+        what = f"rank {rank} {'died' if why < 0 else 'failed'} ({describe_exit(why)})"
+    else:
+        what = f"the ranks ended without rank 0's status ({describe_exit(code)})"
+    stopped = "; torchrun stopped the other ranks" if args.launcher == "torchrun" else ""
+    print(f"splitfed: error: {what}{stopped}; continue the run with "
+          f"{_resume_command(ranks, args)}", file=sys.stderr, flush=True)
+    return RANK_DIED
+
+
 def _agent_main() -> None:
     """``python -m splitfed.runtime.launch TORCHRUN_ARGS``: torchrun's agent that dies
     with the launcher that started it (``PR_SET_PDEATHSIG``)."""
-    import runpy
-
     die_with_parent(signal.SIGKILL)
     launcher = os.environ.get(LAUNCHER_ENV)
     if launcher and os.getppid() != int(launcher):
         os._exit(137)                   # the launcher was gone before the line above
     sys.argv = ["torchrun", *sys.argv[1:]]
-    runpy.run_module("torch.distributed.run", run_name="__main__", alter_sys=True)
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
+
+    if "LOGLEVEL" not in os.environ:    # torchrun's own level setting, else quiet
+        _quiet_agent()
+    try:
+        run(parse_args(sys.argv[1:]))
+    except ChildFailedError as e:       # the launcher prints one line, not this report
+        _record_failures(e)
+        sys.exit(RANK_DIED)
+
+
+def _quiet_agent() -> None:
+    """Keep torchrun's agent from logging its warnings and its report on a failed worker
+    (it stops the other ranks with SIGTERM, logs it, ...): the launcher prints one line."""
+    import logging
+
+    for name, logger in list(logging.root.manager.loggerDict.items()):
+        if name.startswith("torch.distributed") and isinstance(logger, logging.Logger):
+            logger.setLevel(logging.CRITICAL)
+
+
+def _record_failures(e) -> None:
+    """Write the failed workers of torchrun's ``ChildFailedError`` (rank, exit code; the
+    first failure first) into the launcher's status directory."""
+    status_dir = os.environ.get(STATUS_ENV)
+    if not status_dir:
+        return
+    first = e.get_first_failure()[0]
+    failures = sorted(e.failures.items(), key=lambda kv: (kv[0] != first, kv[1].timestamp))
+    try:
+        path = Path(status_dir) / FAILURES
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps([[int(rank), int(f.exitcode)] for rank, f in failures]))
+        os.replace(tmp, path)
+    except OSError:
+        pass
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -244,6 +245,7 @@ def _serve(links: Links, cfg: RunConfig, *, options: RuntimeOptions,
                 check_empty(run_dir)
             write_config(cfg, run_dir / "config.yaml")
             write_partition(run_dir, env)
+        tell_launcher(Path(run_dir))
         given = None
         if sinks is not None:                     # _run owns them from here on
             given = list(sinks)
@@ -264,6 +266,23 @@ def make_run_dir(run_dir: Path) -> Path:
     except OSError as e:
         raise run_dir_error(run_dir, e) from None
     return run_dir
+
+
+def tell_launcher(run_dir: Path) -> None:
+    """Rank 0 started by ``splitfed launch``: write the run directory into the launcher's
+    status directory, so that the launcher can name it if the run is cut short."""
+    from splitfed.runtime.launch import STATUS_ENV
+
+    status_dir = os.environ.get(STATUS_ENV)
+    if not status_dir:
+        return
+    path = Path(status_dir) / "run_dir"
+    try:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(str(run_dir))
+        os.replace(tmp, path)
+    except OSError:
+        pass
 
 
 def _close_unused(sinks: list | None) -> None:
