@@ -20,7 +20,11 @@ SST-2 (Socher et al. 2013, GLUE version): ``data_dir`` holds ``train.tsv`` and
 the parquet files of the Hugging Face ``glue/sst2`` set (``train-*.parquet`` and
 ``validation-*.parquet``, columns ``sentence`` and ``label``; needs pandas and pyarrow).
 GLUE's test split has no labels, so the dev split (872 sentences) is the test set, as in
-paper 001 and MeZO.
+paper 001 and MeZO. A split holds at most :data:`MAX_TEXT_SAMPLES` rows (GLUE's train
+split has 67,349): a TSV file's lines are counted on its raw bytes and a parquet file's
+rows read from its metadata (all of a split's files together) before any row becomes a
+Python object, so a small file declaring millions of short rows is refused in bounded
+memory.
 
 Synthetic marker task (offline): random token sequences of random length; label 1 iff the
 marker token occurs (exactly half the samples, one marker at a random position).
@@ -54,6 +58,7 @@ MAX_TEXT_BYTES = 1 << 28
 MAX_PARQUET_BYTES = 1 << 30
 MAX_LEN = 1 << 14
 MAX_VOCAB = 1 << 20
+#: the most rows (samples) a text split may hold, counted before the rows are read
 MAX_TEXT_SAMPLES = 10**6
 #: tokens (samples x max_len) a split may hold: 800 MB as int64 ids and mask
 MAX_TOKENS = 5 * 10**7
@@ -116,8 +121,32 @@ def hf_encode(tokenizer_dir: str, texts: Sequence[str], max_len: int) -> torch.T
     return torch.stack([enc["input_ids"], enc["attention_mask"]], dim=1).long()
 
 
+def _count_lines(path: Path, chunk_bytes: int = 1 << 24) -> int:
+    """The lines of the text file ``path`` as :mod:`csv` splits them (``\\n``, ``\\r\\n``
+    or a lone ``\\r`` ends one; a last line without an end counts), from its raw bytes
+    (read ``chunk_bytes`` at a time)."""
+    lines, prev_cr, last = 0, False, b""
+    with open(path, "rb") as f:
+        while chunk := f.read(chunk_bytes):
+            lines += chunk.count(b"\n") + chunk.count(b"\r") - chunk.count(b"\r\n")
+            if prev_cr and chunk.startswith(b"\n"):    # a CRLF split between two chunks
+                lines -= 1
+            prev_cr, last = chunk.endswith(b"\r"), chunk[-1:]
+    return lines + (1 if last not in (b"", b"\n", b"\r") else 0)
+
+
+def _check_rows(source: str, rows: int) -> None:
+    if rows > MAX_TEXT_SAMPLES:
+        raise DataError(f"{source}: {rows} rows, more than the {MAX_TEXT_SAMPLES} a text "
+                        "split may hold")
+
+
 def _read_tsv(path: Path) -> tuple[list[str], np.ndarray]:
     check_file_size(path, MAX_TEXT_BYTES, "text file")
+    try:
+        _check_rows(str(path), _count_lines(path) - 1)      # the header is no row
+    except OSError as e:
+        raise DataError(f"{path}: cannot read ({e})") from e
     try:
         with open(path, newline="", encoding="utf-8-sig") as f:   # a BOM is dropped
             rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
@@ -136,9 +165,11 @@ def _read_tsv(path: Path) -> tuple[list[str], np.ndarray]:
     return [r[0] for r in rows[1:]], np.array([int(r[1]) for r in rows[1:]], dtype=np.int64)
 
 
-def _read_parquet(path: Path) -> tuple[list[str], np.ndarray]:
+def _parquet_rows_declared(path: Path) -> int:
+    """The rows the parquet file ``path`` declares in its metadata (nothing else is read);
+    DataError if it is too large, unreadable, or declares more than
+    :data:`MAX_PARQUET_BYTES` or :data:`MAX_TEXT_SAMPLES` rows."""
     try:
-        import pandas as pd
         import pyarrow.parquet as pq
     except ImportError:
         raise DataError(f"{path}: reading parquet needs pandas and pyarrow (pip install "
@@ -147,12 +178,24 @@ def _read_parquet(path: Path) -> tuple[list[str], np.ndarray]:
     try:
         meta = pq.ParquetFile(path).metadata
         inflated = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+        rows = int(meta.num_rows)
     except Exception as e:  # noqa: BLE001 - pyarrow raises many kinds on corrupt files
         raise DataError(f"{path}: not a readable parquet file "
                         f"({type(e).__name__}: {one_line(e)})") from e
     if inflated > MAX_PARQUET_BYTES:
         raise DataError(f"{path}: declares {inflated} bytes of data, more than the "
                         f"{MAX_PARQUET_BYTES} accepted")
+    _check_rows(str(path), rows)
+    return rows
+
+
+def _read_parquet(path: Path) -> tuple[list[str], np.ndarray]:
+    _parquet_rows_declared(path)
+    try:
+        import pandas as pd
+    except ImportError:
+        raise DataError(f"{path}: reading parquet needs pandas and pyarrow (pip install "
+                        "-e '.[data]')") from None
     try:
         frame = pd.read_parquet(path, columns=["sentence", "label"], engine="pyarrow")
     except Exception as e:  # noqa: BLE001 - corrupt files raise many kinds
@@ -187,6 +230,9 @@ def _sst2_split(root: Path, tsv: str, parquet: str) -> tuple[list[str], np.ndarr
         return _read_tsv(root / tsv)
     found = sorted(root.glob(f"{parquet}*.parquet"))
     if found:
+        if len(found) > 1:          # the split's files together, before any is read
+            _check_rows(f"{root}/{parquet}*.parquet ({len(found)} files)",
+                        sum(_parquet_rows_declared(p) for p in found))
         parts = [_read_parquet(p) for p in found]
         return [t for ts, _ in parts for t in ts], np.concatenate([y for _, y in parts])
     raise DataError(f"SST-2: neither {root / tsv} nor {root}/{parquet}*.parquet found; "
