@@ -29,12 +29,18 @@ clients is refused naming it. Schemes:
 - ``shard(num_shards_per_partition, shard_size=None, keep_incomplete_shard=False)``: shuffle,
   sort by label (stable), cut into shards of ``shard_size`` (default N // (K * shards)), and
   give each client ``num_shards_per_partition`` shards drawn at random without replacement
-  (McMahan et al., 2017). An incomplete last shard is used only if ``keep_incomplete_shard``.
-  When N is a multiple of K * shards every client gets exactly N / K samples; a client
-  holds at most ``num_shards_per_partition`` classes (fewer when two of its shards come
-  from one class). With C shards this is paper 003's balanced "C = #" partition (60
-  samples per client for 1000 clients on Fashion-MNIST; docs/design.md, Paper 003
-  partitions).
+  (McMahan et al., 2017: "sort the data by digit label, divide it into 200 shards of size
+  300, and assign each of 100 clients 2 shards"). An incomplete last shard is used only if
+  ``keep_incomplete_shard``. When N is a multiple of K * shards every client gets exactly
+  N / K samples. The cuts fall at fixed multiples of ``shard_size`` of the label-sorted
+  order, not at class boundaries, so a shard that spans a boundary holds two classes (more
+  if a class is smaller than a shard): a client holds at most
+  2 * ``num_shards_per_partition`` classes when no class is smaller than ``shard_size``,
+  and at most ``num_shards_per_partition`` (fewer when two of its shards come from one
+  class) when every class size is a multiple of ``shard_size``, as every shard then holds
+  one class. With C shards this is paper 003's balanced "C = #" partition (60 samples per
+  client for 1000 clients on Fashion-MNIST: 6000 per class and shards of 60 / C, so single-
+  class shards; docs/design.md, Paper 003 partitions).
 - ``natural(natural)``: the data set's own per-client split (``DataBundle.natural_partition``,
   passed as ``natural=``); it must have exactly ``num_clients`` parts of distinct, in-range
   indices. Without ``natural=`` it raises ConfigError (only ``synthetic`` has one).
@@ -184,7 +190,8 @@ def pathological(labels, num_clients, rng, num_classes_per_partition,
 
 def shard(labels, num_clients, rng, num_shards_per_partition, shard_size=None,
           keep_incomplete_shard=False) -> list[np.ndarray]:
-    """Label-sorted shards dealt at random; see the module docstring."""
+    """Label-sorted shards of ``shard_size`` dealt at random (a shard spanning a class
+    boundary holds two classes); see the module docstring."""
     n = len(labels)
     S = _int_param("shard", "num_shards_per_partition", num_shards_per_partition, 1)
     if shard_size is None:
