@@ -1,0 +1,72 @@
+"""IDX data is read straight into one writable uint8 array: reading a file costs its
+declared size (no chunks joined into a second copy), and the loaders' float conversion
+needs no further uint8 copy."""
+
+import gzip
+import struct
+import tracemalloc
+
+import numpy as np
+import pytest
+
+from splitfed.data import read_idx
+from splitfed.data import idx as idx_module
+from splitfed.errors import DataError
+
+MB = 1 << 20
+
+
+def _header(dims):
+    return b"\0\0\x08" + bytes([len(dims)]) + b"".join(struct.pack(">I", d) for d in dims)
+
+
+def _write(path, dims, data: bytes):
+    blob = _header(dims) + data
+    if path.suffix == ".gz":
+        with gzip.open(path, "wb") as f:
+            f.write(blob)
+    else:
+        path.write_bytes(blob)
+
+
+@pytest.mark.parametrize("name", ["images-idx3-ubyte", "images-idx3-ubyte.gz"])
+def test_read_idx_returns_a_writable_array_of_the_data(tmp_path, name):
+    values = np.arange(2 * 3 * 4, dtype=np.uint8)
+    _write(tmp_path / name, (2, 3, 4), values.tobytes())
+    array = read_idx(tmp_path / name)
+    assert array.flags.writeable and array.flags.c_contiguous
+    np.testing.assert_array_equal(array, values.reshape(2, 3, 4))
+
+
+@pytest.mark.parametrize("name", ["images-idx3-ubyte", "images-idx3-ubyte.gz"])
+def test_reading_a_small_gzip_declaring_much_costs_its_declared_size_once(tmp_path, name):
+    n = 16 * MB                                 # zeros: about 16 KB as gzip
+    _write(tmp_path / name, (n // 784, 28, 28), bytes(n // 784 * 784))
+    tracemalloc.start()
+    try:
+        array = read_idx(tmp_path / name)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert array.nbytes == n // 784 * 784
+    assert peak < n + 4 * MB        # joining chunks into bytes held two copies (2 n)
+
+
+def test_a_truncated_gzip_is_refused_after_reading_what_it_holds(tmp_path):
+    path = tmp_path / "images-idx3-ubyte.gz"
+    _write(path, (100000, 28, 28), bytes(1000))
+    with pytest.raises(DataError, match=r"need 78400000 data bytes, file has 1000$"):
+        read_idx(path)
+
+
+def test_an_allocation_the_machine_cannot_make_is_a_data_error(tmp_path, monkeypatch):
+    path = tmp_path / "images-idx3-ubyte"
+    _write(path, (2, 28, 28), bytes(2 * 784))
+
+    def no_memory(shape, dtype=None):
+        raise MemoryError
+
+    monkeypatch.setattr(idx_module.np, "empty", no_memory)
+    with pytest.raises(DataError, match=r"images-idx3-ubyte: IDX dims \(2, 28, 28\) need "
+                                        r"1568 data bytes, more than this machine can"):
+        read_idx(path)
