@@ -22,15 +22,6 @@ from splitfed.runtime.session import check_supported
 LIMIT_S = 240
 
 
-@pytest.fixture
-def no_ranks(monkeypatch):
-    """Starting a rank fails the test."""
-    def start(*args, **kwargs):
-        raise AssertionError("a rank was started")
-    monkeypatch.setattr(launch, "spawn", start)
-    monkeypatch.setattr(launch, "torchrun", start)
-
-
 def launch_args(*argv, options=()):
     """``splitfed launch`` parsed as the command line does (options, then the config and
     its overrides)."""

@@ -99,6 +99,19 @@ def _signal_rank(proc, rank: int, sig) -> None:
     os.kill(pids[0], sig)
 
 
+def _signal_after_round_1(run_dir: Path, sig, **start):
+    """A launch into ``run_dir`` (:func:`_start` with ``start``) whose rank 2 gets ``sig``
+    once round 1 is recorded; returns the launcher's process."""
+    proc = _start(run_dir, **start)
+    try:
+        _wait_for(lambda: _rounds_done(run_dir) >= 1, proc, "round 1")
+        _signal_rank(proc, 2, sig)
+    except BaseException:
+        _kill_all(proc)
+        raise
+    return proc
+
+
 def _lines(err: str) -> list[str]:
     """The launcher's stderr lines: besides rank 0's line on the rank it lost (which it
     may print before it ends), one line, and no report of torchrun's."""
@@ -120,10 +133,8 @@ def test_a_hung_client_rank_does_not_hold_the_torchrun_launcher(tmp_path):
     gives the other ranks its grace period, stops the agent and its workers, and exits
     with the run's status."""
     run_dir = tmp_path / "run"
-    proc = _start(run_dir, grace_s=2.0)
+    proc = _signal_after_round_1(run_dir, signal.SIGSTOP, grace_s=2.0)
     try:
-        _wait_for(lambda: _rounds_done(run_dir) >= 1, proc, "round 1")
-        _signal_rank(proc, 2, signal.SIGSTOP)
         try:
             out, err = proc.communicate(timeout=60)
         except subprocess.TimeoutExpired:
@@ -142,10 +153,8 @@ def test_a_hung_client_rank_does_not_hold_the_torchrun_launcher(tmp_path):
 
 def test_sigterm_after_the_run_ended_does_not_ask_to_resume_it(tmp_path):
     run_dir = tmp_path / "run"
-    proc = _start(run_dir, grace_s=600.0)
+    proc = _signal_after_round_1(run_dir, signal.SIGSTOP, grace_s=600.0)
     try:
-        _wait_for(lambda: _rounds_done(run_dir) >= 1, proc, "round 1")
-        _signal_rank(proc, 2, signal.SIGSTOP)
         _wait_for(lambda: _status_file(proc.pid) is not None, proc, "rank 0's status")
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=30)
@@ -160,10 +169,8 @@ def test_sigterm_after_the_run_ended_does_not_ask_to_resume_it(tmp_path):
 
 def test_a_killed_client_rank_under_torchrun_is_one_line_and_status_1(tmp_path):
     run_dir = tmp_path / "run"
-    proc = _start(run_dir, rounds=40)
+    proc = _signal_after_round_1(run_dir, signal.SIGKILL, rounds=40)
     try:
-        _wait_for(lambda: _rounds_done(run_dir) >= 1, proc, "round 1")
-        _signal_rank(proc, 2, signal.SIGKILL)
         out, err = proc.communicate(timeout=60)
     finally:
         _kill_all(proc)

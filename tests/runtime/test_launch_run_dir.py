@@ -11,15 +11,6 @@ from splitfed.errors import ConfigError
 from splitfed.runtime import launch
 
 
-@pytest.fixture
-def no_ranks(monkeypatch):
-    """Starting a rank fails the test."""
-    def start(*args, **kwargs):
-        raise AssertionError("a rank was started")
-    monkeypatch.setattr(launch, "spawn", start)
-    monkeypatch.setattr(launch, "torchrun", start)
-
-
 def test_a_run_dir_that_cannot_be_created_is_refused_before_any_rank(capsys, no_ranks):
     code = main(["launch", "quick_digits", "--nproc", "2", "rounds=1", "--run-dir",
                  "/proc/x"])
