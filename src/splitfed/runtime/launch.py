@@ -282,6 +282,21 @@ STATUS_PREFIX = "splitfed-launch-"
 FAILURES = "failures.json"
 
 
+def write_status(name: str, text: str) -> bool:
+    """Write ``text`` as the file ``name`` of the launcher's status directory (its path in
+    :data:`STATUS_ENV`), atomically; False when there is none or it cannot be written."""
+    from splitfed.files import atomic_write
+
+    status_dir = os.environ.get(STATUS_ENV)
+    if not status_dir:
+        return False
+    try:
+        atomic_write(Path(status_dir) / name, lambda fh: fh.write(text.encode()))
+    except OSError:
+        return False
+    return True
+
+
 def _remove_stale_status_dirs() -> None:
     """Remove this user's status directories whose launcher is gone: a launcher killed
     with SIGKILL cannot remove its own (its ranks die with it). A directory whose pid is
@@ -527,18 +542,9 @@ def _quiet_agent() -> None:
 def _record_failures(e) -> None:
     """Write the failed workers of torchrun's ``ChildFailedError`` (rank, exit code; the
     first failure first) into the launcher's status directory."""
-    status_dir = os.environ.get(STATUS_ENV)
-    if not status_dir:
-        return
     first = e.get_first_failure()[0]
     failures = sorted(e.failures.items(), key=lambda kv: (kv[0] != first, kv[1].timestamp))
-    try:
-        path = Path(status_dir) / FAILURES
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps([[int(rank), int(f.exitcode)] for rank, f in failures]))
-        os.replace(tmp, path)
-    except OSError:
-        pass
+    write_status(FAILURES, json.dumps([[int(rank), int(f.exitcode)] for rank, f in failures]))
 
 
 if __name__ == "__main__":

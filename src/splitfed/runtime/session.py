@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import sys
 import time
 from dataclasses import dataclass
@@ -271,18 +270,9 @@ def make_run_dir(run_dir: Path) -> Path:
 def tell_launcher(run_dir: Path) -> None:
     """Rank 0 started by ``splitfed launch``: write the run directory into the launcher's
     status directory, so that the launcher can name it if the run is cut short."""
-    from splitfed.runtime.launch import STATUS_ENV
+    from splitfed.runtime.launch import write_status
 
-    status_dir = os.environ.get(STATUS_ENV)
-    if not status_dir:
-        return
-    path = Path(status_dir) / "run_dir"
-    try:
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(str(run_dir))
-        os.replace(tmp, path)
-    except OSError:
-        pass
+    write_status("run_dir", str(run_dir))
 
 
 def _close_unused(sinks: list | None) -> None:

@@ -149,15 +149,9 @@ def _report(rank: int, code: int) -> int:
     """Rank 0 writes its status for splitfed launch; under torchrun an orderly end of
     the run (an error it reported, a run that did not complete) then exits 0, so that
     torchrun does not wrap the one-line report in its own."""
-    status_dir = os.environ.get("SPLITFED_STATUS_DIR")
-    if rank != 0 or not status_dir:
-        return code
-    path = Path(status_dir) / "rank0"
-    try:
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(f"{code}\n")
-        os.replace(tmp, path)
-    except OSError:
+    from splitfed.runtime.launch import write_status
+
+    if rank != 0 or not write_status("rank0", f"{code}\n"):
         return code
     return 0 if code in (2, 3) and "TORCHELASTIC_RUN_ID" in os.environ else code
 
