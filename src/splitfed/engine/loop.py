@@ -63,13 +63,19 @@ from splitfed.transport import payload_bytes
 
 def _evaluate(algorithm, env, state) -> dict[str, float]:
     test = env.data.test
-    name = env.config.algorithm.name
-    model = call_algorithm(name, "eval_model", algorithm.eval_model, env, state)
+    model = call_algorithm(env.config.algorithm.name, "eval_model", algorithm.eval_model,
+                           env, state)
     if not isinstance(model, torch.nn.Module):
-        raise PluginError(f"algorithm.name: {component('algorithm', name)}: eval_model "
-                          f"returned {type(model).__name__}; it must return the model to "
-                          "evaluate (a torch.nn.Module)")
+        raise PluginError(f"{_named(env.config)}: eval_model returned "
+                          f"{type(model).__name__}; it must return the model to evaluate "
+                          "(a torch.nn.Module)")
     return evaluate(model, test.x, test.y, env.config.engine.eval_batch_size)
+
+
+def _named(cfg) -> str:
+    """``algorithm.name: algorithm 'x'`` (with its plugin) for messages about the run's
+    algorithm."""
+    return f"algorithm.name: {component('algorithm', cfg.algorithm.name)}"
 
 
 def evaluates(cfg, t: int) -> bool:
@@ -258,9 +264,9 @@ def run_rounds(algorithm, env, logger, state: dict | None = None,
         state = call_algorithm(cfg.algorithm.name, "init_state",
                                algorithm.init_state, env)
         if not isinstance(state, dict):
-            raise PluginError(f"algorithm.name: {component('algorithm', cfg.algorithm.name)}"
-                              f": init_state returned {type(state).__name__}; it must return "
-                              "the algorithm's state, a dict")
+            raise PluginError(f"{_named(cfg)}: init_state returned "
+                              f"{type(state).__name__}; it must return the algorithm's "
+                              "state, a dict")
     declared = tuple(state) if isinstance(state, dict) else ()
     started = time.perf_counter()
     lines = progress_lines and not cfg.progress
@@ -336,11 +342,10 @@ def _warn_silent(cfg, t: int, used: int) -> None:
     """A warning on stderr (once a run): clients took part in round ``t`` but nothing
     went through the transport, so the records count no bytes and the clock no
     communication (an algorithm that moves tensors without ``env.transport``)."""
-    print(f"splitfed: warning: algorithm.name: {component('algorithm', cfg.algorithm.name)} "
-          f"used {used} client(s) in round {t} but sent nothing through env.transport: "
-          "the records count 0 bytes and the clock no communication time for it "
-          "(docs/extending.md: everything that crosses the network goes through the "
-          "transport)", file=sys.stderr, flush=True)
+    print(f"splitfed: warning: {_named(cfg)} used {used} client(s) in round {t} but sent "
+          "nothing through env.transport: the records count 0 bytes and the clock no "
+          "communication time for it (docs/extending.md: everything that crosses the "
+          "network goes through the transport)", file=sys.stderr, flush=True)
 
 
 def _progress_line(cfg, record: dict, started: float, status: str) -> None:
