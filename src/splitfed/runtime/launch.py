@@ -48,6 +48,7 @@ from pathlib import Path
 
 from splitfed.errors import ConfigError, Terminated, sigterm_interrupts
 from splitfed.runtime import secure
+from splitfed.runtime.status import STATUS_ENV, run_dir_error, write_status
 
 WORKER = "splitfed.runtime.worker"
 #: most processes ``splitfed launch`` starts
@@ -55,7 +56,6 @@ MAX_NPROC = 256
 LAUNCHER_ENV = "SPLITFED_LAUNCHER_PID"
 #: the launcher's command line (a JSON list), which rank 0 records as the run's command
 COMMAND_ENV = "SPLITFED_LAUNCH_COMMAND"
-STATUS_ENV = "SPLITFED_STATUS_DIR"
 #: seconds the other ranks have to exit once rank 0 has ended (a rank that rank 0 dropped
 #: may hang: it is stopped then)
 GRACE_S = 30.0
@@ -165,15 +165,6 @@ def check_config(args) -> None:
         check_run_dir_creatable(Path(args.run_dir))
 
 
-def run_dir_error(run_dir, e: OSError) -> ConfigError:
-    """The one-line error of a ``--run-dir`` that cannot be created (its name cut as
-    every error message cuts names, :func:`splitfed.experiment.short`)."""
-    from splitfed.experiment import short
-
-    return ConfigError(f"--run-dir: cannot create the run directory {short(str(run_dir))} "
-                       f"({e.strerror or e}); choose another --run-dir")
-
-
 def check_run_dir_creatable(run_dir: Path) -> None:
     """Create ``run_dir`` (and its missing parents) and remove them again: a directory
     that cannot be created (a read-only or full file system, ``/proc``, a name too long)
@@ -280,21 +271,6 @@ class Ranks(list):
 STATUS_PREFIX = "splitfed-launch-"
 #: the file in the status directory where torchrun's agent lists the failed workers
 FAILURES = "failures.json"
-
-
-def write_status(name: str, text: str) -> bool:
-    """Write ``text`` as the file ``name`` of the launcher's status directory (its path in
-    :data:`STATUS_ENV`), atomically; False when there is none or it cannot be written."""
-    from splitfed.files import atomic_write
-
-    status_dir = os.environ.get(STATUS_ENV)
-    if not status_dir:
-        return False
-    try:
-        atomic_write(Path(status_dir) / name, lambda fh: fh.write(text.encode()))
-    except OSError:
-        return False
-    return True
 
 
 def _remove_stale_status_dirs() -> None:

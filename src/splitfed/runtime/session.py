@@ -257,7 +257,7 @@ def _serve(links: Links, cfg: RunConfig, *, options: RuntimeOptions,
 def make_run_dir(run_dir: Path) -> Path:
     """Create the run directory ``--run-dir`` names (absent or empty); one that cannot
     be created is a :class:`ConfigError` naming ``--run-dir``."""
-    from splitfed.runtime.launch import run_dir_error
+    from splitfed.runtime.status import run_dir_error
 
     try:
         check_empty(run_dir)
@@ -270,7 +270,7 @@ def make_run_dir(run_dir: Path) -> Path:
 def tell_launcher(run_dir: Path) -> None:
     """Rank 0 started by ``splitfed launch``: write the run directory into the launcher's
     status directory, so that the launcher can name it if the run is cut short."""
-    from splitfed.runtime.launch import write_status
+    from splitfed.runtime.status import write_status
 
     write_status("run_dir", str(run_dir))
 

@@ -149,7 +149,7 @@ def _report(rank: int, code: int) -> int:
     """Rank 0 writes its status for splitfed launch; under torchrun an orderly end of
     the run (an error it reported, a run that did not complete) then exits 0, so that
     torchrun does not wrap the one-line report in its own."""
-    from splitfed.runtime.launch import write_status
+    from splitfed.runtime.status import write_status
 
     if rank != 0 or not write_status("rank0", f"{code}\n"):
         return code
