@@ -127,7 +127,10 @@ def test_sflv2_matches_unbatched_reference(order):
     close(final(cfg), _sflv2_reference(cfg, 2, order))
 
 
-def _sflv1_period_reference(cfg, period):
+def _sflv1_period_reference(cfg, period, momentum=0.0, weight_decay=0.0, restart=False):
+    """One round of Algorithm 1 (paper 002) with tau = 4, tau_tilde = ``period``: plain
+    per-client modules, one torch SGD per client and per server copy living for the round
+    (docs/design.md, SFL-V1: a copy keeps its momentum across mid-round averages)."""
     env, client, server, streams = _setup(cfg)
     x, y = env.data.train.x, env.data.train.y
     n = env.num_clients
@@ -136,19 +139,25 @@ def _sflv1_period_reference(cfg, period):
              for c in range(n)]
     clients = [copy.deepcopy(client) for _ in range(n)]
     servers = [copy.deepcopy(server) for _ in range(n)]
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=momentum,
+                            weight_decay=weight_decay) for m in clients + servers]
     for k in range(4):
         for c in range(n):
             acts = clients[c](x[plans[c][k]])
             h = acts.detach().requires_grad_(True)
             F.cross_entropy(servers[c](h), y[plans[c][k]]).backward()
-            _sgd_step(servers[c])
+            opts[n + c].step()
+            opts[n + c].zero_grad(set_to_none=True)
             acts.backward(h.grad)
-            _sgd_step(clients[c])
+            opts[c].step()
+            opts[c].zero_grad(set_to_none=True)
         if (k + 1) % period == 0:
             mean = {key: sum(float(w[c]) * servers[c].state_dict()[key] for c in range(n))
                     for key in server.state_dict()}
-            for s in servers:
+            for c, s in enumerate(servers):  # in place: the copy's optimizer keeps its buffers
                 s.load_state_dict(mean)
+                if restart:
+                    opts[n + c].state.clear()
     avg = {key: sum(float(w[c]) * clients[c].state_dict()[key] for c in range(n))
            for key in client.state_dict()}
     return {**avg, **servers[0].state_dict()}
@@ -162,6 +171,20 @@ def test_sflv1_server_period_averages_server_copies_mid_round():
     close(got, _sflv1_period_reference(cfg, 2))
     default = final(digits_config(algorithm={"name": "sflv1"}, rounds=1, **over))
     assert any(not torch.allclose(got[k], default[k]) for k in got)
+
+
+def test_sflv1_server_copies_keep_their_momentum_across_mid_round_averages():
+    """With momentum, each server copy's optimizer lives for the round: a mid-round
+    average resets the copies' weights, not their momentum buffers."""
+    over = dict(SPLIT, train={"batch_size": 8, "local_steps": 4, "local_epochs": None,
+                              "lr": 0.1, "momentum": 0.9, "weight_decay": 5e-4})
+    cfg = digits_config(algorithm={"name": "sflv1", "server_period": 1}, rounds=1, **over)
+    got = final(cfg)
+    close(got, _sflv1_period_reference(cfg, 1, momentum=0.9, weight_decay=5e-4))
+    # the alternative (buffers restarted at every average) gives other numbers
+    restarted = _sflv1_period_reference(cfg, 1, momentum=0.9, weight_decay=5e-4,
+                                        restart=True)
+    assert any(not torch.allclose(got[k], restarted[k], atol=1e-4) for k in got)
 
 
 def test_sflv1_server_period_must_divide_local_steps():

@@ -33,11 +33,12 @@ step is FedAdam on the whole model when tau_tilde = tau).
 
 Recipe (docs/design.md, SFL training recipes): ``recipe="paper"`` (default) trains both
 sides with ``train.momentum`` and ``train.weight_decay``, each client's optimizer and
-each server copy's optimizer living for the round. ``recipe="released_code"`` is the
-authors' released code: the client side as before, but the server copy's optimizer is
-re-created for every batch, so its momentum buffer never builds; a fresh SGD's first
-step is x - eta (g + wd x), i.e. SGD without momentum, and that is how the server
-copies step (still batched). With tau_tilde = tau this recipe alone makes the result
+each server copy's optimizer living for the round (a mid-round average of
+``server_period`` resets the copies' weights, not their momentum buffers).
+``recipe="released_code"`` is the authors' released code: the client side as before,
+but the server copy's optimizer is re-created for every batch, so its momentum buffer
+never builds; a fresh SGD's first step is x - eta (g + wd x), i.e. SGD without
+momentum, and that is how the server copies step (still batched). With tau_tilde = tau this recipe alone makes the result
 depend on the cut: the part of the model trained with momentum grows with it.
 """
 
