@@ -1,5 +1,6 @@
-"""SST-2 files: a split's row count is checked before any row is read into Python objects,
-so a small file declaring millions of short rows cannot use memory without bound."""
+"""SST-2 files: a split's row count and bytes of text are checked before any row is read
+into Python objects, so a small file declaring millions of rows, or repeating one long
+sentence on every row, cannot use memory or tokenizing time without bound."""
 
 import numpy as np
 import pytest
@@ -71,35 +72,102 @@ def _write_parquet(path, n):
 
 def test_parquet_rows_are_checked_from_the_metadata_before_any_column_is_read(
         tmp_path, monkeypatch):
-    pd = pytest.importorskip("pandas")
+    pq = pytest.importorskip("pyarrow.parquet")
     monkeypatch.setattr(text, "MAX_TEXT_SAMPLES", 3)
     _write_parquet(tmp_path / "ok.parquet", 3)
-    texts, labels = text._read_parquet(tmp_path / "ok.parquet")
-    assert texts == ["a"] * 3 and labels.tolist() == [0, 1, 0]
+    texts, labels, size = text._read_parquet(tmp_path / "ok.parquet")
+    assert texts == ["a"] * 3 and labels.tolist() == [0, 1, 0] and size == 3
     _write_parquet(tmp_path / "train-00000.parquet", 4)
-    monkeypatch.setattr(pd, "read_parquet", _fail)
+    monkeypatch.setattr(pq, "read_table", _fail)
     with pytest.raises(DataError, match=r"train-00000.parquet: 4 rows, more than the 3 "):
         text._read_parquet(tmp_path / "train-00000.parquet")
 
 
 def test_parquet_split_counts_the_rows_of_all_its_files_before_reading_one(tmp_path,
                                                                         monkeypatch):
-    pd = pytest.importorskip("pandas")
+    pq = pytest.importorskip("pyarrow.parquet")
     monkeypatch.setattr(text, "MAX_TEXT_SAMPLES", 3)
     _write_parquet(tmp_path / "train-00000-of-00002.parquet", 2)
     _write_parquet(tmp_path / "train-00001-of-00002.parquet", 2)
-    monkeypatch.setattr(pd, "read_parquet", _fail)
+    monkeypatch.setattr(pq, "read_table", _fail)
     with pytest.raises(DataError, match=r"train\*.parquet \(2 files\): 4 rows, more than the 3"):
         text._sst2_split(tmp_path, "train.tsv", "train")
 
 
 def test_small_parquet_declaring_many_rows_is_refused_at_the_default_limit(tmp_path,
                                                                           monkeypatch):
-    pd = pytest.importorskip("pandas")
+    pq = pytest.importorskip("pyarrow.parquet")
     _write_parquet(tmp_path / "train-00000.parquet", 10**6 + 1)
     _write_parquet(tmp_path / "validation-00000.parquet", 1)
     assert (tmp_path / "train-00000.parquet").stat().st_size < 1 << 20
-    monkeypatch.setattr(pd, "read_parquet", _fail)
+    monkeypatch.setattr(pq, "read_table", _fail)
     with pytest.raises(DataError, match=r"train-00000.parquet: 1000001 rows, more than the "
                                         r"1000000 a text split may hold"):
         load_dataset("sst2", str(tmp_path))
+
+
+def _write_repeated(path, n, sentence, **options):
+    """``n`` rows of the same ``sentence``, stored once (dictionary encoding by default)."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    sentences = pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32)),
+                                               pa.array([sentence]))
+    if options:                     # an encoding other than the dictionary: plain strings
+        sentences = sentences.cast(pa.string())
+    pq.write_table(pa.table({"sentence": sentences,
+                             "label": pa.array(np.arange(n) % 2, pa.int64())}),
+                   path, compression="zstd", **options)
+
+
+def test_one_long_sentence_on_every_row_is_counted_before_it_is_expanded(tmp_path,
+                                                                        monkeypatch):
+    # 10^5 rows of a 3 kB sentence: a 2 kB file whose rows hold 300 MB of text, which
+    # pandas used to expand and the tokenizer to split word by word
+    _write_repeated(tmp_path / "train-00000.parquet", 10**5, "good movie. " * 250)
+    _write_repeated(tmp_path / "validation-00000.parquet", 1, "good")
+    assert (tmp_path / "train-00000.parquet").stat().st_size < 1 << 16
+    monkeypatch.setattr(text, "parquet_rows", _fail)
+    with pytest.raises(DataError, match=r"train-00000.parquet: its sentences hold 300000000 "
+                                        r"bytes of text, more than the 268435456 a text "
+                                        r"split may hold$"):
+        load_dataset("sst2", str(tmp_path))
+
+
+def test_a_splits_files_share_one_text_budget(tmp_path, monkeypatch):
+    monkeypatch.setattr(text, "MAX_TEXT_BYTES", 5000)
+    _write_repeated(tmp_path / "train-00000-of-00002.parquet", 6, "x" * 500)
+    texts, labels, size = text._read_parquet(tmp_path / "train-00000-of-00002.parquet")
+    assert texts == ["x" * 500] * 6 and labels.tolist() == [0, 1] * 3 and size == 3000
+    _write_repeated(tmp_path / "train-00001-of-00002.parquet", 5, "y" * 500)
+    with pytest.raises(DataError, match=r"train-00001-of-00002.parquet: its sentences hold "
+                                        r"2500 bytes of text, more than the 2000 bytes its "
+                                        r"split's other files left of the 5000 a text split"):
+        text._sst2_split(tmp_path, "train.tsv", "train")
+
+
+def test_delta_encoded_sentences_are_refused_before_they_are_decoded(tmp_path, monkeypatch):
+    # each value extends its predecessor's prefix: 10^4 rows of 10 kB from a few kB
+    pq = pytest.importorskip("pyarrow.parquet")
+    _write_repeated(tmp_path / "train.parquet", 10**4, "w " * 5000, use_dictionary=False,
+                    column_encoding={"sentence": "DELTA_BYTE_ARRAY"})
+    monkeypatch.setattr(pq, "read_table", _fail)
+    with pytest.raises(DataError, match=r"train.parquet: column 'sentence' is "
+                                        r"DELTA_BYTE_ARRAY-encoded, whose decoded size"):
+        text._read_parquet(tmp_path / "train.parquet")
+
+
+@pytest.mark.parametrize("columns, says", [
+    ({"sentence": ["a", "b"]}, r"no column 'label' of one value per row \(an SST-2 parquet "
+                               r"file has the columns sentence and label\)"),
+    ({"sentence": ["a", "b"], "label": [[0] * 1000, [1]]}, r"no column 'label' of one value"),
+    ({"sentence": [1, 2], "label": [0, 1]}, r"column 'sentence' stores INT64, not text"),
+    ({"sentence": ["a", "b"], "label": ["0", "1"]},
+     r"column 'label' stores BYTE_ARRAY; labels are the integers 0 and 1"),
+])
+def test_parquet_columns_are_checked_from_the_metadata(tmp_path, monkeypatch, columns, says):
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    pq.write_table(pa.table(columns), tmp_path / "f.parquet")
+    monkeypatch.setattr(pq, "read_table", _fail)
+    with pytest.raises(DataError, match=r"f.parquet: " + says):
+        text._read_parquet(tmp_path / "f.parquet")

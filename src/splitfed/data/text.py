@@ -24,7 +24,10 @@ paper 001 and MeZO. A split holds at most :data:`MAX_TEXT_SAMPLES` rows (GLUE's 
 split has 67,349): a TSV file's lines are counted on its raw bytes and a parquet file's
 rows read from its metadata (all of a split's files together) before any row becomes a
 Python object, so a small file declaring millions of short rows is refused in bounded
-memory.
+memory. A split's sentences hold at most :data:`MAX_TEXT_BYTES` bytes of text (a TSV
+file's size; a parquet file's sentences are read dictionary-encoded and their bytes
+counted before they are expanded, so one long sentence repeated on every row is refused
+too).
 
 Synthetic marker task (offline): random token sequences of random length; label 1 iff the
 marker token occurs (exactly half the samples, one marker at a random position).
@@ -52,7 +55,8 @@ from splitfed.errors import ConfigError, DataError
 from splitfed.origins import one_line
 
 PAD, BOS, UNK, FIRST_WORD = 1, 2, 3, 4
-#: the largest text file read (GLUE's SST-2 train.tsv is 4 MB)
+#: the largest text file read, and the most bytes of sentence text a split may hold
+#: (GLUE's SST-2 train.tsv is 4 MB)
 MAX_TEXT_BYTES = 1 << 28
 #: the most bytes a parquet file may inflate to (pyarrow's metadata, read first)
 MAX_PARQUET_BYTES = 1 << 30
@@ -167,8 +171,9 @@ def _read_tsv(path: Path) -> tuple[list[str], np.ndarray]:
 
 def _parquet_rows_declared(path: Path) -> int:
     """The rows the parquet file ``path`` declares in its metadata (nothing else is read);
-    DataError if it is too large, unreadable, or declares more than
-    :data:`MAX_PARQUET_BYTES` or :data:`MAX_TEXT_SAMPLES` rows."""
+    DataError if it is too large, unreadable, declares more than
+    :data:`MAX_PARQUET_BYTES` or :data:`MAX_TEXT_SAMPLES` rows, or its columns
+    ``sentence`` and ``label`` are not what :func:`_check_parquet_columns` admits."""
     try:
         import pyarrow.parquet as pq
     except ImportError:
@@ -186,22 +191,86 @@ def _parquet_rows_declared(path: Path) -> int:
         raise DataError(f"{path}: declares {inflated} bytes of data, more than the "
                         f"{MAX_PARQUET_BYTES} accepted")
     _check_rows(str(path), rows)
+    _check_parquet_columns(path, meta)
     return rows
 
 
-def _read_parquet(path: Path) -> tuple[list[str], np.ndarray]:
+def _check_parquet_columns(path: Path, meta) -> None:
+    """From the metadata, before any value is decoded: ``sentence`` and ``label`` are
+    flat columns of one value per row (a nested column's repetition could declare any
+    number of values), ``sentence`` stores byte strings and is not DELTA_BYTE_ARRAY-
+    encoded (each value there extends a prefix of the one before, so a few bytes can
+    decode to gigabytes that the declared size does not count; a dictionary-encoded
+    column's repeats are counted in :func:`_read_parquet`), and ``label`` stores numbers."""
+    for i in range(meta.num_row_groups):
+        group = meta.row_group(i)
+        columns = {group.column(j).path_in_schema: group.column(j)
+                   for j in range(group.num_columns)}
+        for name in ("sentence", "label"):
+            column = columns.get(name)
+            if column is None:
+                raise DataError(f"{path}: no column '{name}' of one value per row (an SST-2 "
+                                "parquet file has the columns sentence and label)")
+            if column.num_values != group.num_rows:
+                raise DataError(f"{path}: column '{name}' holds {column.num_values} values "
+                                f"in {group.num_rows} rows; one value per row expected")
+        kind = columns["sentence"].physical_type
+        if kind != "BYTE_ARRAY":
+            raise DataError(f"{path}: column 'sentence' stores {kind}, not text")
+        if "DELTA_BYTE_ARRAY" in columns["sentence"].encodings:
+            raise DataError(f"{path}: column 'sentence' is DELTA_BYTE_ARRAY-encoded, whose "
+                            "decoded size the file does not declare; write it with "
+                            "pyarrow's default (dictionary) encoding")
+        kind = columns["label"].physical_type
+        if kind not in ("INT32", "INT64", "FLOAT", "DOUBLE", "BOOLEAN"):
+            raise DataError(f"{path}: column 'label' stores {kind}; labels are the "
+                            "integers 0 and 1")
+
+
+def _text_bytes(column) -> int:
+    """The bytes of text in the pyarrow string ``column`` (dictionary-encoded chunks
+    counted per row, without decoding them)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    total = 0
+    for chunk in column.chunks:
+        if pa.types.is_dictionary(chunk.type):
+            lengths = pc.take(pc.binary_length(chunk.dictionary), chunk.indices)
+        else:
+            lengths = pc.binary_length(chunk)
+        total += int(pc.sum(lengths, min_count=0).as_py())
+    return total
+
+
+def _read_parquet(path: Path, text_budget: int | None = None,
+                  ) -> tuple[list[str], np.ndarray, int]:
+    """The sentences, labels and bytes of text of the parquet file ``path``; DataError if
+    the text is more than ``text_budget`` bytes (default :data:`MAX_TEXT_BYTES`: what the
+    split's other files left). The sentences are read dictionary-encoded, so a file
+    repeating one long sentence is counted before it is expanded."""
+    budget = MAX_TEXT_BYTES if text_budget is None else text_budget
     _parquet_rows_declared(path)
     try:
-        import pandas as pd
+        import pandas  # noqa: F401 - the frame below
+        import pyarrow.parquet as pq
     except ImportError:
         raise DataError(f"{path}: reading parquet needs pandas and pyarrow (pip install "
                         "-e '.[data]')") from None
     try:
-        frame = pd.read_parquet(path, columns=["sentence", "label"], engine="pyarrow")
+        table = pq.read_table(path, columns=["sentence", "label"],
+                              read_dictionary=["sentence"])
+        size = _text_bytes(table.column("sentence"))
     except Exception as e:  # noqa: BLE001 - corrupt files raise many kinds
         raise DataError(f"{path}: not a readable parquet file "
                         f"({type(e).__name__}: {one_line(e)})") from e
-    return parquet_rows(frame, path)
+    if size > budget:
+        left = "" if budget == MAX_TEXT_BYTES else (f"{budget} bytes its split's other "
+                                                    "files left of the ")
+        raise DataError(f"{path}: its sentences hold {size} bytes of text, more than the "
+                        f"{left}{MAX_TEXT_BYTES} a text split may hold")
+    texts, labels = parquet_rows(table.to_pandas(), path)
+    return texts, labels, size
 
 
 def parquet_rows(frame, path) -> tuple[list[str], np.ndarray]:
@@ -233,7 +302,11 @@ def _sst2_split(root: Path, tsv: str, parquet: str) -> tuple[list[str], np.ndarr
         if len(found) > 1:          # the split's files together, before any is read
             _check_rows(f"{root}/{parquet}*.parquet ({len(found)} files)",
                         sum(_parquet_rows_declared(p) for p in found))
-        parts = [_read_parquet(p) for p in found]
+        parts, budget = [], MAX_TEXT_BYTES
+        for p in found:             # the split's text together at most MAX_TEXT_BYTES
+            texts, labels, size = _read_parquet(p, budget)
+            parts.append((texts, labels))
+            budget -= size
         return [t for ts, _ in parts for t in ts], np.concatenate([y for _, y in parts])
     raise DataError(f"SST-2: neither {root / tsv} nor {root}/{parquet}*.parquet found; "
                     "download GLUE's SST-2 (train.tsv, dev.tsv) into data.data_dir")
