@@ -513,3 +513,14 @@ def test_the_section_keys_registration_guards_are_the_config_classes_fields():
 
     assert {s: set(keys) for s, keys in registry.SECTION_KEYS.items()} == {
         s: set(_field_names(s)) for s in _OPEN_SECTIONS}
+
+
+def test_a_plugin_in_site_packages_inside_pythons_own_directory_is_not_pythons_own():
+    from splitfed.origins import _python_own
+
+    stdlib, sites = "/usr/local/lib/python3.11", ["/usr/local/lib/python3.11/site-packages"]
+    assert _python_own("/usr/local/lib/python3.11/json/decoder.py", stdlib, sites)
+    assert not _python_own("/usr/local/lib/python3.11/site-packages/lab/algo.py", stdlib,
+                           sites)
+    assert not _python_own("/usr/local/lib/python3.11x/lab.py", stdlib, sites)
+    assert not _python_own("/home/me/lab/algo.py", stdlib, sites)

@@ -68,18 +68,47 @@ def _call(kind: str, name: str, field: str, during: str, fn, *args, **kwargs):
 
 def _plugin_frame(e: BaseException) -> str | None:
     """``file:line`` of the innermost frame of ``e``'s traceback in code that is neither
-    splitfed's nor torch's, numpy's or Python's own: where in the plugin it happened."""
+    splitfed's nor torch's, numpy's or Python's own: where in the plugin it happened (a
+    plugin installed into site-packages too, which may lie inside Python's own
+    directory)."""
     import os
     import sys
     import traceback
 
-    skip = [os.path.dirname(os.path.abspath(__file__)), os.path.dirname(os.__file__)]
+    skip = [os.path.dirname(os.path.abspath(__file__))]
     for lib in ("torch", "numpy"):
         module = sys.modules.get(lib)
         if getattr(module, "__file__", None):
             skip.append(os.path.dirname(os.path.abspath(module.__file__)))
     for frame in reversed(traceback.extract_tb(e.__traceback__)):
         path = os.path.abspath(frame.filename)
-        if not any(path == d or path.startswith(d + os.sep) for d in skip):
+        if not any(_under(path, d) for d in skip) and not _python_own(path):
             return f"{frame.filename}:{frame.lineno}"
     return None
+
+
+def _under(path: str, directory: str) -> bool:
+    import os
+
+    return path == directory or path.startswith(directory.rstrip(os.sep) + os.sep)
+
+
+def _python_own(path: str, stdlib: str | None = None,
+                sites: list[str] | None = None) -> bool:
+    """Whether ``path`` is Python's standard library: under ``stdlib`` (default: the
+    directory of ``os``) but not under one of the ``sites`` (default: the installation's
+    site-packages directories, which can lie inside it, e.g. /usr/local/lib/python3.x/
+    site-packages)."""
+    import os
+    import site
+    import sysconfig
+
+    if stdlib is None:
+        stdlib = os.path.dirname(os.path.abspath(os.__file__))
+    if sites is None:
+        paths = sysconfig.get_paths()
+        sites = [paths["purelib"], paths["platlib"], *getattr(site, "getsitepackages",
+                                                              list)()]
+        user = getattr(site, "getusersitepackages", lambda: None)()
+        sites += [user] if isinstance(user, str) else []
+    return _under(path, stdlib) and not any(_under(path, os.path.abspath(d)) for d in sites)
