@@ -11,6 +11,7 @@ import splitfed.study as study_mod
 from splitfed.cli import main
 from splitfed.config import build_config
 from splitfed.errors import ConfigError
+from splitfed.study import runner
 from splitfed.experiment import run_experiment
 from splitfed.study import (
     config_hash,
@@ -696,3 +697,61 @@ def test_set_is_checked_before_anything_runs(tmp_path, monkeypatch, capsys):
     with pytest.raises(ConfigError, match="only with a study file"):
         run_study(dict(STUDY), out_dir=out, quiet=True, overrides=["rounds=1"])
     assert not out.exists()
+
+
+def _hybrid_study(baseline_set, out="runs/studies"):
+    base = {**BASE, "model": {"name": "mlp", "hidden": [16], "cut": 1}}
+    return study_from_mapping({
+        "name": "hybrid", "base_config": base, "seeds": [0, 1], "out_dir": str(out),
+        "runs": [{"label": "CLG-SGD", "set": ["algorithm.name=clgsgd"]},
+                 {"label": "FedAvg", "set": ["algorithm.name=fedavg", *baseline_set]},
+                 {"label": "SL", "set": ["algorithm.name=sl", *baseline_set]}]})
+
+
+def test_a_baseline_without_the_hybrid_runs_pool_is_named_before_anything_runs(
+        tmp_path, monkeypatch, capsys):
+    study = _hybrid_study([], tmp_path)
+    note = runner.server_pool_mismatch(study.runs)
+    assert note == ("runs CLG-SGD remove the server's pool from the training set before "
+                    "partitioning it and runs FedAvg, SL do not, so their clients hold "
+                    "different data; set server_data.always: true on the latter to compare "
+                    "them on the same client data")
+    # the runs' clients really hold different data
+    from splitfed.experiment import build_environment
+    sizes = {r.label: int(build_environment(r.config).data_sizes.sum())
+             for r in study.runs if r.seed == 0}
+    assert sizes["FedAvg"] == sizes["SL"] > sizes["CLG-SGD"]
+    _forbid_runs(monkeypatch)
+    monkeypatch.setattr(runner, "check_runs", _fail_check)
+    with pytest.raises(_Stop):
+        study_mod.open_study(study)
+    assert capsys.readouterr().err == f"splitfed: warning: {note}\n"
+
+
+class _Stop(Exception):
+    pass
+
+
+def _fail_check(runs):
+    raise _Stop
+
+
+@pytest.mark.parametrize("baseline_set", [
+    ["server_data.always=true"],                            # the same pool, unused
+])
+def test_baselines_with_the_same_client_data_get_no_warning(baseline_set):
+    assert runner.server_pool_mismatch(_hybrid_study(baseline_set).runs) is None
+
+
+def test_runs_of_other_data_or_seeds_are_not_compared():
+    study = _hybrid_study([])
+    by_label = {r.label: r for r in study.runs if r.seed == 0}
+    other = [by_label["CLG-SGD"], *(r for r in study.runs if r.seed == 1 and
+                                    r.label != "CLG-SGD")]
+    assert runner.server_pool_mismatch(other) is None
+    kept = build_config({**BASE, "algorithm": {"name": "clgsgd"},
+                         "model": {"name": "mlp", "hidden": [16], "cut": 1},
+                         "server_data": {"disjoint": False}})
+    shared = [study_mod.StudyRun("kept", 0, kept, by_label["FedAvg"].run_dir),
+              by_label["FedAvg"]]
+    assert runner.server_pool_mismatch(shared) is None

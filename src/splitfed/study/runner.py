@@ -177,6 +177,9 @@ def open_study(study: Study, what: str = "study directory",
     ``keep_stale``: a finished run made by other code is reused (and marked), not rerun.
     """
     check_free(study.dir, what)
+    note = server_pool_mismatch(study.runs)
+    if note:
+        print(f"splitfed: warning: {note}", file=sys.stderr, flush=True)
     current = current_code()
     states, records = _scan(study, current, keep_stale)
     check_runs([r for r, s in zip(study.runs, states) if not s.reused(keep_stale)])
@@ -215,6 +218,42 @@ def _scan(study: Study, current: Mapping, keep_stale: bool
         states.append(state)
         records.append(got)
     return states, records
+
+
+def server_pool_mismatch(runs: list[StudyRun]) -> str | None:
+    """A note when runs of the same data, partition and seed train their clients on
+    different data: some carve the server's pool out of the training set before it is
+    partitioned (an algorithm that trains on server data, or ``server_data.always``,
+    with ``server_data.disjoint``) and others do not, so that e.g. a FedAvg baseline
+    holds more client data than the hybrid runs it is compared with (docs/studies.md,
+    "Hybrid algorithms and their baselines"); None when they all agree. Builds nothing
+    but the algorithms."""
+    from splitfed.experiment import build_algorithm
+
+    groups: dict[str, dict[bool, list[str]]] = {}
+    for run in runs:
+        cfg = run.config
+        try:
+            uses = build_algorithm(cfg).needs_server_data or cfg.server_data.always
+        except SplitfedError:
+            continue                                  # check_runs reports it
+        identity = config_identity(cfg)
+        key = json.dumps([cfg.seed, identity.get("data"), identity.get("partition")],
+                         sort_keys=True, default=str)
+        carved = bool(uses and cfg.server_data.disjoint)
+        labels = groups.setdefault(key, {}).setdefault(carved, [])
+        if run.label not in labels:
+            labels.append(run.label)
+    for by in groups.values():
+        if len(by) == 2:
+            def names(labels):
+                return ", ".join(labels[:3]) + (f" and {len(labels) - 3} more"
+                                                 if len(labels) > 3 else "")
+            return (f"runs {names(by[True])} remove the server's pool from the training set "
+                    f"before partitioning it and runs {names(by[False])} do not, so their "
+                    "clients hold different data; set server_data.always: true on the "
+                    "latter to compare them on the same client data")
+    return None
 
 
 #: seconds between the lines that :func:`check_runs` prints while it checks a large grid
