@@ -282,6 +282,11 @@ class BadRounds(FedAvg):
             "tensorloss": lambda: dataclasses.replace(res, train_loss=torch.tensor(0.5)),
             "metric": lambda: dataclasses.replace(res, metrics={"foo": "bar"}),
             "reserved": lambda: dataclasses.replace(res, metrics={"round": 7}),
+            "testacc": lambda: dataclasses.replace(res, metrics={"test_acc": 0.99}),
+            "simtime": lambda: dataclasses.replace(res, metrics={"sim_time_s": -5.0}),
+            "bytes": lambda: dataclasses.replace(res, metrics={"bytes_up/extra": 8}),
+            "wire": lambda: dataclasses.replace(res, metrics={"wire_down": 8}),
+            "huge": lambda: dataclasses.replace(res, metrics={"norm_sq": 10**400}),
             "samples": lambda: dataclasses.replace(res, samples=1.5),
             "nan": lambda: dataclasses.replace(res, train_loss=float("nan")),
             "numpy": lambda: dataclasses.replace(res, train_loss=np.float32(0.5), metrics={
@@ -309,6 +314,14 @@ def bad_rounds(scratch):
     ("tensorloss", "returned train_loss tensor(0.5000) (Tensor); expected None or a real"),
     ("metric", "returned the metric 'foo' = 'bar' (str); a metric is a real number or None"),
     ("reserved", "returned the metric name 'round'"),
+    # fields the loop writes after the metrics: they would shadow or be shadowed
+    ("testacc", "returned the metric name 'test_acc'; a metric is named by a string other "
+                "than the record's own fields"),
+    ("simtime", "returned the metric name 'sim_time_s'"),
+    ("bytes", "returned the metric name 'bytes_up/extra'"),
+    ("wire", "returned the metric name 'wire_down'"),
+    ("huge", "returned the metric 'norm_sq' = 1000000000000000000000000000000000000000, "
+             "beyond the range of a float"),
     ("samples", "returned samples 1.5; expected a whole number >= 0"),
     ("nosend", "Round.finish() was called in round 1 for a cohort of 3 client(s) before "
                "Round.send()"),

@@ -243,14 +243,16 @@ def test_with_replacement_and_mlp_head_run():
 
 
 def test_server_storage_and_server_macs():
-    """server_param_bytes: one server copy for CSE-FSL and SFL-V2, one per participating
-    client for SFL-V1, none for FedAvg; CSE-FSL's server trains on uploads only."""
+    """server_param_bytes: one server copy for CSE-FSL, SFL-V2, SL and GAS, one per
+    participating client for SFL-V1 and MU-SplitFed, none for FedAvg; CSE-FSL's server
+    trains on uploads only."""
     participation = {"mode": "uniform", "clients_per_round": 3}
     env = build_environment(cfg_for())
     _, server = split(env.model, env.cut)
     one = sum(p.numel() * p.element_size() for p in server.state_dict().values())
     assert one == (32 * 16 + 16 + 16 * 10 + 10) * 4
-    for name, copies in {"csefsl": 1, "sflv2": 1, "sflv1": 3, "fedavg": 0}.items():
+    for name, copies in {"csefsl": 1, "sflv2": 1, "sl": 1, "gas": 1, "sflv1": 3,
+                          "musplitfed": 3, "fedavg": 0}.items():
         records = run_experiment(cfg_for(rounds=2, participation=participation, name=name),
                                  write=False).records
         assert [r["server_param_bytes"] for r in records[1:]] == [copies * one] * 2, name

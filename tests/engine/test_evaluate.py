@@ -92,3 +92,25 @@ def test_metrics_do_not_depend_on_the_batch_size():
                for r in results)
     # batches that hold the whole set are one call: the same bits
     assert results[3] == results[4]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_low_precision_models_loss_is_taken_from_its_logits_in_float32(dtype):
+    """The per-sample losses come from the logits converted to float32: a bfloat16 model's
+    loss is not rounded to 8 bits, and finite float16 logits of +-40000 give the finite
+    loss 40000 (in float16 it was inf, and the run would have diverged)."""
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    model = nn.Linear(8, 5).to(dtype)
+    x, y = torch.randn(1000, 8).to(dtype), torch.randint(0, 5, (1000,))
+    with torch.no_grad():
+        want = F.cross_entropy(model(x).double(), y, reduction="none")
+    got = evaluate(model, x, y)["test_loss"]
+    # float32 cross-entropy of the same logits: a few float32 ulps per sample
+    assert abs(got - float(want.mean())) <= 1e-6 * float(want.mean())
+    big = nn.Linear(1, 2, bias=False).to(dtype)
+    with torch.no_grad():
+        big.weight.copy_(torch.tensor([[40000.0], [-40000.0]]))
+    out = evaluate(big, torch.ones(4, 1, dtype=dtype), torch.tensor([1, 1, 0, 0]))
+    assert out["test_acc"] == 0.5 and out["test_loss"] == pytest.approx(40000.0, rel=1e-2)

@@ -44,7 +44,7 @@ Decisions (docs/design.md and this file):
 - The auxiliary head (``aux``: one linear layer on the flattened cut activation, or an
   MLP with ``aux_hidden`` units) is initialised from the run seed (stream ``aux``).
   Evaluation uses x_C composed with x_S, never the head; ``aux_test_acc`` reports the
-  head's own accuracy whenever the run evaluates.
+  head's own accuracy on every evaluated round in which clients trained.
 - Accounting: one server copy (``server_copies`` = 1, the base default); the server's
   MACs count only the uploaded samples (``server_samples``).
 - Batched: client parts and heads are stacked per chunk. Rounds without uploads train

@@ -107,6 +107,8 @@ class MUSplitFed(Algorithm):
     aggregates_all = True                 # client copies and server copies, eta_g
     fixed_local_steps = 1                 # one client step a round (module docstring)
 
+    def server_copies(self, env, cohort) -> int:
+        return cohort.size                # one server copy x_s,m per participant
     def _seeds(self, base: int, side: str, step: int) -> list[int]:
         return [derive_seed(base, f"{side}/{step}/{j}") for j in range(self.options.directions)]
 

@@ -38,8 +38,9 @@ each server copy's optimizer living for the round (a mid-round average of
 ``recipe="released_code"`` is the authors' released code: the client side as before,
 but the server copy's optimizer is re-created for every batch, so its momentum buffer
 never builds; a fresh SGD's first step is x - eta (g + wd x), i.e. SGD without
-momentum, and that is how the server copies step (still batched). With tau_tilde = tau this recipe alone makes the result
-depend on the cut: the part of the model trained with momentum grows with it.
+momentum, and that is how the server copies step (still batched). With tau_tilde = tau
+this recipe alone makes the result depend on the cut: the part of the model trained with
+momentum grows with it.
 """
 
 from __future__ import annotations

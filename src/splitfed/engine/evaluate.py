@@ -37,7 +37,9 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
              batch_size: int | None = None) -> dict[str, float]:
     """Accuracy and mean cross-entropy of ``model`` (in eval mode) on ``(x, y)``.
 
-    Each sample's loss is kept and the losses are summed once, in float64, at the end, so
+    Each sample's loss is computed from the logits in at least float32 (a bfloat16 or
+    float16 model's logits are converted first), kept, and the losses are summed once, in
+    float64, at the end, so
     neither metric depends on ``batch_size`` beyond the logits' last bits (a CPU's
     convolution may pick another kernel for another batch size: at batch 1 on an AMD
     EPYC a loss moved by a float32 ulp).
@@ -53,7 +55,10 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
         for i in range(0, n, batch_size):
             out = sequential.forward_eval(model, x[i:i + batch_size])
             yb = y[i:i + batch_size]
-            losses[i:i + len(yb)] = F.cross_entropy(out, yb, reduction="none")
+            # at least float32: a bfloat16 / float16 model's per-sample losses would be
+            # rounded to its 8 / 11 bits (and above 65504 be inf in float16)
+            logits = out if out.dtype in (torch.float32, torch.float64) else out.float()
+            losses[i:i + len(yb)] = F.cross_entropy(logits, yb, reduction="none")
             torch.eq(out.argmax(1), yb, out=hits[i:i + len(yb)])
     finally:
         model.train(was_training)

@@ -24,7 +24,10 @@ stderr, ``<name>: round 5/20, train loss 0.4123, test acc 0.8123, elapsed
 cohort after availability and over-selection, less the clients the deadline dropped). A
 federated run (``algorithm.federated``) whose rounds all had ``clients_used == 0`` (every
 client unavailable, late or dropped, in every round) ends with status
-``no_client_trained`` instead of ``completed``: its model never saw client data. Runs
+``no_client_trained`` instead of ``completed``: no client's update reached an aggregate.
+(The server side of SL, SFL-V2 and CSE-FSL, and SFL-V1's mid-round server averages, may
+still have trained on a late client's activations, docs/clock.md "Deadline"; the status
+says that the clients' work was never aggregated.) Runs
 where the server alone trains (``centralized``, ``server_only``: ``algorithm.federated``
 False) are not affected. Their rounds sample nobody: every record counts 0
 ``participants``, ``clients_used`` and ``dropped``, and the participation section and the
@@ -54,7 +57,7 @@ from splitfed.engine.flops import TRAIN_FACTOR, forward_macs
 from splitfed.engine.participation import NOBODY
 from splitfed.engine.rounds import RoundResult
 from splitfed.errors import PluginError
-from splitfed.metrics import divergence
+from splitfed.metrics import divergence, is_count_key
 from splitfed.models import dry_output, output_shape, split
 from splitfed.origins import call_algorithm, component
 from splitfed.safeio import unsaveable
@@ -142,12 +145,26 @@ def _over_select(algorithm, env, cohort, work):
 #: (``no_client_trained`` is decided at the last round, so a run extended past it goes on)
 ENDS_EARLY = ("diverged",)
 
-#: the record keys the loop writes before an algorithm's metrics (no metric may take one)
-RESERVED_KEYS = ("round", "participants", "clients_used", "train_loss")
+#: the record keys the loop writes itself (no metric may take one, nor a byte count's
+#: name: ``bytes_up``, ``bytes_down/<kind>``, ``wire_up`` ..., :func:`splitfed.metrics.
+#: is_count_key`): the round's, the ledger's, the clock's, the evaluation's and the costs
+RESERVED_KEYS = ("round", "participants", "clients_used", "train_loss", "test_acc",
+                 "test_loss", "sim_round_s", "sim_time_s", "slowest_client", "dropped",
+                 "round_time_s", "client_macs", "server_macs", "server_param_bytes")
 
 
 def _real(value) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _float_range(value) -> bool:
+    """Whether ``float(value)`` holds the real number ``value`` (a huge integer would not,
+    and a metrics file refuses it when read)."""
+    try:
+        float(value)
+    except OverflowError:
+        return False
+    return True
 
 
 def _keys(keys) -> str:
@@ -241,13 +258,18 @@ def check_result(algorithm, env, result, t: int, declared: tuple = ()) -> RoundR
         raise bad(f"returned metrics of type {type(result.metrics).__name__}; expected a "
                   "dict of names to numbers")
     for key, value in result.metrics.items():
-        if not isinstance(key, str) or key in RESERVED_KEYS:
+        if not isinstance(key, str) or key in RESERVED_KEYS or is_count_key(key):
             raise bad(f"returned the metric name {key!r:.60}; a metric is named by a string "
-                      f"other than {', '.join(RESERVED_KEYS)}")
+                      f"other than the record's own fields ({', '.join(RESERVED_KEYS)}, "
+                      "bytes_up, bytes_down, wire_up, wire_down and their '/<kind>' parts)")
         if value is not None and not _real(value):
             raise bad(f"returned the metric {key!r} = {value!r:.60} "
                       f"({type(value).__name__}); a metric is a real number or None "
                       "(float(x))")
+        if value is not None and not _float_range(value):
+            raise bad(f"returned the metric {key!r} = {str(value)[:40]}, beyond the range "
+                      "of a float; a metric is a real number a float can hold (NaN and "
+                      "infinities too)")
     return result
 
 
