@@ -537,3 +537,26 @@ def test_a_plugin_in_site_packages_inside_pythons_own_directory_is_not_pythons_o
                            sites)
     assert not _python_own("/usr/local/lib/python3.11x/lab.py", stdlib, sites)
     assert not _python_own("/home/me/lab/algo.py", stdlib, sites)
+
+
+def test_a_plugins_digest_covers_the_helper_modules_beside_it(scratch, plugin_files,
+                                                              tmp_path):
+    """A plugin module that imports a helper of its own directory: editing the helper
+    changes the plugin's recorded digest, so a study reruns the runs it made."""
+    from splitfed.origins import LOADED_PLUGINS
+    from splitfed.provenance import plugin_digests
+
+    plugin_files({"zz_digest_helper.py": "HIDDEN = [64]\n",
+                  "zz_digest_lab.py": "import json\nimport zz_digest_helper\n"
+                                      "from splitfed import register_model\n"
+                                      "@register_model('zz_digest')\n"
+                                      "def f(input_shape, num_classes): ...\n"})
+    saved = list(LOADED_PLUGINS)
+    try:
+        registry.load_plugins(["zz_digest_lab"])
+        first = plugin_digests()["zz_digest_lab"]
+        assert plugin_digests()["zz_digest_lab"] == first
+        (tmp_path / "zz_digest_helper.py").write_text("HIDDEN = [8]\n")
+        assert plugin_digests()["zz_digest_lab"] != first
+    finally:
+        LOADED_PLUGINS[:] = saved

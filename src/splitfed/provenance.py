@@ -74,14 +74,65 @@ def tree_digest(root: Path) -> str:
 def plugin_digests() -> dict[str, str]:
     """``{module: digest}`` of the plugins imported so far
     (:data:`splitfed.origins.LOADED_PLUGINS`): a package's files as
-    :func:`tree_digest` takes them, a single module's file; ``"unknown"`` where the
-    module has no file (built in memory)."""
+    :func:`tree_digest` takes them, a single module's file, and with either the files of
+    the helper modules its source imports from its own directory (:func:`_helpers`);
+    ``"unknown"`` where the module has no file (built in memory)."""
     from splitfed.origins import LOADED_PLUGINS
 
     out = {}
     for name in LOADED_PLUGINS:
         module = sys.modules.get(name)
-        out[name] = _module_digest(module) if module is not None else "unknown"
+        digest = _module_digest(module) if module is not None else "unknown"
+        helpers = _helpers(module) if module is not None and digest != "unknown" else []
+        if helpers:
+            h = hashlib.sha256(digest.encode())
+            for path in helpers:
+                try:
+                    h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+                except OSError:
+                    h.update(path.name.encode() + b"\0unreadable\0")
+            digest = h.hexdigest()
+        out[name] = digest
+    return out
+
+
+def _helpers(module) -> list[Path]:
+    """The files of the top-level modules that the plugin ``module``'s source imports
+    (``import x``, ``from x import y``; read from the source, so every process finds the
+    same ones whatever it imported before) and that lie beside it: in a single module's
+    directory, or a package's parent directory, e.g. ``lab_helpers.py`` beside
+    ``lab.py``. None when that directory is an installation's site-packages (an
+    installed plugin's neighbours are other distributions)."""
+    import ast
+
+    paths = list(getattr(module, "__path__", None) or [])
+    file = getattr(module, "__file__", None)
+    try:
+        own = Path(paths[0]).resolve() if paths else Path(file).resolve()
+    except (TypeError, OSError):
+        return []
+    root = own.parent
+    if root.name in ("site-packages", "dist-packages"):
+        return []
+    sources = sorted(own.rglob("*.py")) if paths else [own]
+    names: set[str] = set()
+    for source in sources:
+        try:
+            tree = ast.parse(source.read_bytes())
+        except (OSError, SyntaxError, ValueError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names.update(a.name.split(".")[0] for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names.add(node.module.split(".")[0])
+    out = []
+    for name in sorted(names):
+        for candidate in (root / f"{name}.py", root / name):
+            if candidate.is_file():
+                out.append(candidate)
+            elif candidate.is_dir() and candidate != own:
+                out += sorted(p for p in candidate.rglob("*.py") if p.is_file())
     return out
 
 
