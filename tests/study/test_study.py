@@ -77,13 +77,27 @@ def test_rounds_to_target_on_synthetic_records():
     records = [{"round": 0, "test_acc": 0.1},
                {"round": 1, "train_loss": 2.0},            # not evaluated
                {"round": 2, "test_acc": 0.79},
-               {"round": 3, "test_acc": "nan"},            # non-finite, logged as text
+               {"round": 3, "test_loss": 1.0},
                {"round": 4, "test_acc": 0.8},
                {"round": 5, "test_acc": 0.9}]
     assert rounds_to_target(records, 0.8) == 4
     assert rounds_to_target(records, 0.05) == 0
     assert rounds_to_target(records, 0.95) is None
     assert rounds_to_target([], 0.5) is None
+
+
+@pytest.mark.parametrize("last", [{"train_loss": float("nan"), "test_acc": 0.3},
+                                  {"test_loss": "inf", "test_acc": 0.3},
+                                  {"test_acc": "nan"}])          # logged as text
+def test_the_round_a_run_diverged_at_reaches_no_target(last):
+    """Its accuracy is not the model's (best_test_acc leaves it out too)."""
+    from splitfed.study.analysis import time_to_target
+
+    records = [{"round": 0, "test_acc": 0.1, "sim_time_s": 0.0},
+               {"round": 1, "test_acc": 0.2, "sim_time_s": 1.0},
+               {"round": 2, "sim_time_s": 2.0, **last}]
+    assert rounds_to_target(records, 0.15) == 1 and time_to_target(records, 0.15) == 1.0
+    assert rounds_to_target(records, 0.25) is None and time_to_target(records, 0.25) is None
 
 
 def test_curve_and_totals_are_cumulative():

@@ -19,9 +19,20 @@ def _num(value: Any) -> float | None:
     return float(value)
 
 
+def _before_divergence(records: list[dict]) -> list[dict]:
+    """The records before the round the run diverged at (all when it did not), the rounds
+    whose accuracy counts, as for ``best_test_acc`` (:func:`splitfed.metrics.
+    record_summary`): a diverged round's accuracy is not the model's."""
+    from splitfed.metrics import divergence
+
+    diverged = divergence(records)
+    return [r for r in records if diverged is None or r.get("round", 0) < diverged]
+
+
 def rounds_to_target(records: list[dict], target: float) -> int | None:
-    """The first round whose test accuracy is >= ``target``; None if never reached."""
-    for r in records:
+    """The first round whose test accuracy is >= ``target``, among the rounds before a
+    divergence; None if never reached."""
+    for r in _before_divergence(records):
         acc = _num(r.get("test_acc"))
         if acc is not None and acc >= target:
             return int(r["round"])
@@ -30,8 +41,9 @@ def rounds_to_target(records: list[dict], target: float) -> int | None:
 
 def time_to_target(records: list[dict], target: float) -> float | None:
     """Simulated seconds (``sim_time_s``, cumulative) at the first evaluation whose test
-    accuracy is >= ``target``; None if never reached or not recorded."""
-    for r in records:
+    accuracy is >= ``target``, among the rounds before a divergence; None if never reached
+    or not recorded."""
+    for r in _before_divergence(records):
         acc = _num(r.get("test_acc"))
         if acc is not None and acc >= target:
             return 0.0 if r.get("round", 0) == 0 else _num(r.get("sim_time_s"))
