@@ -218,9 +218,22 @@ def client_data(cfg: RunConfig, bundle, streams: RandomStreams):
     return server, make_partition(cfg, bundle, streams, exclude=pool)
 
 
+def uses_server_data(cfg: RunConfig) -> bool:
+    """Whether a run draws the server's pool (paper 004): its algorithm trains on server
+    data, or ``server_data.always``. Builds the algorithm (its errors propagate)."""
+    return bool(build_algorithm(cfg).needs_server_data or cfg.server_data.always)
+
+
+def carves_server_pool(cfg: RunConfig) -> bool:
+    """Whether a run removes the server's pool from the training set before partitioning
+    it, so that its clients hold less data than a run of the same partition that does
+    not (:func:`client_data`)."""
+    return uses_server_data(cfg) and bool(cfg.server_data.disjoint)
+
+
 def _server_data(cfg: RunConfig, bundle, streams: RandomStreams):
-    """The server's pool (paper 004) if the algorithm uses server data, else None."""
-    if not (build_algorithm(cfg).needs_server_data or cfg.server_data.always):
+    """The server's pool (paper 004) if the run uses server data, else None."""
+    if not uses_server_data(cfg):
         return None
     return build_server_data(cfg.server_data, bundle.train, bundle.num_classes,
                              streams.numpy("server_pool"))

@@ -359,10 +359,8 @@ def record_summary(records: list[dict], status: str | None = None) -> dict:
     - ``best_test_acc``: the best finite test accuracy of the rounds before the
       divergence (all rounds when it did not diverge); None when there is none.
     """
-    diverged = divergence(records)
-    if diverged is None and status == "diverged" and records:
-        diverged = int(records[-1]["round"])
-    before = [r for r in records if diverged is None or r["round"] < diverged]
+    diverged = diverged_round(records, status)
+    before = before_divergence(records, diverged)
     accs = [float(r["test_acc"]) for r in before if is_finite_number(r.get("test_acc"))]
     if diverged is not None:
         final = math.nan
@@ -371,6 +369,22 @@ def record_summary(records: list[dict], status: str | None = None) -> dict:
         final = None if final is None else float(final)
     return {"rounds": last_value(records, "round"), "diverged_round": diverged,
             "final_test_acc": final, "best_test_acc": max(accs) if accs else None}
+
+
+def diverged_round(records: list[dict], status: str | None = None) -> int | None:
+    """The round the run diverged at: :func:`divergence`, or, when ``status`` is
+    ``diverged`` and no record shows a non-finite value, the last round; else None."""
+    diverged = divergence(records)
+    if diverged is None and status == "diverged" and records:
+        diverged = int(records[-1]["round"])
+    return diverged
+
+
+def before_divergence(records: list[dict], diverged: int | None) -> list[dict]:
+    """The records of the rounds before ``diverged`` (all of them when it is None): the
+    rounds whose test accuracy is the model's, for the best accuracy and the rounds and
+    time to a target."""
+    return [r for r in records if diverged is None or r.get("round", 0) < diverged]
 
 
 def last_value(records: list[dict], key: str):

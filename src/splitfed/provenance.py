@@ -60,10 +60,11 @@ def source_digest() -> str:
     return tree_digest(Path(splitfed.__file__).resolve().parent)
 
 
-def tree_digest(root: Path) -> str:
-    """The digest :func:`source_digest` takes of the package, of any directory ``root``."""
+def tree_digest(root: Path, suffixes: tuple[str, ...] = SOURCE_SUFFIXES) -> str:
+    """The digest :func:`source_digest` takes of the package, of any directory ``root``
+    (its files whose names end in one of ``suffixes``)."""
     h = hashlib.sha256()
-    files = sorted(p for p in root.rglob("*") if p.suffix in SOURCE_SUFFIXES
+    files = sorted(p for p in root.rglob("*") if p.suffix in suffixes
                    and p.is_file() and "__pycache__" not in p.parts)
     for p in files:
         h.update(p.relative_to(root).as_posix().encode() + b"\0")
@@ -88,9 +89,11 @@ def plugin_digests() -> dict[str, str]:
             h = hashlib.sha256(digest.encode())
             for path in helpers:
                 try:
-                    h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+                    body = (tree_digest(path, (".py",)).encode() if path.is_dir()
+                            else path.read_bytes())
                 except OSError:
-                    h.update(path.name.encode() + b"\0unreadable\0")
+                    body = b"unreadable"
+                h.update(path.name.encode() + b"\0" + body + b"\0")
             digest = h.hexdigest()
         out[name] = digest
     return out
@@ -101,8 +104,9 @@ def _helpers(module) -> list[Path]:
     (``import x``, ``from x import y``; read from the source, so every process finds the
     same ones whatever it imported before) and that lie beside it: in a single module's
     directory, or a package's parent directory, e.g. ``lab_helpers.py`` beside
-    ``lab.py``. None when that directory is an installation's site-packages (an
-    installed plugin's neighbours are other distributions)."""
+    ``lab.py``, or a helper package's directory (its ``.py`` files count). None when
+    that directory is an installation's site-packages (an installed plugin's neighbours
+    are other distributions)."""
     import ast
 
     paths = list(getattr(module, "__path__", None) or [])
@@ -129,10 +133,8 @@ def _helpers(module) -> list[Path]:
     out = []
     for name in sorted(names):
         for candidate in (root / f"{name}.py", root / name):
-            if candidate.is_file():
+            if candidate.is_file() or (candidate.is_dir() and candidate != own):
                 out.append(candidate)
-            elif candidate.is_dir() and candidate != own:
-                out += sorted(p for p in candidate.rglob("*.py") if p.is_file())
     return out
 
 

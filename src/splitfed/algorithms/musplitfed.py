@@ -109,6 +109,7 @@ class MUSplitFed(Algorithm):
 
     def server_copies(self, env, cohort) -> int:
         return cohort.size                # one server copy x_s,m per participant
+
     def _seeds(self, base: int, side: str, step: int) -> list[int]:
         return [derive_seed(base, f"{side}/{step}/{j}") for j in range(self.options.directions)]
 

@@ -20,13 +20,9 @@ def _num(value: Any) -> float | None:
 
 
 def _before_divergence(records: list[dict]) -> list[dict]:
-    """The records before the round the run diverged at (all when it did not), the rounds
-    whose accuracy counts, as for ``best_test_acc`` (:func:`splitfed.metrics.
-    record_summary`): a diverged round's accuracy is not the model's."""
-    from splitfed.metrics import divergence
-
-    diverged = divergence(records)
-    return [r for r in records if diverged is None or r.get("round", 0) < diverged]
+    """The records before the round the run diverged at (all when it did not), as for
+    ``best_test_acc`` (:func:`splitfed.metrics.record_summary`)."""
+    return metrics.before_divergence(records, metrics.diverged_round(records))
 
 
 def rounds_to_target(records: list[dict], target: float) -> int | None:

@@ -228,32 +228,34 @@ def server_pool_mismatch(runs: list[StudyRun]) -> str | None:
     holds more client data than the hybrid runs it is compared with (docs/studies.md,
     "Hybrid algorithms and their baselines"); None when they all agree. Builds nothing
     but the algorithms."""
-    from splitfed.experiment import build_algorithm
+    from splitfed.experiment import carves_server_pool
 
     groups: dict[str, dict[bool, list[str]]] = {}
     for run in runs:
         cfg = run.config
         try:
-            uses = build_algorithm(cfg).needs_server_data or cfg.server_data.always
+            carved = carves_server_pool(cfg)
         except SplitfedError:
             continue                                  # check_runs reports it
         identity = config_identity(cfg)
         key = json.dumps([cfg.seed, identity.get("data"), identity.get("partition")],
                          sort_keys=True, default=str)
-        carved = bool(uses and cfg.server_data.disjoint)
         labels = groups.setdefault(key, {}).setdefault(carved, [])
         if run.label not in labels:
             labels.append(run.label)
     for by in groups.values():
         if len(by) == 2:
-            def names(labels):
-                return ", ".join(labels[:3]) + (f" and {len(labels) - 3} more"
-                                                 if len(labels) > 3 else "")
-            return (f"runs {names(by[True])} remove the server's pool from the training set "
-                    f"before partitioning it and runs {names(by[False])} do not, so their "
-                    "clients hold different data; set server_data.always: true on the "
-                    "latter to compare them on the same client data")
+            return (f"runs {_some(by[True])} remove the server's pool from the training "
+                    f"set before partitioning it and runs {_some(by[False])} do not, so "
+                    "their clients hold different data; set server_data.always: true on "
+                    "the latter to compare them on the same client data")
     return None
+
+
+def _some(labels: list[str]) -> str:
+    """The first three labels, and how many more."""
+    more = len(labels) - 3
+    return ", ".join(labels[:3]) + (f" and {more} more" if more > 0 else "")
 
 
 #: seconds between the lines that :func:`check_runs` prints while it checks a large grid
