@@ -71,3 +71,26 @@ def test_default_targets_leave_out_the_head_also_when_it_is_a_bare_linear_layer(
     assert targets and all(t != head and not t.startswith(head + ".") for t in targets)
     linear = {n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
     assert set(targets) == {n for n in linear if n != head and not n.startswith(head + ".")}
+
+
+def test_a_model_whose_only_linear_layer_is_the_head_is_refused_before_writing(
+        tmp_path, capsys):
+    """mlp with no hidden layer: the default targets (every linear layer but the head)
+    are none, which peft would refuse after the run directory exists."""
+    args = ["quick_digits", "rounds=1", "algorithm.name=fedlora", "model.hidden=[]",
+            f"out_dir={tmp_path / 'runs'}"]
+    assert main(["run", *args, "--dry-run"]) == 2
+    assert main(["run", *args]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 2 and all(
+        li.startswith("splitfed: error: algorithm.targets: null (the default) finds no "
+                      "linear layer outside the head of model 'mlp'") for li in lines), lines
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_model_without_blocks_has_no_default_targets():
+    from splitfed.models.lora import default_targets
+
+    assert default_targets(torch.nn.Linear(4, 2)) == []
+    assert default_targets(torch.nn.Sequential(torch.nn.Linear(4, 4),
+                                               torch.nn.Linear(4, 2))) == ["0"]

@@ -25,7 +25,7 @@ from torch import nn
 
 from splitfed.algorithms.fedavg import FedAvg
 from splitfed.errors import ConfigError
-from splitfed.models.lora import add_lora, trainable_keys
+from splitfed.models.lora import add_lora, default_targets, trainable_keys
 from splitfed.rng import derive_seed
 
 
@@ -55,14 +55,23 @@ class FedLoRA(FedAvg):
         """``targets`` name linear layers of the model: each target, a module's name or
         the end of it after a dot (peft's matching), matches at least one module, and
         every module it matches is a linear layer (a block would fail in peft once the
-        run directory exists)."""
+        run directory exists); with the default (null), the model has a linear layer
+        outside its head to adapt."""
         targets = self.options.targets
-        if targets is None:
-            return
         linear = [n for n, m in env.model.named_modules() if isinstance(m, nn.Linear)]
         if len(linear) > self.LISTED:       # a deep model: the distinct ends of the names
             linear = sorted({n.rsplit(".", 1)[-1] for n in linear})
         valid = f"the linear layers of model {env.config.model.name!r}: {', '.join(linear)}"
+        if targets is None:
+            if not default_targets(env.model):
+                raise ConfigError(
+                    f"algorithm.targets: null (the default) finds no linear layer outside "
+                    f"the head of model {env.config.model.name!r} to adapt; give a model "
+                    f"with a hidden linear layer, or names of {valid}"
+                    if linear else
+                    f"algorithm.targets: model {env.config.model.name!r} has no linear "
+                    "layer to adapt; LoRA adapts linear layers")
+            return
         if not targets:
             raise ConfigError(f"algorithm.targets: empty; give names of {valid} (or null: "
                               "the default)")

@@ -17,12 +17,16 @@ def default_targets(model: nn.Module) -> list[str]:
     if attention:
         return attention
     head = _head(model)
+    if head is None:                      # one block: it is the head
+        return []
     return [n for n in names if n != head and not n.startswith(head + ".")]
 
 
-def _head(model: nn.Module) -> str:
-    """The name of the model's last block (its classification head)."""
-    return [n for n, _ in model.named_children()][-1]
+def _head(model: nn.Module) -> str | None:
+    """The name of the model's last block (its classification head); None for a model
+    without blocks."""
+    children = [n for n, _ in model.named_children()]
+    return children[-1] if children else None
 
 
 def add_lora(model: nn.Module, rank: int = 8, alpha: float = 16.0, dropout: float = 0.0,
@@ -42,9 +46,10 @@ def add_lora(model: nn.Module, rank: int = 8, alpha: float = 16.0, dropout: floa
         inject_adapter_in_model(config, model)
     except Exception as e:  # peft's NoMatchingPeftModuleError and ValueError
         raise ConfigError(f"algorithm.targets: {e}") from e
-    head = _head(model) + "."
+    head = _head(model)
     for name, p in model.named_parameters():
-        p.requires_grad_("lora_" in name or (train_head and name.startswith(head)))
+        p.requires_grad_("lora_" in name or (train_head and head is not None
+                                             and name.startswith(head + ".")))
     model.lora_injected = True
     return model
 
