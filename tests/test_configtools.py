@@ -467,3 +467,31 @@ def test_the_fast_yaml_round_trip_gives_what_pyyaml_gives(name):
     got = yaml_round_trip(data)
     assert got == expected and list(got) == list(expected)
     assert json.dumps(got, sort_keys=True) == json.dumps(expected, sort_keys=True)
+
+
+# strings that some YAML reading takes for another type: YAML 1.2 integers (our loader),
+# exponent floats (an override value, config.yaml as `splitfed results` reads it), YAML
+# 1.1 forms, booleans, null
+_LOOKALIKES = ["0o17", "0x1F", "1e5", "-2E5", "1.5e3", ".5", "010", "1_000", "1:20", "yes",
+               "off", "null", "~", "true", ".inf", "-.inf", ".nan", "+7", "-0", "12"]
+
+
+@pytest.mark.parametrize("exponents", [False, True])
+@given(value=st.sampled_from(_LOOKALIKES) | st.text(alphabet="0123456789oxeE.+-_:", max_size=6)
+       | st.text(max_size=8))
+def test_strings_written_by_dump_text_read_back_as_the_same_strings(exponents, value):
+    """A string value (a run's name, an option) written to config.yaml is read back as
+    the same string, whichever reading: otherwise `config show`, `--resume` and
+    `splitfed results` see another value."""
+    from splitfed.configtools import dump_text
+
+    data = {"name": value, "nested": {"items": [value, 3, 0.5, None, True]}}
+    assert yaml_load(dump_text(data, sort_keys=False), "t", exponents=exponents) == data
+
+
+def test_a_run_name_that_looks_like_a_number_survives_the_config_file(tmp_path):
+    cfg = load_config("quick_digits", ["name='0o17'", "data.data_dir='1e5'"])
+    assert cfg.name == "0o17"
+    dump_yaml(cfg, tmp_path / "c.yaml")
+    back = load_config(tmp_path / "c.yaml")
+    assert back == cfg and back.name == "0o17" and back.data.data_dir == "1e5"

@@ -103,13 +103,11 @@ def _cmd_run(args) -> int:
 
 
 def _cmd_config(args) -> int:
-    import yaml
-
     from splitfed.config import load_config
-    from splitfed.configtools import to_dict
+    from splitfed.configtools import dump_text, to_dict
 
     cfg = load_config(args.config, args.overrides, plugins=args.plugin)
-    sys.stdout.write(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    sys.stdout.write(dump_text(to_dict(cfg), sort_keys=False))
     return 0
 
 

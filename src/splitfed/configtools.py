@@ -535,8 +535,7 @@ def dump_yaml(obj: Any, path: str | Path) -> None:
     """Write ``to_dict(obj)`` to ``path`` as YAML, keeping field order."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", encoding="utf-8") as fh:
-        yaml.safe_dump(to_dict(obj), fh, sort_keys=False)
+    path.write_text(dump_text(to_dict(obj), sort_keys=False), encoding="utf-8")
 
 
 # ---------------------------------------------------------------- YAML and CLI
@@ -628,10 +627,25 @@ class _ValueLoader(_PlainLoader):
     string (``name='1e5'``)."""
 
 
-_ValueLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
-    list("-+0123456789."))
+_FLOAT_EXPONENT = re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$")
+_ValueLoader.add_implicit_resolver(_FLOAT_TAG, _FLOAT_EXPONENT, list("-+0123456789."))
+
+
+class _Dumper(yaml.SafeDumper):
+    """``yaml.SafeDumper`` that quotes every string :class:`_PlainLoader` or
+    :class:`_ValueLoader` would read as something else (``'0o17'``, ``'1e5'``), beside
+    those YAML 1.1 reads so (``'010'``, ``'yes'``): a config written and read back holds
+    the same values."""
+
+
+for _tag, _rx in [(_INT_TAG, _INT_12), (_FLOAT_TAG, _FLOAT_11), (_FLOAT_TAG, _FLOAT_EXPONENT)]:
+    _Dumper.add_implicit_resolver(_tag, _rx, list("-+0123456789."))
+
+
+def dump_text(data: Any, **options: Any) -> str:
+    """``data`` (plain values) as YAML that :func:`yaml_load` reads back as the same
+    values; ``options`` as ``yaml.dump``'s (``sort_keys``, ``default_flow_style``...)."""
+    return yaml.dump(data, Dumper=_Dumper, **options)
 
 
 def yaml_load(text: str, where: str, *, exponents: bool = False) -> Any:

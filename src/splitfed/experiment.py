@@ -22,7 +22,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import yaml
 
 from splitfed.algorithms import ALGORITHMS, get_algorithm
 from splitfed.checkpoint import (CHECKPOINT, Checkpointer, atomic_write, check_config,
@@ -31,7 +30,7 @@ from splitfed.checkpoint import (CHECKPOINT, Checkpointer, atomic_write, check_c
                                  truncate_metrics)
 from splitfed.config import RunConfig, build_config
 from splitfed.exact import ceil_times
-from splitfed.configtools import from_dict, load_yaml, to_dict, yaml_round_trip
+from splitfed.configtools import dump_text, from_dict, load_yaml, to_dict, yaml_round_trip
 from splitfed.data import load_dataset
 from splitfed.data.partition import PARTITIONERS, natural, partition, partition_summary
 from splitfed.data.server_data import build_server_data
@@ -686,7 +685,7 @@ def check_resume_config(run_dir: Path, ckpt: dict, cfg: RunConfig, *,
 
 def write_config(cfg: RunConfig, path: Path) -> None:
     """``cfg`` as YAML to ``path``, atomically (:func:`write_atomic`)."""
-    write_atomic(path, yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    write_atomic(path, dump_text(to_dict(cfg), sort_keys=False))
 
 
 #: every file a run writes in its directory (besides the lock and temp files; the

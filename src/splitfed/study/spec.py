@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 
 from splitfed.config import (
     MAX_SEED,
@@ -29,6 +28,7 @@ from splitfed.config import (
     resolve_config_path,
 )
 from splitfed.configtools import (
+    dump_text,
     from_dict,
     load_yaml,
     merge,
@@ -147,7 +147,7 @@ def load_study(path: str | Path, *, out_dir: str | Path | None = None,
     if overrides:
         raw = _with_overrides(raw, overrides)
         text = (f"# {path.name} with --set {' '.join(overrides)} (the file's comments are "
-                "not kept)\n" + yaml.safe_dump(_plain(raw), sort_keys=False))
+                "not kept)\n" + dump_text(_plain(raw), sort_keys=False))
     try:
         return _build_study(raw, base_dir=path.parent, default_name=path.stem,
                             out_dir=out_dir, source=path, text=text, plugins=plugins)
@@ -158,7 +158,7 @@ def load_study(path: str | Path, *, out_dir: str | Path | None = None,
 def study_from_mapping(data: Mapping, *, out_dir: str | Path | None = None,
                        base_dir: str | Path = ".", plugins: list[str] | None = None) -> Study:
     """Validate a study given as a mapping; a ``base`` path is resolved from ``base_dir``."""
-    text = yaml.safe_dump(_plain(data), sort_keys=False)
+    text = dump_text(_plain(data), sort_keys=False)
     return _build_study(data, base_dir=Path(base_dir), default_name=None, out_dir=out_dir,
                         source=None, text=text, plugins=plugins)
 
