@@ -335,6 +335,27 @@ def test_checking_many_runs_says_how_far_it_is(tmp_path, monkeypatch, capsys):
         f"splitfed: checking the runs before any starts: {i} of 8" for i in range(8)]
 
 
+def test_a_finished_run_whose_records_were_cut_short_is_refused_before_any_run(
+        done, tmp_path, monkeypatch):
+    """metrics.jsonl cut after a whole line still reads as valid records; summary.json
+    says how many rounds the run had, and reuse checks it. A run with no record at all
+    is damaged too."""
+    path, out = _copy(done, tmp_path)
+    run = out / "tiny_study" / "runs" / "fl-partition.alpha-0.5-s0"
+    metrics = run / "metrics.jsonl"
+    lines = metrics.read_text().splitlines(keepends=True)
+    assert len(lines) > 1
+    _forbid_runs(monkeypatch)
+    metrics.write_text("".join(lines[:-1]))
+    with pytest.raises(FormatError, match="metrics.jsonl ends at round .* but summary.json "
+                                          "says the run ended at round 2; .*fl-partition"
+                                          ".alpha-0.5-s0 is damaged: delete that directory"):
+        run_study(path, out_dir=out, quiet=True)
+    metrics.write_text("")
+    with pytest.raises(FormatError, match="holds no record; the finished run"):
+        run_study(path, out_dir=out, quiet=True)
+
+
 def test_damaged_study_directories_are_refused_before_any_run(done, tmp_path, monkeypatch):
     path, out = _copy(done, tmp_path)
     run = out / "tiny_study" / "runs" / "fl-partition.alpha-0.5-s0"

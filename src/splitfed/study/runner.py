@@ -16,7 +16,7 @@ from pathlib import Path
 
 from splitfed.errors import ConfigError, FormatError, RunInterrupted, SplitfedError
 from splitfed.locking import DirLock, check_free
-from splitfed.metrics import read_records
+from splitfed.metrics import last_value, read_records
 from splitfed.study.analysis import _num, run_numbers
 from splitfed.study.outcome import RunOutcome, StudyResult
 from splitfed.study.parallel import (PointResult, PointTask, check_options,
@@ -215,9 +215,23 @@ def _scan(study: Study, current: Mapping, keep_stale: bool
                 raise FormatError(f"{metrics} holds no record; the finished run in "
                                   f"{run.run_dir} is damaged: delete that directory to "
                                   "run it again")
+            _check_complete(run.run_dir, got)
         states.append(state)
         records.append(got)
     return states, records
+
+
+def _check_complete(run_dir: Path, records: list[dict]) -> None:
+    """A finished run's ``metrics.jsonl`` ends at the round its ``summary.json`` says
+    it ended at: a file cut at a line boundary (a copy interrupted, a disk filled)
+    reads as valid records and would pass for the whole run."""
+    summary = read_json(run_dir / "summary.json")
+    said, last = summary.get("rounds"), last_value(records, "round")
+    if isinstance(said, int) and not isinstance(said, bool) and said != last:
+        raise FormatError(f"{run_dir / 'metrics.jsonl'} ends at round {last} but "
+                          f"summary.json says the run ended at round {said}; the finished "
+                          f"run in {run_dir} is damaged: delete that directory to run it "
+                          "again")
 
 
 def server_pool_mismatch(runs: list[StudyRun]) -> str | None:
