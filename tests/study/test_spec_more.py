@@ -82,6 +82,31 @@ def test_set_of_a_key_the_grid_sets_in_every_run_is_refused(tmp_path, key, axis,
     assert {r.config.train.batch_size for r in study.runs} == {4}
 
 
+@pytest.mark.parametrize("key, own", [("train.lr", "train.lr"),
+                                       ("train.lr", "train"),
+                                       ("model.options.hidden", "model.hidden")])
+def test_set_of_a_key_every_run_sets_itself_is_refused(tmp_path, key, own):
+    """Each run's own ``set`` wins over --set, so a key all of them set would reach no
+    run; one that some run leaves alone still reaches it."""
+    value = {"train.lr": "0.3", "train": "{lr: 0.3}", "model.hidden": "[8]"}[own]
+    runs = [{"label": "a", "set": [f"{own}={value}"]},
+            {"label": "b", "set": ["rounds=2", f"{own}={value}"]}]
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(_study(runs=runs)))
+    with pytest.raises(ConfigError, match=rf"^--set {key}: every run sets '{own}' itself "
+                                          r"\(run 'a' and the rest\), so the override "
+                                          r"would reach none"):
+        load_study(path, overrides=[f"{key}={'[4]' if 'hidden' in key else '0.05'}"])
+    path.write_text(yaml.safe_dump(_study(runs=[*runs, {"label": "c"}])))
+    study = load_study(path, overrides=[f"{key}={'[4]' if 'hidden' in key else '0.05'}"])
+    got = {r.label: (r.config.train.lr, r.config.model.options.get("hidden"))
+           for r in study.runs}
+    assert got["c"] == ((0.05, [16]) if key == "train.lr" else (0.1, [4]))
+    # a section around the runs' own keys still reaches them with its other keys
+    study = load_study(path, overrides=["train={batch_size: 4}"])
+    assert {r.config.train.batch_size for r in study.runs} == {4}
+
+
 @pytest.mark.parametrize("items", [["train.lr=0.1,0.2", "seed=1,2"],
                                    ["train.lr=0.1,0.2", "seed=1"]])
 def test_a_sweep_with_seed_and_seeds_is_refused(items):

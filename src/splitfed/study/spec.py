@@ -175,10 +175,30 @@ def _with_overrides(raw: Any, overrides: list[str]) -> Any:
         if key.count(".") >= axis.count("."):  # (a section around an axis still reaches)
             raise ConfigError(f"--set {key}: the grid sets '{axis}' in every run, so the "
                               "override would reach none; drop it or change the grid")
+    runs = raw.get("runs")
+    runs = [r for r in runs if isinstance(r, Mapping)] if isinstance(runs, list) else []
+    for key in keys:                           # each run's own `set` wins over --set too
+        hidden = [_hides(r.get("set"), key) for r in runs]
+        if runs and all(hidden):
+            raise ConfigError(f"--set {key}: every run sets '{hidden[0]}' itself (run "
+                              f"{str(runs[0].get('label'))!r} and the rest), so the override "
+                              "would reach none; drop it or remove it from the runs' set")
     given = raw.get("overrides") or []
     if not isinstance(given, list):
         return raw
     return {**raw, "overrides": [*given, *overrides]}
+
+
+def _hides(items: Any, key: str) -> str | None:
+    """The key of a run's ``set`` items that sets all of what ``key`` sets (``key``
+    itself, or a section around it), else None."""
+    if not isinstance(items, list):
+        return None
+    own = [i.partition("=")[0].strip() for i in items if isinstance(i, str)]
+    for mine, theirs in _overlaps([key], own):
+        if mine.count(".") >= theirs.count("."):
+            return theirs
+    return None
 
 
 def _plain(data: Any) -> Any:
