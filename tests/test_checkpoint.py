@@ -119,6 +119,12 @@ def check_resume(tmp_path, monkeypatch, cfg, stop: int) -> None:
     ("centralized", {}, 3),             # the state is a module and its optimizer
     ("musplitfed", {**SPLIT, **MOVING}, 3),  # zeroth-order directions from the streams
     ("gas", {**SPLIT, **MOVING}, 3),    # asynchronous serving, activation statistics
+    ("sflv1", {**SPLIT, **MOVING, "train": {"batch_size": 8, "local_steps": 4,
+                                          "local_epochs": None, "lr": 0.1,
+                                          "momentum": 0.9}}, 3),
+    ("csefsl", {**SPLIT, **MOVING}, 5),   # auxiliary heads, the random serving order
+    ("fedprox", MOVING, 3),
+    ("fedlora", MOVING, 3),               # the adapters drawn from their own stream
 ])
 def test_resume_is_bit_identical(tmp_path, monkeypatch, name, over, stop):
     cfg = digits_config(algorithm={"name": name}, rounds=6, checkpoint_every=2, **over)
