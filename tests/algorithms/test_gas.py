@@ -205,3 +205,31 @@ def test_server_batch_is_topped_up_to_the_batch_size_per_class():
     _, rec_off, _, _ = run_spied(gas_config(buffer_size=6, generate=False))
     # the loop reports server MACs = samples of the server's steps x MACs per sample
     assert rec[1]["server_macs"] * 24 == rec_off[1]["server_macs"] * (24 + topped)
+
+
+def test_full_covariance_beyond_the_memory_bound_is_refused_before_writing(tmp_path, capsys):
+    """A split transformer's cut activation has sequence length x (hidden + 1) values:
+    full class covariances of that size would be allocated once the run directory
+    exists. The check says so first; the same option at an image model's cut runs."""
+    from splitfed.algorithms import gas
+    from splitfed.cli import main
+
+    config = tmp_path / "text.yaml"
+    config.write_text(
+        "name: t\nrounds: 1\nalgorithm: {name: gas, covariance: full}\n"
+        "data: {name: synthetic_text, vocab_size: 64, seq_len: 64, num_train: 32, "
+        "num_test: 8}\npartition: {scheme: iid, num_clients: 2}\n"
+        "model: {name: opt, vocab_size: 64, hidden_size: 256, num_heads: 4, ffn_dim: 32, "
+        "num_layers: 2, cut: 1}\ntrain: {batch_size: 4, local_steps: 1, local_epochs: null}\n")
+    text = [str(config), f"out_dir={tmp_path / 'runs'}"]
+    assert main(["run", *text, "--dry-run"]) == 2
+    assert main(["run", *text]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    dim = 64 * 257
+    assert len(lines) == 2 and all(line.startswith(
+        f"splitfed: error: algorithm.covariance: full keeps a {dim} x {dim} covariance "
+        "per class at the cut") for line in lines), lines
+    assert not (tmp_path / "runs").exists()
+    cfg = digits_config(algorithm={"name": "gas", "covariance": "full"})
+    build_algorithm(cfg).check(build_environment(cfg))          # a small cut: accepted
+    assert gas.MAX_COVARIANCE_BYTES == 2 << 30

@@ -76,11 +76,15 @@ from splitfed.engine.algorithm import Algorithm
 from splitfed.engine.clock import CLIENT, SERVER, EventQueue
 from splitfed.engine.rounds import Round
 from splitfed.engine.split import SplitModel, per_client_loss
+from splitfed.errors import ConfigError
 from splitfed.engine.stacked import ForwardCopies
 from splitfed.models import output_shape
 from splitfed.rng import derive_seed
 
 COVARIANCES = ("diagonal", "full")
+#: the most memory ``covariance: full`` may take: K float32 D x D covariances kept, and
+#: about six float64 D x D matrices while one is updated or factored
+MAX_COVARIANCE_BYTES = 2 << 30
 
 
 @dataclass
@@ -197,9 +201,29 @@ class GAS(Algorithm):
     split = True
     asynchronous = True
 
-    def init_state(self, env) -> dict:
+    def check(self, env) -> None:
+        """``covariance: full`` fits in :data:`MAX_COVARIANCE_BYTES` at the cut (a
+        transformer's cut activation is sequence length x (hidden + 1) values, whose
+        square per class is far beyond any memory)."""
+        if self.options.covariance != "full":
+            return
+        dim, k = self._dim(env), env.data.num_classes
+        need = k * dim * dim * 4 + 6 * dim * dim * 8
+        if need > MAX_COVARIANCE_BYTES:
+            raise ConfigError(
+                f"algorithm.covariance: full keeps a {dim} x {dim} covariance per class at "
+                f"the cut ({k} classes): {need} bytes, more than the "
+                f"{MAX_COVARIANCE_BYTES} allowed; use covariance: diagonal, or a cut "
+                "(model.cut) with a smaller activation")
+
+    @staticmethod
+    def _dim(env) -> int:
+        """D, the number of values of one sample's activation at the cut."""
         parts = SplitModel.of(env)
-        dim = int(np.prod(output_shape(parts.client, tuple(env.data.input_shape))))
+        return int(np.prod(output_shape(parts.client, tuple(env.data.input_shape))))
+
+    def init_state(self, env) -> dict:
+        dim = self._dim(env)
         return {**super().init_state(env), "server_steps": 0, "buffer": None,
                 "stats": empty_stats(env.data.num_classes, dim, self.options.covariance)}
 
