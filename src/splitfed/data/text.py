@@ -120,9 +120,22 @@ def hf_encode(tokenizer_dir: str, texts: Sequence[str], max_len: int) -> torch.T
         raise ConfigError(f"data.tokenizer: the tokenizer in {path} has no padding token "
                           "(pad_token); give one that has (OPT's has)")
     tok.padding_side = "right"
-    enc = tok(list(texts), padding="max_length", truncation=True, max_length=max_len,
-              return_tensors="pt")
-    return torch.stack([enc["input_ids"], enc["attention_mask"]], dim=1).long()
+    try:
+        special = int(tok.num_special_tokens_to_add(pair=False))
+    except Exception:  # noqa: BLE001 - a tokenizer that cannot say
+        special = 0
+    if max_len <= special:
+        raise ConfigError(f"data.max_len: {max_len} leaves no room for a sentence: the "
+                          f"tokenizer in {path} adds {special} special tokens to each; "
+                          f"give at least {special + 1}")
+    try:
+        enc = tok(list(texts), padding="max_length", truncation=True, max_length=max_len,
+                  return_attention_mask=True, return_tensors="pt")
+        return torch.stack([enc["input_ids"], enc["attention_mask"]], dim=1).long()
+    except Exception as e:  # noqa: BLE001 - a tokenizer that loads but cannot encode
+        raise ConfigError(f"data.tokenizer: the tokenizer in {path} cannot encode the "
+                          f"sentences at data.max_len {max_len}: {type(e).__name__}: "
+                          f"{' '.join(str(e).split())[:200]}") from None
 
 
 def _count_lines(path: Path, chunk_bytes: int = 1 << 24) -> int:
