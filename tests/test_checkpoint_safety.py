@@ -760,3 +760,12 @@ def test_launch_resume_with_a_tracker_that_cannot_open_changes_no_file(tmp_path,
     assert proc.returncode == 0, proc.stderr
     assert not (run_dir / ".checkpoint.pt.x.tmp").exists()
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"
+
+
+@pytest.mark.parametrize("shape", [[float("inf")], [float("nan")], [10**30], ["x"], 5])
+def test_a_stored_array_with_a_shape_that_is_no_list_of_sizes_is_refused(shape):
+    from splitfed import safeio
+    from splitfed.errors import FormatError
+
+    with pytest.raises(FormatError, match=r"^a stored numpy array is malformed"):
+        safeio.decode({safeio.TAG: ["<f4", shape, b"\0\0\0\0"]})

@@ -138,7 +138,7 @@ def _array(spec: Any) -> np.ndarray:
         if any(s < 0 for s in shape):
             raise ValueError("negative dimension")
         return np.frombuffer(raw, dtype=dt).reshape(shape).copy()
-    except (TypeError, ValueError) as e:
+    except (TypeError, ValueError, OverflowError) as e:
         raise FormatError(f"a stored numpy array is malformed ({e})") from None
 
 
