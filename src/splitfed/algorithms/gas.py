@@ -76,8 +76,8 @@ from splitfed.engine.algorithm import Algorithm
 from splitfed.engine.clock import CLIENT, SERVER, EventQueue
 from splitfed.engine.rounds import Round
 from splitfed.engine.split import SplitModel, per_client_loss
-from splitfed.errors import ConfigError
 from splitfed.engine.stacked import ForwardCopies
+from splitfed.errors import ConfigError
 from splitfed.models import output_shape
 from splitfed.rng import derive_seed
 

@@ -171,15 +171,15 @@ def _with_overrides(raw: Any, overrides: list[str]) -> Any:
     grid = raw.get("grid")
     axes = [a for a in grid if isinstance(a, str)] if isinstance(grid, Mapping) else []
     keys = [item.partition("=")[0].strip() for item in overrides]
-    for key, axis in _overlaps(keys, axes):    # the grid's values win over --set
-        if key.count(".") >= axis.count("."):  # (a section around an axis still reaches)
-            raise ConfigError(f"--set {key}: the grid sets '{axis}' in every run, so the "
-                              "override would reach none; drop it or change the grid")
     runs = raw.get("runs")
     runs = [r for r in runs if isinstance(r, Mapping)] if isinstance(runs, list) else []
-    for key in keys:                           # each run's own `set` wins over --set too
-        hidden = [_hides(r.get("set"), key) for r in runs]
-        if runs and all(hidden):
+    for key in keys:
+        axis = _covering(key, axes)            # the grid's values win over --set
+        if axis is not None:
+            raise ConfigError(f"--set {key}: the grid sets '{axis}' in every run, so the "
+                              "override would reach none; drop it or change the grid")
+        hidden = [_covering(key, _set_keys(r.get("set"))) for r in runs]
+        if runs and all(hidden):               # each run's own `set` wins over --set too
             raise ConfigError(f"--set {key}: every run sets '{hidden[0]}' itself (run "
                               f"{str(runs[0].get('label'))!r} and the rest), so the override "
                               "would reach none; drop it or remove it from the runs' set")
@@ -189,13 +189,18 @@ def _with_overrides(raw: Any, overrides: list[str]) -> Any:
     return {**raw, "overrides": [*given, *overrides]}
 
 
-def _hides(items: Any, key: str) -> str | None:
-    """The key of a run's ``set`` items that sets all of what ``key`` sets (``key``
-    itself, or a section around it), else None."""
+def _set_keys(items: Any) -> list[str]:
+    """The keys of a run's ``set`` items (none when it is not a list)."""
     if not isinstance(items, list):
-        return None
-    own = [i.partition("=")[0].strip() for i in items if isinstance(i, str)]
-    for mine, theirs in _overlaps([key], own):
+        return []
+    return [i.partition("=")[0].strip() for i in items if isinstance(i, str)]
+
+
+def _covering(key: str, keys: list[str]) -> str | None:
+    """The first of ``keys`` that sets all of what ``key`` sets (``key`` itself, or a
+    section around it; a section around ``key`` still reaches its other keys), else
+    None."""
+    for mine, theirs in _overlaps([key], keys):
         if mine.count(".") >= theirs.count("."):
             return theirs
     return None
