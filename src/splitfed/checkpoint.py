@@ -528,6 +528,46 @@ def _check_env(env, ckpt: dict, where) -> None:
                               f"{lost[0]!r}; it is not a checkpoint of this run: {RERUN}")
 
 
+class Rule:
+    """A part of a checkpoint template that the saved value is checked against by a
+    function rather than by example: for state whose shape is known only when it is
+    saved (a buffer of a varying number of uploads) or that starts empty (``None``) and
+    later holds a structure, as a server optimizer's ``state_dict()``.
+    :meth:`Algorithm.checkpoint_template <splitfed.engine.algorithm.Algorithm.
+    checkpoint_template>` puts one where ``init_state`` has the value.
+
+    ``check(saved)`` returns None when the saved value fits, else what is wrong with it,
+    phrased to follow its place in the state ("is not ...", "holds ..."). The value is
+    restored as it was saved (its tensors on the run's device)."""
+
+    def __init__(self, check):
+        self.check = check
+
+    def __repr__(self) -> str:
+        return f"Rule({getattr(self.check, '__qualname__', self.check)!r})"
+
+
+class _Why(Exception):
+    """What :func:`_conform_optimizer` found wrong, when a :class:`Rule` runs it."""
+
+
+def optimizer_rule(opt: torch.optim.Optimizer, *, empty: bool = True) -> Rule:
+    """A :class:`Rule` for a saved ``opt.state_dict()`` (a plain dict, as an algorithm
+    keeps its server optimizer's state between rounds): the same parameter groups with
+    the same hyperparameters (the learning rate aside, which a schedule changes), state
+    only for the optimizer's parameters, each tensor of its parameter's shape (a
+    ``step`` count a scalar). ``empty``: None (no state yet) fits as well."""
+    def check(saved: Any) -> str | None:
+        if saved is None:
+            return None if empty else "is empty, not a saved optimizer"
+        try:
+            _conform_optimizer(saved, opt, "", _Why)
+        except _Why as e:
+            return str(e)
+        return None
+    return Rule(check)
+
+
 def _tagged(obj: Any) -> bool:
     if isinstance(obj, dict):
         return MODULE in obj or OPTIMIZER in obj or any(_tagged(v) for v in obj.values())
@@ -547,6 +587,11 @@ def _conform(saved: Any, template: Any, at: str, where, *, loose: bool = True) -
     if template is None:
         if not loose and saved is not None:
             raise bad("should be empty")
+        return
+    if isinstance(template, Rule):
+        why = template.check(saved)
+        if why is not None:
+            raise bad(str(why)[:300])
         return
     if isinstance(template, torch.nn.Module):
         sd = saved.get(MODULE) if isinstance(saved, dict) and len(saved) == 1 else None
@@ -599,9 +644,17 @@ def _conform(saved: Any, template: Any, at: str, where, *, loose: bool = True) -
         raise bad(f"is a {type(saved).__name__}, not a {type(template).__name__}")
 
 
-def _conform_optimizer(sd: dict, opt: torch.optim.Optimizer, at: str, bad) -> None:
+#: optimizer hyperparameters a saved state may hold other values of (a schedule sets them)
+SCHEDULED = ("lr", "initial_lr")
+
+
+def _conform_optimizer(sd: Any, opt: torch.optim.Optimizer, at: str, bad) -> None:
+    """``sd`` is a ``state_dict()`` of ``opt``: its parameter groups, with the same
+    hyperparameters but the scheduled ones (a forged momentum would change the run's
+    numbers), and per-parameter state of the parameters' shapes (``step`` a scalar)."""
     ref = opt.state_dict()
-    if set(sd) != {"state", "param_groups"} or not isinstance(sd["state"], dict) or \
+    if not isinstance(sd, dict) or set(sd) != {"state", "param_groups"} or \
+            not isinstance(sd["state"], dict) or \
             not isinstance(sd["param_groups"], list) or \
             len(sd["param_groups"]) != len(ref["param_groups"]):
         raise bad("is not a saved optimizer of this run")
@@ -618,16 +671,25 @@ def _conform_optimizer(sd: dict, opt: torch.optim.Optimizer, at: str, bad) -> No
                       else isinstance(group[k], type(v)))
                 if not ok:
                     raise bad(f"has a {k} of type {type(group[k]).__name__}")
+                if k not in SCHEDULED and group[k] != v:
+                    raise bad(f"has {k} {_short(group[k])}, the run's optimizer has "
+                              f"{_short(v)}")
+            elif k != "params" and v is None and group[k] is not None:
+                raise bad(f"has {k} {_short(group[k])}, the run's optimizer has None")
         shapes.update(zip(ref_group["params"], (p.shape for p in live["params"])))
     for pid, entry in sd["state"].items():
         if pid not in shapes or not isinstance(entry, dict):
             raise bad(f"has state for an unknown parameter {str(pid)[:20]}")
         for name, v in entry.items():
-            if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape != shapes[pid]:
-                raise bad(f"has a {name} of shape {tuple(v.shape)} for a parameter of "
-                          f"shape {tuple(shapes[pid])}")
             if not isinstance(v, (torch.Tensor, int, float)) or isinstance(v, bool):
-                raise bad(f"has a {name} of type {type(v).__name__}")
+                raise bad(f"has a {str(name)[:40]} of type {type(v).__name__}")
+            if not isinstance(v, torch.Tensor):
+                continue
+            want = () if name == "step" else tuple(shapes[pid])
+            if tuple(v.shape) != want or not (v.is_floating_point() or name == "step"):
+                raise bad(f"has a {str(name)[:40]} of shape {tuple(v.shape)} "
+                          f"({str(v.dtype).replace('torch.', '')}) for a parameter of "
+                          f"shape {tuple(shapes[pid])}")
 
 
 def _live(saved: Any, template: Any, device: torch.device | None = None) -> Any:
@@ -648,7 +710,8 @@ def _live(saved: Any, template: Any, device: torch.device | None = None) -> Any:
         return type(saved)(_live(s, v, device) for s, v in zip(saved, template))
     if isinstance(template, torch.Tensor) and isinstance(saved, torch.Tensor):
         return saved.to(template.device)
-    return _to(saved, device) if template is None and device is not None else saved
+    loose = template is None or isinstance(template, Rule)
+    return _to(saved, device) if loose and device is not None else saved
 
 
 def _to(saved: Any, device: torch.device) -> Any:

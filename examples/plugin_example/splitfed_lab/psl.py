@@ -32,7 +32,7 @@ from splitfed.engine.clock import SERVER
 from splitfed.engine.flops import TRAIN_FACTOR
 from splitfed.engine.rounds import Round
 from splitfed.engine.split import (SplitModel, per_client_loss, return_gradients,
-                                   send_activations, sgd, sgd_step)
+                                   send_activations, server_opt_template, sgd, sgd_step)
 
 
 @dataclass
@@ -51,6 +51,11 @@ class ParallelSplitLearning(Algorithm):
 
     def init_state(self, env) -> dict:
         return {**super().init_state(env), "server_opt": None}
+
+    def checkpoint_template(self, env, template, saved):
+        # a resumed run's server_opt is checked against the server's SGD before any
+        # file of the run directory changes (None in init_state accepts anything)
+        return server_opt_template(env, super().checkpoint_template(env, template, saved))
 
     def round(self, env, state, t, cohort):
         rnd = Round(self, env, state, t, cohort)

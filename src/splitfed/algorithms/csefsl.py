@@ -75,7 +75,7 @@ from splitfed.engine.loop import evaluates
 from splitfed.engine.placement import client_values
 from splitfed.engine.rounds import Round
 from splitfed.engine.split import (SplitModel, per_client_loss, return_gradients, send_activations,
-                                   server_step, sgd)
+                                   server_opt_template, server_step, sgd)
 from splitfed.models.aux import build_aux_head
 from splitfed.rng import derive_seed
 
@@ -177,6 +177,10 @@ class CSEFSL(Algorithm):
         head = self.head(env, SplitModel.of(env).client)
         aux = {k: v.detach().clone() for k, v in head.state_dict().items()}
         return {**super().init_state(env), "aux": aux, "server_opt": None}
+
+    def checkpoint_template(self, env, template: dict, saved: dict) -> dict:
+        """A saved ``server_opt`` is the server optimizer's state dict (or None)."""
+        return server_opt_template(env, super().checkpoint_template(env, template, saved))
 
     def round(self, env, state, t, cohort):
         rnd = Round(self, env, state, t, cohort)

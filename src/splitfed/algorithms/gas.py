@@ -71,6 +71,7 @@ from typing import Literal, Optional
 import numpy as np
 import torch
 
+from splitfed.checkpoint import Rule
 from splitfed.engine import zo
 from splitfed.engine.algorithm import Algorithm
 from splitfed.engine.clock import CLIENT, SERVER, EventQueue
@@ -226,6 +227,42 @@ class GAS(Algorithm):
         dim = self._dim(env)
         return {**super().init_state(env), "server_steps": 0, "buffer": None,
                 "stats": empty_stats(env.data.num_classes, dim, self.options.covariance)}
+
+    def checkpoint_template(self, env, template: dict, saved: dict) -> dict:
+        """A saved ``buffer`` (None: empty) holds k >= 1 uploads (fewer than
+        ``buffer_size``, when set): ``ids`` [k] of clients of the run, ``h`` [k, B, cut
+        shape] of floats, ``y`` [k, B] of classes; checked before a resume changes any
+        file."""
+        template = super().checkpoint_template(env, template, saved)
+        parts = SplitModel.of(env)
+        cut = tuple(output_shape(parts.client, tuple(env.data.input_shape)))
+        bound = self.options.buffer_size
+        clients, classes = env.num_clients, env.data.num_classes
+
+        def check(buffer) -> str | None:
+            if buffer is None:
+                return None
+            if not isinstance(buffer, dict) or set(buffer) != {"ids", "h", "y"} or \
+                    not all(isinstance(v, torch.Tensor) for v in buffer.values()):
+                return "is not a dict of the tensors ids, h and y"
+            ids, h, y = buffer["ids"], buffer["h"], buffer["y"]
+            if ids.dtype != torch.int64 or ids.dim() != 1 or len(ids) < 1 or \
+                    (bound is not None and len(ids) >= bound):
+                return (f"holds ids of shape {tuple(ids.shape)}, not 1 to "
+                        f"{'buffer_size - 1' if bound else 'k'} client ids")
+            k = len(ids)
+            if not h.is_floating_point() or h.dim() != 2 + len(cut) or h.shape[0] != k or \
+                    tuple(h.shape[2:]) != cut or h.shape[1] < 1:
+                return (f"holds activations h of shape {tuple(h.shape)}, not "
+                        f"{(k, 'B', *cut)} of floats")
+            if y.dtype != torch.int64 or tuple(y.shape) != tuple(h.shape[:2]):
+                return f"holds labels y of shape {tuple(y.shape)}, not {tuple(h.shape[:2])}"
+            if int(ids.min()) < 0 or int(ids.max()) >= clients:
+                return f"holds a client id outside 0..{clients - 1}"
+            if int(y.min()) < 0 or int(y.max()) >= classes:
+                return f"holds a label outside 0..{classes - 1}"
+            return None
+        return {**template, "buffer": Rule(check)}
 
     @torch.no_grad()
     def round(self, env, state, t, cohort):

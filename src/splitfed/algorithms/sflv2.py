@@ -51,7 +51,7 @@ import torch
 from splitfed.engine.algorithm import Algorithm
 from splitfed.engine.rounds import Round
 from splitfed.engine.split import (SplitModel, participation_probability, return_gradients,
-                                   send_activations, server_step, sgd)
+                                   send_activations, server_opt_template, server_step, sgd)
 from splitfed.errors import ConfigError
 
 
@@ -80,6 +80,10 @@ class SFLV2(Algorithm):
 
     def init_state(self, env) -> dict:
         return {**super().init_state(env), "server_opt": None}
+
+    def checkpoint_template(self, env, template: dict, saved: dict) -> dict:
+        """A saved ``server_opt`` is the server optimizer's state dict (or None)."""
+        return server_opt_template(env, super().checkpoint_template(env, template, saved))
 
     def check(self, env) -> None:
         """The released code serves clients one after another: an explicit

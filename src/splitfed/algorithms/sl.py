@@ -46,7 +46,8 @@ import torch
 from splitfed.engine.algorithm import Algorithm
 from splitfed.engine.batches import batch_plan
 from splitfed.engine.rounds import Round, SingleDelta
-from splitfed.engine.split import SplitModel, sequential_turn, sgd, take_turn
+from splitfed.engine.split import (SplitModel, sequential_turn, server_opt_template, sgd,
+                                   take_turn)
 
 
 @dataclass
@@ -72,6 +73,10 @@ class SL(Algorithm):
 
     def init_state(self, env) -> dict:
         return {**super().init_state(env), "server_opt": None}
+
+    def checkpoint_template(self, env, template: dict, saved: dict) -> dict:
+        """A saved ``server_opt`` is the server optimizer's state dict (or None)."""
+        return server_opt_template(env, super().checkpoint_template(env, template, saved))
 
     def round(self, env, state, t, cohort):
         rnd = Round(self, env, state, t, cohort)

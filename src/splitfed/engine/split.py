@@ -323,6 +323,18 @@ def participation_probability(env, ids: np.ndarray) -> np.ndarray:
     return np.asarray(q, dtype=np.float64)[np.asarray(ids)]
 
 
+def server_opt_template(env, template: dict, key: str = "server_opt") -> dict:
+    """``template`` (a checkpoint template, ``Algorithm.checkpoint_template``) with its
+    ``key`` a :func:`~splitfed.checkpoint.optimizer_rule` for :func:`sgd`'s
+    ``state_dict()`` on the server side of ``template["model"]``: a saved server
+    optimizer state is checked (its groups, hyperparameters and momentum buffers) before
+    a resume changes any file, or None (none yet)."""
+    from splitfed.checkpoint import optimizer_rule
+    parts = SplitModel.of(env)
+    server = parts.server_module(parts.server_state(template["model"]))
+    return {**template, key: optimizer_rule(sgd(server, env, None))}
+
+
 def sgd(module: nn.Module, env, saved: dict | None, lr: float | None = None
         ) -> torch.optim.SGD:
     """The server's optimizer (docs/design.md, Optimizers: server optimizer state persists
