@@ -259,6 +259,50 @@ def test_lowering_rounds_of_a_run_is_refused_without_calling_its_checkpoint_bad(
     assert resume_experiment(d).status == "completed"
 
 
+def _stopped(run_dir: Path, monkeypatch, stop: int, **over) -> Path:
+    cfg = digits_config(rounds=6, **over)
+    with monkeypatch.context() as m:
+        interrupt_round(m, "fedavg", stop)
+        with pytest.raises(RunInterrupted):
+            run_experiment(cfg, run_dir=run_dir)
+    return run_dir
+
+
+def test_lowering_rounds_to_an_unevaluated_checkpoint_round_is_refused(tmp_path,
+                                                                        monkeypatch):
+    """Checkpoint after round 2 of 6, evaluated every 3 rounds: round 2 was never
+    evaluated, so ending the run there would report round 0's accuracy."""
+    over = {"checkpoint_every": 2, "eval_every": 3}
+    d = _stopped(tmp_path / "d", monkeypatch, 4, **over)
+    assert load_checkpoint(d)["round"] == 2 and "test_acc" not in records(d)[2]
+    dump_yaml(digits_config(rounds=2, **over), d / "config.yaml")
+    before = {p.name: p.read_bytes() for p in d.iterdir()}
+    with pytest.raises(ConfigError) as err:
+        resume_experiment(d)
+    assert str(err.value) == (
+        f"{d / CHECKPOINT}: config.yaml's rounds 2 end the run at the round its checkpoint "
+        "was written after, which was not evaluated (it was not the run's last round); a "
+        "run's rounds may only be raised (set rounds to 3 or more to keep the run)")
+    assert {p.name: p.read_bytes() for p in d.iterdir()} == before
+    dump_yaml(digits_config(rounds=3, **over), d / "config.yaml")
+    resumed = resume_experiment(d)
+    run_experiment(digits_config(rounds=3, **over), run_dir=tmp_path / "fresh")
+    assert resumed.status == "completed"
+    assert records(d) == records(tmp_path / "fresh")
+
+
+def test_lowering_rounds_to_an_evaluated_checkpoint_round_ends_the_run(tmp_path,
+                                                                       monkeypatch):
+    over = {"checkpoint_every": 3, "eval_every": 3}
+    d = _stopped(tmp_path / "d", monkeypatch, 5, **over)
+    assert load_checkpoint(d)["round"] == 3
+    dump_yaml(digits_config(rounds=3, **over), d / "config.yaml")
+    resumed = resume_experiment(d)
+    assert resumed.status == "completed"
+    assert records(d)[-1]["round"] == 3
+    assert resumed.final_accuracy == records(d)[-1]["test_acc"]
+
+
 def test_resume_extends_a_finished_run_when_rounds_grow(tmp_path):
     run_experiment(digits_config(rounds=5, checkpoint_every=2), run_dir=tmp_path / "full")
     short = tmp_path / "short"

@@ -773,9 +773,24 @@ def _metric_lines(run_dir: str | Path, count: int, t: int | None) -> tuple[list[
     return kept, records
 
 
-def checkpoint_records(run_dir: str | Path, ckpt: dict) -> list[dict]:
-    """The records of ``metrics.jsonl`` up to ``ckpt``, checked; changes no file."""
-    return _metric_lines(run_dir, ckpt["records"], ckpt["round"])[1]
+def checkpoint_records(run_dir: str | Path, ckpt: dict, *,
+                       rounds: int | None = None) -> list[dict]:
+    """The records of ``metrics.jsonl`` up to ``ckpt``, checked; changes no file.
+
+    ``rounds``: config.yaml's rounds. Lowered to exactly the checkpoint's round, they
+    would end the run there; that is refused (:class:`ConfigError`) unless the round was
+    evaluated (it was the run's last round when it ran, or an evaluated one) or the run
+    diverged: else its result would be an earlier round's evaluation."""
+    records = _metric_lines(run_dir, ckpt["records"], ckpt["round"])[1]
+    t = ckpt["round"]
+    if rounds is not None and t == rounds and t > 0 and ckpt["status"] == "completed" \
+            and "test_acc" not in records[-1]:
+        raise ConfigError(f"{Path(run_dir) / CHECKPOINT}: config.yaml's rounds {rounds} "
+                          f"end the run at the round its checkpoint was written after, "
+                          f"which was not evaluated (it was not the run's last round); a "
+                          f"run's rounds may only be raised (set rounds to {t + 1} or "
+                          "more to keep the run)")
+    return records
 
 
 def truncate_metrics(run_dir: str | Path, count: int, t: int | None = None) -> list[dict]:

@@ -897,7 +897,8 @@ def open_resume(run_dir: Path, cfg: RunConfig, algorithm, env: Environment
     ckpt = load_checkpoint(run_dir, rounds=cfg.rounds)
     if ckpt is None:
         return None
-    return _restore(run_dir, ckpt, checkpoint_records(run_dir, ckpt), algorithm, env)
+    records = checkpoint_records(run_dir, ckpt, rounds=cfg.rounds)
+    return _restore(run_dir, ckpt, records, algorithm, env)
 
 
 def _restore(run_dir: Path, ckpt: dict, records: list[dict], algorithm, env) -> Resume:
@@ -946,7 +947,7 @@ def _resume(run_dir: Path, saved: Path) -> RunResult:
     except ConfigError as e:
         raise ConfigError(f"{saved}: {e}") from None
     ckpt = load_checkpoint(run_dir, rounds=cfg.rounds)  # checked before the data loads
-    records = checkpoint_records(run_dir, ckpt) if ckpt is not None else None
+    records = None if ckpt is None else checkpoint_records(run_dir, ckpt, rounds=cfg.rounds)
     ended = run_ended(ckpt, cfg)
     if not ended:
         preflight(cfg)                          # the MLflow store, without retries

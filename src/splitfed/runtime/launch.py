@@ -201,12 +201,13 @@ def _check_resume(run_dir: Path, cfg) -> None:
     """The checkpoint of the run to resume, if any, is whole and was written under its
     ``config.yaml`` (:func:`splitfed.experiment.check_resume_config`), before any rank
     starts; rank 0 checks it again, with the rest, when it resumes."""
-    from splitfed.checkpoint import load_checkpoint
+    from splitfed.checkpoint import checkpoint_records, load_checkpoint
     from splitfed.experiment import check_resume_config
 
     ckpt = load_checkpoint(run_dir, rounds=cfg.rounds)
     if ckpt is not None:
         check_resume_config(run_dir, ckpt, cfg, warn=False)
+        checkpoint_records(run_dir, ckpt, rounds=cfg.rounds)
 
 
 def worker_argv(args) -> list[str]:

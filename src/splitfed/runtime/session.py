@@ -195,7 +195,8 @@ def serve(links: Links, cfg: RunConfig | None = None, *, options: RuntimeOptions
         ckpt = load_checkpoint(run_dir, rounds=cfg.rounds)
         if ckpt is not None:
             check_resume_config(run_dir, ckpt, cfg)     # the same run: the same config
-        records = checkpoint_records(run_dir, ckpt) if ckpt is not None else None
+        records = None if ckpt is None else checkpoint_records(run_dir, ckpt,
+                                                               rounds=cfg.rounds)
         for line in thread_warnings(ckpt) if ckpt is not None else ():
             print(f"splitfed: warning: {run_dir}: {line}", file=sys.stderr)
         return _serve(links, cfg, options=options, run_dir=run_dir, ckpt=ckpt,
