@@ -295,6 +295,36 @@ def test_a_launched_run_with_dropout_resumes_to_the_uninterrupted_parameters(tmp
     _params_close(ref["state"]["model"], got["state"]["model"])
 
 
+@pytest.mark.parametrize("name", ["scaffold", "scaffold_plus"])
+def test_a_resumed_launch_keeps_the_clients_controls(tmp_path, name):
+    """SCAFFOLD's client controls c_i are applied on the client ranks: a resumed run
+    gives them the checkpoint's (not round 0's zeros), so a run of 2 rounds extended to
+    4 ends where the run of 4 rounds does."""
+    path = tmp_path / "c.yaml"
+    dump_yaml(_config("c", name, tmp_path, rounds=4), path)
+    whole, part = tmp_path / "whole", tmp_path / "part"
+    assert _finish(spawn(3, [str(path), "--run-dir", str(whole)], env=ENV)) == [0, 0, 0]
+    assert _finish(spawn(3, [str(path), "rounds=2", "--run-dir", str(part)],
+                         env=ENV)) == [0, 0, 0]
+    text, n = re.subn(r"^rounds: 2$", "rounds: 4", (part / "config.yaml").read_text(),
+                      flags=re.MULTILINE)
+    assert n == 1
+    (part / "config.yaml").write_text(text)
+    assert _finish(spawn(3, ["--resume", str(part)], env=ENV)) == [0, 0, 0]
+    got, ref = (torch.load(d / "checkpoint.pt", weights_only=False) for d in (part, whole))
+    assert got["round"] == ref["round"] == 4
+    _params_close(_tensors(ref["state"]), _tensors(got["state"]))   # c and every c_i
+
+
+def _tensors(tree, at="") -> dict:
+    if isinstance(tree, torch.Tensor):
+        return {at: tree}
+    if isinstance(tree, dict):
+        return {k: v for key, sub in tree.items() for k, v in _tensors(sub, f"{at}/{key}")
+                .items()}
+    return {}
+
+
 def test_launch_through_torchrun_refuses_an_unsupported_algorithm(tmp_path):
     path = tmp_path / "c.yaml"
     dump_yaml(digits_config(algorithm={"name": "fedclg_c"}), path)

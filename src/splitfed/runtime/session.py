@@ -209,7 +209,7 @@ def _serve(links: Links, cfg: RunConfig, *, options: RuntimeOptions,
     check_supported(cfg)
     hello = {"config": to_dict(cfg), "delay_scale": options.delay_scale,
              "resume": None if ckpt is None else {k: ckpt[k] for k in (
-                 "round", "streams", "clock", "ledger", "components")}}
+                 "round", "streams", "clock", "ledger", "components", "state")}}
     algorithm = build_algorithm(cfg)
     for r in links.live_clients():          # the client ranks build while rank 0 does
         links.send_object(r, hello)
@@ -344,12 +344,17 @@ def host(links: Links) -> str:
     algorithm = build_algorithm(cfg)
     env = build_environment(cfg)
     adapt(env, links, hello["delay_scale"])
-    start = 1
-    if hello["resume"] is not None:
-        restore(env, {**hello["resume"], "state": None})
-        start = hello["resume"]["round"] + 1
+    start, state = 1, None
+    if hello["resume"] is not None:     # the checkpoint's state, as rank 0 restores it:
+        saved = hello["resume"]         # per-client state (SCAFFOLD's c_i) lives on here
+        template = algorithm.checkpoint_template(env, algorithm.init_state(env),
+                                                 saved["state"])
+        state = restore(env, saved, template)
+        start = saved["round"] + 1
     try:
-        run_rounds(algorithm, env, MetricLogger(None), algorithm.init_state(env), start)
+        if state is None:
+            state = algorithm.init_state(env)
+        run_rounds(algorithm, env, MetricLogger(None), state, start)
         msg = links.recv_object(SERVER_RANK)
         return msg.get("stop", "completed")
     except StopRun as stop:
