@@ -11,6 +11,7 @@ naming the file, and the marker never appears.
 from __future__ import annotations
 
 import builtins
+import copy
 import json
 import os
 import pickle
@@ -349,6 +350,18 @@ def _deflated(path: Path) -> None:
             z.writestr(info, data)
 
 
+def _repeated_member(path: Path) -> None:
+    """The zip directory lists the largest member 2,000 more times (each entry would be
+    read for its CRC check: hours for a file of a few hundred megabytes)."""
+    with zipfile.ZipFile(path) as z:
+        members = [(i, z.read(i)) for i in z.infolist()]
+    with zipfile.ZipFile(path, "w") as z:
+        for info, data in members:
+            z.writestr(info, data)
+        big = max(z.filelist, key=lambda i: i.file_size)
+        z.filelist.extend(copy.copy(big) for _ in range(2000))
+
+
 BROKEN = {
     "directory": (lambda p: (p.unlink(), p.mkdir()), "is a directory"),
     "fifo": (lambda p: (p.unlink(), _fifo(p)), "not a regular file"),
@@ -370,6 +383,7 @@ BROKEN = {
     "shared lists": (_laughs, "a container is referred to more than once"),
     "shared array bytes": (_shared_bytes, "bytes are referred to more than once"),
     "deflated members": (_deflated, "is compressed, which torch.save never writes"),
+    "a member listed many times": (_repeated_member, "lists members that share their bytes"),
 }
 
 
@@ -487,6 +501,15 @@ def test_damaged_metrics_are_refused_before_anything_changes(tmp_path, stopped):
     (run_dir / "metrics.jsonl").write_text("\n".join([lines[0], "{torn", *lines[2:]]) + "\n")
     before = snapshot(run_dir)
     with pytest.raises(FormatError, match="record 2 is not a JSON record"):
+        resume_experiment(run_dir)
+    assert snapshot(run_dir) == before
+    middle = json.loads(lines[1])
+    assert middle["round"] == 1
+    (run_dir / "metrics.jsonl").write_text(
+        "\n".join([lines[0], json.dumps({**middle, "round": 7}), *lines[2:]]) + "\n")
+    before = snapshot(run_dir)
+    with pytest.raises(FormatError, match="record 2 is of round 7, not 1; the run "
+                                          "directory is damaged"):
         resume_experiment(run_dir)
     assert snapshot(run_dir) == before
 

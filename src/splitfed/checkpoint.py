@@ -319,11 +319,20 @@ def _check_archive(fh: BinaryIO, path) -> None:
     fh.seek(0)
     try:
         with zipfile.ZipFile(fh) as archive:
-            packed = next((i.filename for i in archive.infolist()
+            infos = archive.infolist()
+            packed = next((i.filename for i in infos
                            if i.compress_type != zipfile.ZIP_STORED), None)
             if packed is not None:    # torch.save stores; a deflated member can expand
                 raise _bad(path, f"its member {packed[:80]!r} is compressed, which torch.save "
                                  "never writes (a small file could expand to gigabytes)")
+            size = fh.seek(0, os.SEEK_END)
+            if len({i.header_offset for i in infos}) != len(infos) or \
+                    len({i.filename for i in infos}) != len(infos) or \
+                    sum(i.compress_size for i in infos) > size:
+                # each entry is read for its CRC: entries sharing one member's bytes
+                # would make a small file take hours to check
+                raise _bad(path, "its zip directory lists members that share their bytes, "
+                                 "which torch.save never writes")
             bad = archive.testzip()
     except FormatError:
         raise
@@ -765,6 +774,10 @@ def _metric_lines(run_dir: str | Path, count: int, t: int | None) -> tuple[list[
             raise FormatError(f"{path}: record {i} is not a JSON record with a round; the "
                               "run directory is damaged, delete it to rerun the run from "
                               "the start")
+        if t is not None and i < count and record["round"] != i - 1:
+            raise FormatError(f"{path}: record {i} is of round {_short(record['round'])}, "
+                              f"not {i - 1}; the run directory is damaged, delete it to "
+                              "rerun the run from the start")
         records.append(record)
     if t is not None and records and records[-1]["round"] != t:
         raise FormatError(f"{path}: record {count} is of round {records[-1]['round']}, the "
