@@ -273,35 +273,20 @@ def test_a_killed_server_resumes_to_the_uninterrupted_parameters(tmp_path):
     assert (run_dir / "partition.txt").read_text() == partition
 
 
-def test_a_launched_run_with_dropout_resumes_to_the_uninterrupted_parameters(tmp_path):
-    """Dropout draws from torch's default generator, on every rank for its own clients:
-    each rank seeds it every round from the seed and the round, so a run stopped after
-    round 2 and resumed to round 4 ends where the run of 4 rounds does."""
-    cfg = _config("drop", "fedavg", tmp_path, rounds=4,
-                  model={"name": "alexnet", "dropout": 0.5, "width": 0.125})
-    path = tmp_path / "drop.yaml"
-    dump_yaml(cfg, path)
-    whole, part = tmp_path / "whole", tmp_path / "part"
-    assert _finish(spawn(3, [str(path), "--run-dir", str(whole)], env=ENV)) == [0, 0, 0]
-    assert _finish(spawn(3, [str(path), "rounds=2", "--run-dir", str(part)],
-                         env=ENV)) == [0, 0, 0]
-    text, n = re.subn(r"^rounds: 2$", "rounds: 4", (part / "config.yaml").read_text(),
-                      flags=re.MULTILINE)
-    assert n == 1
-    (part / "config.yaml").write_text(text)
-    assert _finish(spawn(3, ["--resume", str(part)], env=ENV)) == [0, 0, 0]
-    got, ref = (torch.load(d / "checkpoint.pt", weights_only=False) for d in (part, whole))
-    assert got["round"] == ref["round"] == 4
-    _params_close(ref["state"]["model"], got["state"]["model"])
-
-
-@pytest.mark.parametrize("name", ["scaffold", "scaffold_plus"])
-def test_a_resumed_launch_keeps_the_clients_controls(tmp_path, name):
-    """SCAFFOLD's client controls c_i are applied on the client ranks: a resumed run
-    gives them the checkpoint's (not round 0's zeros), so a run of 2 rounds extended to
-    4 ends where the run of 4 rounds does."""
+@pytest.mark.parametrize("name,over", [
+    # dropout draws from torch's default generator, on every rank for its own clients:
+    # each rank seeds it every round from the seed and the round
+    ("fedavg", {"model": {"name": "alexnet", "dropout": 0.5, "width": 0.125}}),
+    # SCAFFOLD's client controls c_i are applied on the client ranks: a resumed run
+    # gives them the checkpoint's, not round 0's zeros
+    ("scaffold", {}),
+    ("scaffold_plus", {}),
+])
+def test_a_resumed_launch_ends_with_the_uninterrupted_state(tmp_path, name, over):
+    """A run stopped after round 2 and resumed to round 4 ends where the run of 4 rounds
+    does: the same model and algorithm state (SCAFFOLD's c and every c_i)."""
     path = tmp_path / "c.yaml"
-    dump_yaml(_config("c", name, tmp_path, rounds=4), path)
+    dump_yaml(_config("c", name, tmp_path, rounds=4, **over), path)
     whole, part = tmp_path / "whole", tmp_path / "part"
     assert _finish(spawn(3, [str(path), "--run-dir", str(whole)], env=ENV)) == [0, 0, 0]
     assert _finish(spawn(3, [str(path), "rounds=2", "--run-dir", str(part)],
@@ -313,7 +298,7 @@ def test_a_resumed_launch_keeps_the_clients_controls(tmp_path, name):
     assert _finish(spawn(3, ["--resume", str(part)], env=ENV)) == [0, 0, 0]
     got, ref = (torch.load(d / "checkpoint.pt", weights_only=False) for d in (part, whole))
     assert got["round"] == ref["round"] == 4
-    _params_close(_tensors(ref["state"]), _tensors(got["state"]))   # c and every c_i
+    _params_close(_tensors(ref["state"]), _tensors(got["state"]))
 
 
 def _tensors(tree, at="") -> dict:
