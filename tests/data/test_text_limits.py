@@ -78,7 +78,7 @@ def test_parquet_rows_are_checked_from_the_metadata_before_any_column_is_read(
     texts, labels, size = text._read_parquet(tmp_path / "ok.parquet")
     assert texts == ["a"] * 3 and labels.tolist() == [0, 1, 0] and size == 3
     _write_parquet(tmp_path / "train-00000.parquet", 4)
-    monkeypatch.setattr(pq, "read_table", _fail)
+    monkeypatch.setattr(pq.ParquetFile, "iter_batches", _fail)
     with pytest.raises(DataError, match=r"train-00000.parquet: 4 rows, more than the 3 "):
         text._read_parquet(tmp_path / "train-00000.parquet")
 
@@ -89,7 +89,7 @@ def test_parquet_split_counts_the_rows_of_all_its_files_before_reading_one(tmp_p
     monkeypatch.setattr(text, "MAX_TEXT_SAMPLES", 3)
     _write_parquet(tmp_path / "train-00000-of-00002.parquet", 2)
     _write_parquet(tmp_path / "train-00001-of-00002.parquet", 2)
-    monkeypatch.setattr(pq, "read_table", _fail)
+    monkeypatch.setattr(pq.ParquetFile, "iter_batches", _fail)
     with pytest.raises(DataError, match=r"train\*.parquet \(2 files\): 4 rows, more than the 3"):
         text._sst2_split(tmp_path, "train.tsv", "train")
 
@@ -100,7 +100,7 @@ def test_small_parquet_declaring_many_rows_is_refused_at_the_default_limit(tmp_p
     _write_parquet(tmp_path / "train-00000.parquet", 10**6 + 1)
     _write_parquet(tmp_path / "validation-00000.parquet", 1)
     assert (tmp_path / "train-00000.parquet").stat().st_size < 1 << 20
-    monkeypatch.setattr(pq, "read_table", _fail)
+    monkeypatch.setattr(pq.ParquetFile, "iter_batches", _fail)
     with pytest.raises(DataError, match=r"train-00000.parquet: 1000001 rows, more than the "
                                         r"1000000 a text split may hold"):
         load_dataset("sst2", str(tmp_path))
@@ -127,9 +127,9 @@ def test_one_long_sentence_on_every_row_is_counted_before_it_is_expanded(tmp_pat
     _write_repeated(tmp_path / "validation-00000.parquet", 1, "good")
     assert (tmp_path / "train-00000.parquet").stat().st_size < 1 << 16
     monkeypatch.setattr(text, "parquet_rows", _fail)
-    with pytest.raises(DataError, match=r"train-00000.parquet: its sentences hold 300000000 "
-                                        r"bytes of text, more than the 268435456 a text "
-                                        r"split may hold$"):
+    with pytest.raises(DataError, match=r"train-00000.parquet: its sentences hold at least "
+                                        r"270336000 bytes of text, more than the 268435456 "
+                                        r"a text split may hold$"):
         load_dataset("sst2", str(tmp_path))
 
 
@@ -150,7 +150,7 @@ def test_delta_encoded_sentences_are_refused_before_they_are_decoded(tmp_path, m
     pq = pytest.importorskip("pyarrow.parquet")
     _write_repeated(tmp_path / "train.parquet", 10**4, "w " * 5000, use_dictionary=False,
                     column_encoding={"sentence": "DELTA_BYTE_ARRAY"})
-    monkeypatch.setattr(pq, "read_table", _fail)
+    monkeypatch.setattr(pq.ParquetFile, "iter_batches", _fail)
     with pytest.raises(DataError, match=r"train.parquet: column 'sentence' is "
                                         r"DELTA_BYTE_ARRAY-encoded, whose decoded size"):
         text._read_parquet(tmp_path / "train.parquet")
@@ -168,6 +168,6 @@ def test_parquet_columns_are_checked_from_the_metadata(tmp_path, monkeypatch, co
     pa = pytest.importorskip("pyarrow")
     pq = pytest.importorskip("pyarrow.parquet")
     pq.write_table(pa.table(columns), tmp_path / "f.parquet")
-    monkeypatch.setattr(pq, "read_table", _fail)
+    monkeypatch.setattr(pq.ParquetFile, "iter_batches", _fail)
     with pytest.raises(DataError, match=r"f.parquet: " + says):
         text._read_parquet(tmp_path / "f.parquet")

@@ -38,7 +38,8 @@ from __future__ import annotations
 import csv
 import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from itertools import islice
 from pathlib import Path
 
 import numpy as np
@@ -67,6 +68,15 @@ MAX_TEXT_SAMPLES = 10**6
 #: tokens (samples x max_len) a split may hold: 800 MB as int64 ids and mask
 MAX_TOKENS = 5 * 10**7
 _WORD = re.compile(r"\w+|[^\w\s]")
+#: a text longer than this many characters is split into words one at a time, never
+#: into a list of all its words (shorter ones are split with one ``findall``: the same words)
+_LAZY_WORDS = 1 << 16
+#: :func:`hf_encode` hands the tokenizer at most this many texts, of at most
+#: :data:`_CHUNK_CHARS` characters together (plus one text), at a time
+_CHUNK_TEXTS = 1024
+_CHUNK_CHARS = 1 << 22
+#: parquet rows decoded at a time while a file's bytes of text are counted
+_PARQUET_BATCH_ROWS = 1024
 
 
 class WordTokenizer:
@@ -75,7 +85,9 @@ class WordTokenizer:
     def __init__(self, texts: Sequence[str], vocab_size: int = 8192):
         if vocab_size <= FIRST_WORD:
             raise ConfigError(f"data.vocab_size: must be > {FIRST_WORD}, got {vocab_size}")
-        counts = Counter(w for t in texts for w in self.words(t))
+        counts: Counter[str] = Counter()
+        for t in texts:             # every word of every text counts, as a stream
+            counts.update(self.words(t) if len(t) <= _LAZY_WORDS else self.iter_words(t))
         ranked = sorted(counts, key=lambda w: (-counts[w], w))[: vocab_size - FIRST_WORD]
         self.vocab = {w: i for i, w in enumerate(ranked, start=FIRST_WORD)}
         self.vocab_size = vocab_size
@@ -84,20 +96,33 @@ class WordTokenizer:
     def words(text: str) -> list[str]:
         return _WORD.findall(text.lower())
 
+    @staticmethod
+    def iter_words(text: str) -> Iterator[str]:
+        """:meth:`words` one at a time (no list of them all: a long text's words would
+        take many times its own memory)."""
+        return (m.group() for m in _WORD.finditer(text.lower()))
+
     def encode(self, texts: Sequence[str], max_len: int) -> torch.Tensor:
         """``[N, 2, max_len]`` ids and mask: BOS, the words (truncated), PAD."""
         out = np.zeros((len(texts), 2, max_len), dtype=np.int64)
         out[:, 0] = PAD
         for i, text in enumerate(texts):
-            ids = [BOS] + [self.vocab.get(w, UNK) for w in self.words(text)]
-            ids = ids[:max_len]
+            words = islice(self.iter_words(text), max_len - 1)   # the words kept only
+            ids = [BOS] + [self.vocab.get(w, UNK) for w in words]
             out[i, 0, : len(ids)] = ids
             out[i, 1, : len(ids)] = 1
         return torch.from_numpy(out)
 
 
 def hf_encode(tokenizer_dir: str, texts: Sequence[str], max_len: int) -> torch.Tensor:
-    """``[N, 2, max_len]`` with a local Hugging Face tokenizer (right padding)."""
+    """``[N, 2, max_len]`` with a local Hugging Face tokenizer (right padding, truncation
+    at ``max_len``).
+
+    Fast tokenizers encode a whole text before truncating it, so the texts go to the
+    tokenizer in chunks (:data:`_CHUNK_TEXTS` texts, :data:`_CHUNK_CHARS` characters), and
+    a text longer than :func:`_prefix_chars` characters is first cut to a prefix whose ids
+    do not depend on the cut (:func:`_stable_prefix`): memory follows the kept tokens, not
+    the length of the longest sentence."""
     if not isinstance(tokenizer_dir, str):
         raise ConfigError(f"data.tokenizer: expected the path of a tokenizer directory, got "
                           f"{tokenizer_dir!r}")
@@ -128,14 +153,60 @@ def hf_encode(tokenizer_dir: str, texts: Sequence[str], max_len: int) -> torch.T
         raise ConfigError(f"data.max_len: {max_len} leaves no room for a sentence: the "
                           f"tokenizer in {path} adds {special} special tokens to each; "
                           f"give at least {special + 1}")
+    out = torch.empty((len(texts), 2, max_len), dtype=torch.long)
     try:
-        enc = tok(list(texts), padding="max_length", truncation=True, max_length=max_len,
-                  return_attention_mask=True, return_tensors="pt")
-        return torch.stack([enc["input_ids"], enc["attention_mask"]], dim=1).long()
+        start, chunk, chars = 0, [], 0
+        for i, text in enumerate(texts):
+            if isinstance(text, str) and len(text) > _prefix_chars(max_len):
+                text = _stable_prefix(tok, text, max_len)
+            chunk.append(text)
+            chars += len(text) if isinstance(text, str) else 0
+            if len(chunk) == _CHUNK_TEXTS or chars > _CHUNK_CHARS or i == len(texts) - 1:
+                enc = tok(chunk, padding="max_length", truncation=True, max_length=max_len,
+                          return_attention_mask=True, return_tensors="pt")
+                out[start:i + 1] = torch.stack([enc["input_ids"], enc["attention_mask"]],
+                                               dim=1)
+                start, chunk, chars = i + 1, [], 0
+        return out
     except Exception as e:  # noqa: BLE001 - a tokenizer that loads but cannot encode
         raise ConfigError(f"data.tokenizer: the tokenizer in {path} cannot encode the "
                           f"sentences at data.max_len {max_len}: {type(e).__name__}: "
                           f"{' '.join(str(e).split())[:200]}") from None
+
+
+def _prefix_chars(max_len: int) -> int:
+    """The characters of a text that :func:`hf_encode` encodes whole; a longer text is cut
+    first (:func:`_stable_prefix`). 16 characters per token: no SST-2 sentence comes
+    near it (GLUE's longest has 268 characters)."""
+    return max(1024, 16 * max_len)
+
+
+def _stable_prefix(tok, text: str, max_len: int) -> str:
+    """The prefix of ``text`` that :func:`hf_encode` encodes in its place: ``text[:k]``
+    for ``k`` = :func:`_prefix_chars` (``max_len``), doubled until ``text[:k]`` fills all
+    ``max_len`` tokens and ``text[:2k]`` gives the same ids and mask (the ids no longer
+    depend on where the text is cut), or until ``k`` covers the whole text (then the text
+    itself). The tokenizer so sees at most about 4 ``k`` characters of a long text.
+
+    A recorded decision, not a proof: the ids are taken to be the whole text's once
+    doubling the cut no longer changes them. They are whenever the first ``max_len``
+    tokens depend on at most ``k`` characters of text after them, which holds for
+    tokenizers that split text into words first (BPE, WordPiece, Unigram; OPT's and
+    GPT-2's byte-level BPE looks one character past a word) unless one word is longer
+    than ``k`` characters; a tokenizer whose first tokens depend on text farther on
+    could give other ids than the whole text's."""
+    def ids(prefix: str):
+        enc = tok(prefix, truncation=True, max_length=max_len, return_attention_mask=True)
+        return list(enc["input_ids"]), list(enc["attention_mask"])
+
+    k = _prefix_chars(max_len)
+    short = ids(text[:k])
+    while 2 * k < len(text):
+        longer = ids(text[:2 * k])
+        if len(short[0]) == max_len and longer == short:
+            return text[:k]
+        k, short = 2 * k, longer
+    return text
 
 
 def _count_lines(path: Path, chunk_bytes: int = 1 << 24) -> int:
@@ -241,13 +312,13 @@ def _check_parquet_columns(path: Path, meta) -> None:
 
 
 def _text_bytes(column) -> int:
-    """The bytes of text in the pyarrow string ``column`` (dictionary-encoded chunks
-    counted per row, without decoding them)."""
+    """The bytes of text in the pyarrow string ``column`` (an array or a chunked array;
+    dictionary-encoded values counted per row, without decoding them)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     total = 0
-    for chunk in column.chunks:
+    for chunk in getattr(column, "chunks", [column]):
         if pa.types.is_dictionary(chunk.type):
             lengths = pc.take(pc.binary_length(chunk.dictionary), chunk.indices)
         else:
@@ -260,28 +331,49 @@ def _read_parquet(path: Path, text_budget: int | None = None,
                   ) -> tuple[list[str], np.ndarray, int]:
     """The sentences, labels and bytes of text of the parquet file ``path``; DataError if
     the text is more than ``text_budget`` bytes (default :data:`MAX_TEXT_BYTES`: what the
-    split's other files left). The sentences are read dictionary-encoded, so a file
-    repeating one long sentence is counted before it is expanded."""
+    split's other files left). The rows are decoded :data:`_PARQUET_BATCH_ROWS` at a time
+    and their bytes counted as they come (the sentences dictionary-encoded, so a file
+    repeating one long sentence is counted before it is expanded), and reading stops at
+    the batch that passes the budget: the sizes the file's metadata declares, which a
+    forged file can understate, bound nothing."""
     budget = MAX_TEXT_BYTES if text_budget is None else text_budget
-    _parquet_rows_declared(path)
+    rows = _parquet_rows_declared(path)
     try:
         import pandas  # noqa: F401 - the frame below
+        import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError:
         raise DataError(f"{path}: reading parquet needs pandas and pyarrow (pip install "
                         "-e '.[data]')") from None
+    size, read, batches = 0, 0, []
     try:
-        table = pq.read_table(path, columns=["sentence", "label"],
-                              read_dictionary=["sentence"])
-        size = _text_bytes(table.column("sentence"))
+        reader = pq.ParquetFile(path, read_dictionary=["sentence"])
+        for batch in reader.iter_batches(batch_size=_PARQUET_BATCH_ROWS,
+                                         columns=["sentence", "label"], use_threads=False):
+            sentence = batch.column("sentence")
+            size += _text_bytes(sentence)
+            read += batch.num_rows
+            if size > budget:
+                break
+            if pa.types.is_dictionary(sentence.type):   # a dictionary of this batch's
+                sentence = sentence.dictionary_decode().dictionary_encode()   # own only
+            batches.append(pa.RecordBatch.from_arrays([sentence, batch.column("label")],
+                                                      names=["sentence", "label"]))
+        if size <= budget:
+            schema = reader.schema_arrow
+            schema = batches[0].schema if batches else pa.schema(
+                [schema.field("sentence"), schema.field("label")])
+            table = pa.Table.from_batches(batches, schema)
     except Exception as e:  # noqa: BLE001 - corrupt files raise many kinds
         raise DataError(f"{path}: not a readable parquet file "
                         f"({type(e).__name__}: {one_line(e)})") from e
     if size > budget:
         left = "" if budget == MAX_TEXT_BYTES else (f"{budget} bytes its split's other "
                                                     "files left of the ")
-        raise DataError(f"{path}: its sentences hold {size} bytes of text, more than the "
-                        f"{left}{MAX_TEXT_BYTES} a text split may hold")
+        some = "" if read >= rows else "at least "
+        raise DataError(f"{path}: its sentences hold {some}{size} bytes of text, more than "
+                        f"the {left}{MAX_TEXT_BYTES} a text split may hold")
+    del batches
     texts, labels = parquet_rows(table.to_pandas(), path)
     return texts, labels, size
 
