@@ -7,10 +7,14 @@ tokenised once, at load time.
 
 Tokenizers. ``tokenizer=<dir>``: a local Hugging Face tokenizer directory
 (``AutoTokenizer.from_pretrained(dir, local_files_only=True)``; e.g. the directory an OPT
-checkpoint was saved to), right padding, truncation at ``max_len``. Otherwise the built-in
-:class:`WordTokenizer`: lower-cased words and punctuation (regex ``\\w+|[^\\w\\s]``), the
-``vocab_size - 4`` most frequent words of the *train* split (ties alphabetical) get ids 4..,
-everything else UNK; ids 0..3 are reserved as in OPT's vocabulary (0 ``<s>``, 1 PAD,
+checkpoint was saved to), right padding, truncation at ``max_len``; texts are encoded in
+chunks, and a text longer than ``max(1024, 16 * max_len)`` characters from the prefix
+whose ids no longer change when the cut is doubled (:func:`_stable_prefix`, a recorded
+decision). Otherwise the built-in :class:`WordTokenizer`: lower-cased words and
+punctuation (regex ``\\w+|[^\\w\\s]``), the ``vocab_size - 4`` most frequent words of
+the *train* split (ties alphabetical; every word of every train text counts, streamed,
+not listed) get ids 4.., everything else UNK (a text is split only up to the words
+``max_len`` keeps); ids 0..3 are reserved as in OPT's vocabulary (0 ``<s>``, 1 PAD,
 2 BOS ``</s>``, 3 UNK). Deterministic and offline; it is not OPT's BPE, so with the
 built-in tokenizer a pretrained OPT's embeddings do not match the words (use it with
 random initialisation, or give the checkpoint's tokenizer directory).
@@ -25,9 +29,9 @@ split has 67,349): a TSV file's lines are counted on its raw bytes and a parquet
 rows read from its metadata (all of a split's files together) before any row becomes a
 Python object, so a small file declaring millions of short rows is refused in bounded
 memory. A split's sentences hold at most :data:`MAX_TEXT_BYTES` bytes of text (a TSV
-file's size; a parquet file's sentences are read dictionary-encoded and their bytes
-counted before they are expanded, so one long sentence repeated on every row is refused
-too).
+file's size; a parquet file's sentences are read dictionary-encoded, batch by batch, and
+their bytes counted before they are expanded, so one long sentence repeated on every row
+is refused too, and reading stops at the budget whatever sizes the file declares).
 
 Synthetic marker task (offline): random token sequences of random length; label 1 iff the
 marker token occurs (exactly half the samples, one marker at a random position).
