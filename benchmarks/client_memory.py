@@ -96,10 +96,16 @@ def build_client(method: str, model: str, options: dict, seq_len: int, num_class
 
     from splitfed.models import build_model, split
 
+    from splitfed.errors import ConfigError
+
     if method == "musplitfed":
         if cut is None:
-            raise ValueError("musplitfed needs --cut")
+            raise ConfigError("--cut: musplitfed needs the number of client blocks")
         if model == "opt":       # build only embeddings + cut blocks (+ the tiny head)
+            layers = _opt_layers(options)
+            if layers is not None and not 1 <= cut <= layers:
+                raise ConfigError(f"--cut {cut}: model opt has {layers} decoder blocks; "
+                                  f"give 1..{layers}")
             options = {**options, "num_layers": cut}
         full = build_model(model, (2, seq_len), num_classes, **options)
         client, _ = split(full, cut)
@@ -113,6 +119,21 @@ def build_client(method: str, model: str, options: dict, seq_len: int, num_class
         with torch.random.fork_rng(devices=[]):
             add_lora(full, rank=lora_rank)
     return full, [n for n, p in full.named_parameters() if p.requires_grad]
+
+
+def _opt_layers(options: dict) -> int | None:
+    """The decoder blocks of the OPT model ``options`` describe (its ``num_layers``, else
+    its preset's), without building it; None when only building it can tell (a
+    pretrained directory, a preset that does not exist: building it reports that)."""
+    from splitfed.models.transformer import PRESETS
+
+    if options.get("pretrained") is not None:
+        return None
+    layers = options.get("num_layers")
+    if layers is not None:
+        return layers if isinstance(layers, int) and not isinstance(layers, bool) else None
+    preset = options.get("preset") or "tiny"
+    return PRESETS[preset]["num_hidden_layers"] if preset in PRESETS else None
 
 
 def _batch(model, batch_size: int, seq_len: int, num_classes: int, device):
@@ -307,9 +328,23 @@ def client_peak_memory(method: str, model: str = "opt", options: dict | None = N
 
 def _option(text: str):
     key, sep, value = text.partition("=")
-    if not sep:
+    if not sep or not key:
         raise argparse.ArgumentTypeError(f"--option takes key=value, got {text!r}")
-    return key, _parse_value(value)
+    import yaml
+    try:
+        return key, _parse_value(value)
+    except yaml.YAMLError:
+        raise argparse.ArgumentTypeError(f"{text!r} does not give a YAML value") from None
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
 
 
 def parser() -> argparse.ArgumentParser:
@@ -319,12 +354,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="opt")
     p.add_argument("--option", type=_option, action="append", default=[],
                    help="model option key=value (repeatable), e.g. preset=opt-1.3b")
-    p.add_argument("--seq-len", type=int, default=64)
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--num-classes", type=int, default=2)
+    p.add_argument("--seq-len", type=_positive_int, default=64)
+    p.add_argument("--batch-size", type=_positive_int, default=8)
+    p.add_argument("--num-classes", type=_positive_int, default=2)
     p.add_argument("--cut", type=int, default=None)
-    p.add_argument("--lora-rank", type=int, default=8)
-    p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--lora-rank", type=_positive_int, default=8)
+    p.add_argument("--steps", type=_positive_int, default=2)
     p.add_argument("--momentum", type=float, default=0.0)
     p.add_argument("--device", default="cpu")
     p.add_argument("--zo-mode", choices=("engine", "inplace"), default="engine",
@@ -336,13 +371,21 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parser().parse_args(argv)
+    """Measure as ``argv`` asks; a value the model or the method refuses (an unknown
+    ``--option``, a ``--cut`` the model does not have) is one line on stderr, exit 2."""
+    from splitfed.errors import ConfigError
+
+    p = parser()
+    args = p.parse_args(argv)
     if args.tensor_mb is not None:
         result = tensor_probe(args.tensor_mb)
     elif args.method is None:
-        parser().error("--method is required")
+        p.error("--method is required")
     else:
-        result = measure(args)
+        try:
+            result = measure(args)
+        except ConfigError as e:
+            p.error(str(e))
     print(json.dumps(result))
 
 

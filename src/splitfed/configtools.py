@@ -141,7 +141,7 @@ def _field_value(tp: Any, value: Any, key: str, meta: Mapping) -> Any:
         if allowed and str(err).startswith(f"{key}: expected"):
             raise ConfigError(f"{err} (allowed: {allowed})") from None
         raise
-    _check_bounds(out, key, meta)
+    check_bounds(out, key, meta)
     _check_floats(tp, out, key)
     return out
 
@@ -441,7 +441,10 @@ def _convert_dict(tp: Any, value: Any, key: str) -> dict:
 _CONTAINERS = {list: _convert_list, tuple: _convert_tuple, dict: _convert_dict}
 
 
-def _check_bounds(value: Any, key: str, meta: Mapping) -> None:
+def check_bounds(value: Any, key: str, meta: Mapping) -> None:
+    """``value`` (a number, or a list or tuple of them; None passes) within the bounds of
+    a field's metadata (``ge``, ``gt``, ``le``, ``lt``, ``choices``), else
+    :class:`ConfigError` naming ``key``: the check every config value gets."""
     items = value if isinstance(value, (list, tuple)) else [value]
     for i, item in enumerate(items):
         where = f"{key}[{i}]" if isinstance(value, (list, tuple)) else key

@@ -94,3 +94,46 @@ def test_a_model_without_blocks_has_no_default_targets():
     assert default_targets(torch.nn.Linear(4, 2)) == []
     assert default_targets(torch.nn.Sequential(torch.nn.Linear(4, 4),
                                                torch.nn.Linear(4, 2))) == ["0"]
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"rank": 0}, "algorithm.rank: must be >= 1, got 0"),
+    ({"rank": 2.5}, "algorithm.rank: expected an integer, got 2.5 (float)"),
+    ({"rank": 10**5}, "algorithm.rank: must be <= 10000, got 100000"),
+    ({"alpha": 0}, "algorithm.alpha: must be > 0, got 0"),
+    ({"alpha": -1.0}, "algorithm.alpha: must be > 0, got -1.0"),
+    ({"dropout": 1.0}, "algorithm.lora_dropout: must be < 1, got 1.0"),
+    ({"dropout": -0.5}, "algorithm.lora_dropout: must be >= 0, got -0.5"),
+    ({"targets": "fc1.1"}, "algorithm.targets: expected a list of module names"),
+    ({"targets": [1]}, "algorithm.targets: expected a list of module names"),
+])
+def test_add_lora_names_the_option_whose_value_is_refused(values, message):
+    """add_lora (also called outside a config, as by benchmarks/client_memory.py) checks
+    rank, alpha and dropout as FedLoRA's options are checked: the error names the option
+    the value belongs to, not algorithm.targets, and the model is left as it was."""
+    from splitfed.models import build_model
+    from splitfed.models.lora import add_lora
+
+    model = build_model("mlp", (1, 8, 8), 10)
+    with pytest.raises(ConfigError) as err:
+        add_lora(model, **values)
+    assert str(err.value).startswith(message), str(err.value)
+    assert not getattr(model, "lora_injected", False)
+    assert not any("lora_" in n for n, _ in model.named_parameters())
+
+
+def test_add_lora_reports_targets_peft_cannot_find_as_targets():
+    from splitfed.models import build_model
+    from splitfed.models.lora import add_lora
+
+    with pytest.raises(ConfigError, match=r"^algorithm\.targets: .*nosuch"):
+        add_lora(build_model("mlp", (1, 8, 8), 10), targets=["nosuch"])
+
+
+def test_fedlora_options_and_add_lora_share_their_bounds():
+    from splitfed.algorithms.fedlora import FedLoRAOptions
+    from splitfed.models.lora import BOUNDS
+
+    fields = {f.name: f for f in __import__("dataclasses").fields(FedLoRAOptions)}
+    for key, bounds in BOUNDS.items():
+        assert {k: v for k, v in fields[key].metadata.items() if k != "help"} == bounds

@@ -25,16 +25,17 @@ from torch import nn
 
 from splitfed.algorithms.fedavg import FedAvg
 from splitfed.errors import ConfigError
-from splitfed.models.lora import add_lora, default_targets, trainable_keys
+from splitfed.models.lora import BOUNDS, add_lora, default_targets, trainable_keys
 from splitfed.rng import derive_seed
 
 
 @dataclass
 class FedLoRAOptions:
     global_lr: float = field(default=1.0, metadata={"gt": 0, "help": "eta_g"})
-    rank: int = field(default=8, metadata={"ge": 1, "le": 10**4, "help": "LoRA rank r"})
-    alpha: float = field(default=16.0, metadata={"gt": 0, "help": "LoRA scaling alpha / r"})
-    lora_dropout: float = field(default=0.0, metadata={"ge": 0, "lt": 1})
+    rank: int = field(default=8, metadata={**BOUNDS["rank"], "help": "LoRA rank r"})
+    alpha: float = field(default=16.0, metadata={**BOUNDS["alpha"],
+                                                 "help": "LoRA scaling alpha / r"})
+    lora_dropout: float = field(default=0.0, metadata={**BOUNDS["lora_dropout"]})
     targets: list[str] | None = field(default=None, metadata={
         "help": "names (suffixes) of the linear layers that get adapters (null: q_proj "
                 "and v_proj if the model has them, else every linear layer but the head)"})

@@ -6,7 +6,13 @@ from __future__ import annotations
 
 from torch import nn
 
+from splitfed.configtools import check_bounds, show
 from splitfed.errors import ConfigError
+
+#: the bounds of the adapters' values, by their keys in FedLoRA's options
+#: (``algorithm.<key>``; :class:`splitfed.algorithms.fedlora.FedLoRAOptions` declares them)
+BOUNDS = {"rank": {"ge": 1, "le": 10**4}, "alpha": {"gt": 0},
+          "lora_dropout": {"ge": 0, "lt": 1}}
 
 
 def default_targets(model: nn.Module) -> list[str]:
@@ -32,17 +38,24 @@ def _head(model: nn.Module) -> str | None:
 def add_lora(model: nn.Module, rank: int = 8, alpha: float = 16.0, dropout: float = 0.0,
              targets=None, train_head: bool = True) -> nn.Module:
     """Inject LoRA adapters into ``model`` in place and freeze everything else (the
-    head excepted when ``train_head``). Idempotent: a model with adapters is returned as is."""
+    head excepted when ``train_head``). Idempotent: a model with adapters is returned as is.
+
+    ``rank``, ``alpha`` and ``dropout`` outside FedLoRA's bounds (:data:`BOUNDS`) and
+    ``targets`` that are not a list of names raise :class:`ConfigError` naming the
+    option (``algorithm.rank``, ``algorithm.alpha``, ``algorithm.lora_dropout``,
+    ``algorithm.targets``) before peft sees them; what peft then refuses concerns the
+    targets (``algorithm.targets``)."""
     if getattr(model, "lora_injected", False):
         return model
+    _check_values(rank, alpha, dropout, targets)
     try:
         from peft import LoraConfig, inject_adapter_in_model
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise ConfigError("fedlora needs the 'peft' package: pip install -e '.[llm]'") from e
     targets = default_targets(model) if targets is None else list(targets)
-    config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout,
-                        target_modules=targets, bias="none")
     try:
+        config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout,
+                            target_modules=targets, bias="none")
         inject_adapter_in_model(config, model)
     except Exception as e:  # peft's NoMatchingPeftModuleError and ValueError
         raise ConfigError(f"algorithm.targets: {e}") from e
@@ -52,6 +65,19 @@ def add_lora(model: nn.Module, rank: int = 8, alpha: float = 16.0, dropout: floa
                                              and name.startswith(head + ".")))
     model.lora_injected = True
     return model
+
+
+def _check_values(rank, alpha, dropout, targets) -> None:
+    """The values :func:`add_lora` gives peft, checked as a config checks FedLoRA's
+    options: each error names its option."""
+    if isinstance(rank, bool) or not isinstance(rank, int):
+        raise ConfigError(f"algorithm.rank: expected an integer, got {show(rank)}")
+    for key, value in (("rank", rank), ("alpha", alpha), ("lora_dropout", dropout)):
+        check_bounds(value, f"algorithm.{key}", BOUNDS[key])
+    if targets is not None and (isinstance(targets, str) or not isinstance(targets, (list, tuple))
+                                or not all(isinstance(t, str) for t in targets)):
+        raise ConfigError(f"algorithm.targets: expected a list of module names (or null), "
+                          f"got {show(targets)}")
 
 
 def trainable_keys(model: nn.Module) -> list[str]:
