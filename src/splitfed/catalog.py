@@ -24,7 +24,7 @@ import json
 import sys
 from pathlib import Path
 
-from splitfed.errors import SplitfedError
+from splitfed.errors import SplitfedError, one_line
 
 #: the command that regenerates the catalog (named by the test that checks it)
 REGENERATE = "python -m splitfed.catalog"
@@ -65,7 +65,7 @@ def model_cuts(name: str, detail: bool = False) -> str:
             m = build_model(name, shape, 10)
         except SplitfedError as e:
             if shapes is not None:
-                return f"cannot be built here: {' '.join(str(e).split())}"
+                return f"cannot be built here: {one_line(e, None)}"
             continue
         text = (f"default cut {m.default_cut}; valid cuts "
                 + ", ".join(str(c) for c in m.valid_cuts))

@@ -46,7 +46,7 @@ from typing import Any, Literal, Union
 
 import yaml
 
-from splitfed.errors import ConfigError, PluginError
+from splitfed.errors import ConfigError, PluginError, one_line
 
 _BOUNDS = {"ge": (">=", lambda v, b: v >= b), "gt": (">", lambda v, b: v > b),
            "le": ("<=", lambda v, b: v <= b), "lt": ("<", lambda v, b: v < b)}
@@ -699,7 +699,7 @@ def load_yaml(path: str | Path) -> dict:
 
 def _yaml_problem(err: yaml.YAMLError) -> str:
     mark = getattr(err, "problem_mark", None)
-    problem = " ".join(str(getattr(err, "problem", None) or err).split())  # one line
+    problem = one_line(getattr(err, "problem", None) or err, None)
     return f"line {mark.line + 1}, column {mark.column + 1}: {problem}" if mark else problem
 
 

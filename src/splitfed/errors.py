@@ -1,7 +1,24 @@
 """Exceptions raised by splitfed. Every user-facing error derives from SplitfedError;
-SIGTERM becomes :class:`Terminated` while :func:`sigterm_interrupts` is active."""
+SIGTERM becomes :class:`Terminated` while :func:`sigterm_interrupts` is active.
+:func:`one_line` and :func:`describe` quote another library's exception in one of them."""
+
+from __future__ import annotations
 
 import contextlib
+
+
+def one_line(e: object, limit: int | None = 300) -> str:
+    """An exception's message (or any object's text) on one line, every run of
+    whitespace (newlines included) one space, cut at ``limit`` characters (None: whole):
+    a third-party exception quoted in splitfed's one-line errors."""
+    text = " ".join(str(e).split())
+    return text if limit is None else text[:limit]
+
+
+def describe(e: BaseException, limit: int | None = 300) -> str:
+    """``Type: message`` of an exception on one line (:func:`one_line`, the message cut at
+    ``limit`` characters)."""
+    return f"{type(e).__name__}: {one_line(e, limit)}"
 
 
 class SplitfedError(Exception):

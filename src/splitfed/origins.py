@@ -8,6 +8,8 @@ they name a plugin in their errors without importing the registry, which imports
 
 from __future__ import annotations
 
+from splitfed.errors import describe
+
 #: kind -> name -> where a plugin component came from (kinds as splitfed.registry names them)
 ORIGINS: dict[str, dict[str, str]] = {}
 #: the plugins imported so far, in order (splitfed.registry.load_plugins appends to it;
@@ -19,11 +21,6 @@ def origin(kind: str, name: str) -> str | None:
     """Where the plugin component ``name`` of ``kind`` came from (a module name or a file
     path); None for a built-in component (or an unknown name)."""
     return ORIGINS.get(kind, {}).get(name)
-
-
-def one_line(e: BaseException) -> str:
-    """An exception's message on one line (at most 300 characters), for error messages."""
-    return " ".join(str(e).split())[:300]
 
 
 def component(kind: str, name: str) -> str:
@@ -62,8 +59,7 @@ def _call(kind: str, name: str, field: str, during: str, fn, *args, **kwargs):
     except Exception as e:  # noqa: BLE001 - the plugin's own failure, reported as such
         at = _plugin_frame(e)
         raise PluginError(f"{field}: {component(kind, name)} failed{during}: "
-                          f"{type(e).__name__}: {one_line(e)}"
-                          + (f" (at {at})" if at else "")) from e
+                          + describe(e) + (f" (at {at})" if at else "")) from e
 
 
 def _plugin_frame(e: BaseException) -> str | None:

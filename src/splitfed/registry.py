@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import importlib
 import sys
-from splitfed.errors import PluginError, SplitfedError
+from splitfed.errors import PluginError, SplitfedError, describe, one_line
 from splitfed.origins import (  # noqa: F401 - origin: splitfed.registry.origin
     LOADED_PLUGINS,
     ORIGINS,
@@ -336,10 +336,6 @@ def add_plugin_argument(parser) -> None:
                              "in the config's plugins; docs/extending.md)")
 
 
-def _one_line(text: str) -> str:
-    return " ".join(str(text).split())
-
-
 def plugin_spec(spec: str) -> str:
     """A plugin as the config records it: a dotted module name, imported from the Python
     environment (an installed package, or a directory on ``PYTHONPATH``).
@@ -384,13 +380,13 @@ def _import(spec: str, what: str, load: Callable[[], Any]) -> Any:
     try:
         return load()
     except SplitfedError as e:                  # e.g. a name clash while registering
-        raise PluginError(f"{what} {spec}: {_one_line(e)}") from e
+        raise PluginError(f"{what} {spec}: {one_line(e, None)}") from e
     except (ImportError, SyntaxError) as e:
         raise PluginError(f"{what} {spec!r} cannot be imported: "
-                          f"{type(e).__name__}: {_one_line(e)}") from e
+                          f"{describe(e, None)}") from e
     except (Exception, SystemExit) as e:  # noqa: BLE001 - the plugin's code failed (or exited)
         raise PluginError(f"{what} {spec!r} failed while importing: "
-                          f"{type(e).__name__}: {_one_line(e)[:300]}") from e
+                          f"{describe(e)}") from e
     finally:
         _LOADING.pop()
 

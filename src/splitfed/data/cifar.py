@@ -27,8 +27,7 @@ from splitfed.data.datasets import (
     standardise,
     to_unit_float,
 )
-from splitfed.errors import ConfigError, DataError
-from splitfed.origins import one_line
+from splitfed.errors import ConfigError, DataError, describe
 
 CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer",
                    "dog", "frog", "horse", "ship", "truck"]
@@ -117,12 +116,12 @@ def read_pickle(path: Path, max_bytes: int | None = None) -> dict:
     try:
         obj = _SafeUnpickler(io.BytesIO(raw), encoding="bytes").load()
     except Exception as e:  # corrupt pickles raise many types (EOFError, UnpicklingError, ...)
-        raise DataError(f"{path}: corrupt pickle ({type(e).__name__}: {one_line(e)})") from e
+        raise DataError(f"{path}: corrupt pickle ({describe(e)})") from e
     finally:
         sys.unraisablehook = hook
     if unraisable:
         e = unraisable[0].exc_value
-        raise DataError(f"{path}: corrupt pickle ({type(e).__name__}: {one_line(e)})")
+        raise DataError(f"{path}: corrupt pickle ({describe(e)})")
     if not isinstance(obj, dict):
         raise DataError(f"{path}: expected a pickled dict, got {type(obj).__name__}")
     return obj

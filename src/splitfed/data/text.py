@@ -56,8 +56,7 @@ from splitfed.data.datasets import (
     int_option,
     labels_tensor,
 )
-from splitfed.errors import ConfigError, DataError
-from splitfed.origins import one_line
+from splitfed.errors import ConfigError, DataError, describe
 
 PAD, BOS, UNK, FIRST_WORD = 1, 2, 3, 4
 #: the largest text file read, and the most bytes of sentence text a split may hold
@@ -144,7 +143,7 @@ def hf_encode(tokenizer_dir: str, texts: Sequence[str], max_len: int) -> torch.T
                                             trust_remote_code=False)
     except Exception as e:  # noqa: BLE001 - a directory transformers cannot read
         raise ConfigError(f"data.tokenizer: cannot load a tokenizer from {path}: "
-                          f"{type(e).__name__}: {' '.join(str(e).split())[:200]}") from None
+                          f"{describe(e, 200)}") from None
     if tok.pad_token is None:
         raise ConfigError(f"data.tokenizer: the tokenizer in {path} has no padding token "
                           "(pad_token); give one that has (OPT's has)")
@@ -174,8 +173,7 @@ def hf_encode(tokenizer_dir: str, texts: Sequence[str], max_len: int) -> torch.T
         return out
     except Exception as e:  # noqa: BLE001 - a tokenizer that loads but cannot encode
         raise ConfigError(f"data.tokenizer: the tokenizer in {path} cannot encode the "
-                          f"sentences at data.max_len {max_len}: {type(e).__name__}: "
-                          f"{' '.join(str(e).split())[:200]}") from None
+                          f"sentences at data.max_len {max_len}: {describe(e, 200)}") from None
 
 
 def _prefix_chars(max_len: int) -> int:
@@ -274,7 +272,7 @@ def _parquet_rows_declared(path: Path) -> int:
         rows = int(meta.num_rows)
     except Exception as e:  # noqa: BLE001 - pyarrow raises many kinds on corrupt files
         raise DataError(f"{path}: not a readable parquet file "
-                        f"({type(e).__name__}: {one_line(e)})") from e
+                        f"({describe(e)})") from e
     if inflated > MAX_PARQUET_BYTES:
         raise DataError(f"{path}: declares {inflated} bytes of data, more than the "
                         f"{MAX_PARQUET_BYTES} accepted")
@@ -370,7 +368,7 @@ def _read_parquet(path: Path, text_budget: int | None = None,
             table = pa.Table.from_batches(batches, schema)
     except Exception as e:  # noqa: BLE001 - corrupt files raise many kinds
         raise DataError(f"{path}: not a readable parquet file "
-                        f"({type(e).__name__}: {one_line(e)})") from e
+                        f"({describe(e)})") from e
     if size > budget:
         left = "" if budget == MAX_TEXT_BYTES else (f"{budget} bytes its split's other "
                                                     "files left of the ")

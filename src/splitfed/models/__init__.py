@@ -27,7 +27,7 @@ import inspect
 from collections.abc import Callable
 
 from splitfed.configtools import typed_options
-from splitfed.errors import ConfigError
+from splitfed.errors import ConfigError, describe, one_line
 from splitfed.models.alexnet import alexnet
 from splitfed.models.aux import build_aux_head
 from splitfed.models.blocks import BlockModel, dry_output, output_shape, resolve_cut, split
@@ -35,7 +35,7 @@ from splitfed.models.cohort import cohort_forward, stack_states, unstack_state
 from splitfed.models.lenet import lenet5
 from splitfed.models.mlp import mlp
 from splitfed.models.mobilenet import mobilenetv2
-from splitfed.origins import component, one_line
+from splitfed.origins import component
 from splitfed.models.resnet import resnet18
 from splitfed.models.transformer import opt
 from splitfed.models.vgg import vgg11
@@ -96,7 +96,7 @@ def _in_dry_run(e: BaseException) -> bool:
 def _builder_failed(name: str, options: dict, e: BaseException) -> ConfigError:
     given = f" (options {options})" if options else ""
     return ConfigError(f"model.name: the builder of {_component(name)} failed{given}: "
-                       f"{type(e).__name__}: {one_line(e)}")
+                       f"{describe(e)}")
 
 
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, **options) -> BlockModel:

@@ -46,7 +46,7 @@ import torch
 from torch import nn
 
 from splitfed.data.text import FIRST_WORD
-from splitfed.errors import ConfigError
+from splitfed.errors import ConfigError, describe
 from splitfed.limits import MAX_MODEL_PARAMS
 from splitfed.models.blocks import BlockModel, check_dropout
 
@@ -316,7 +316,7 @@ def _check_pretrained_size(tf, path: Path, num_classes: int, seq_len: int) -> No
                                              trust_remote_code=False)
     except Exception as e:  # noqa: BLE001 - a config transformers cannot read
         raise ConfigError(f"model.pretrained: cannot read {path / 'config.json'}: "
-                          f"{type(e).__name__}: {' '.join(str(e).split())[:200]}") from None
+                          f"{describe(e, 200)}") from None
     if getattr(conf, "model_type", None) != "opt":
         raise ConfigError(f"model.pretrained: {path} holds a {getattr(conf, 'model_type', None)!r} "
                           "model; model.name=opt loads OPT models only")
@@ -413,8 +413,7 @@ def opt(input_shape, num_classes: int, *, preset: str | None = None,
                 raise ConfigError(f"model.pretrained: the weights in {path} are a pickle "
                                   "that holds more than tensors; refused (loading it could "
                                   "run code): save them as safetensors") from None
-            raise ConfigError(f"model.pretrained: cannot load {path}: {type(e).__name__}: "
-                              f"{' '.join(str(e).split())[:300]}") from None
+            raise ConfigError(f"model.pretrained: cannot load {path}: {describe(e)}") from None
         missing = [k for k in info.get("missing_keys", ()) if not k.startswith("score.")]
         if missing:
             raise ConfigError(f"model.pretrained: {path} lacks {len(missing)} weights of its "

@@ -50,7 +50,7 @@ from multiprocessing.connection import wait
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from splitfed.errors import ConfigError, PluginError, RunInterrupted, SplitfedError
+from splitfed.errors import ConfigError, PluginError, RunInterrupted, SplitfedError, one_line
 from splitfed.locking import LOCK_NAME, check_free
 
 if TYPE_CHECKING:
@@ -523,7 +523,7 @@ def _connect(address: str):
         return distributed.Client(address)
     except Exception as e:  # noqa: BLE001 - whatever Dask raises, one line names it
         raise ConfigError(f"--executor dask: cannot reach the Dask scheduler at {address} "
-                          f"({' '.join(str(e).split()) or type(e).__name__})") from None
+                          f"({one_line(e, None) or type(e).__name__})") from None
 
 
 def check_scheduler(executor: str | None, address: str | None) -> None:
