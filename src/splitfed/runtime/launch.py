@@ -23,7 +23,10 @@ Two launchers:
   have :data:`GRACE_S` seconds to exit before the launcher stops them (a hung client
   rank that rank 0 dropped does not hold the launcher).
 - ``spawn``: starts the N processes itself: a client process that dies or hangs is
-  dropped by rank 0 and the run goes on.
+  dropped by rank 0 and the run goes on. Once every client rank has ended, one at
+  least with an error (they give up on a rank 0 that hangs after ``--client-timeout``),
+  rank 0 has :data:`GRACE_S` seconds to end the run; then the launcher stops it and
+  prints one line naming the first failed rank (exit status 1; resume the run).
 
 The ranks die with the launcher (``PR_SET_PDEATHSIG`` and a watchdog on the launcher's
 pid), run in their own session (Ctrl-C reaches the launcher only: it stops every rank,
@@ -234,6 +237,9 @@ class Ranks(list):
     server: secure.StoreServer
     secret: str
     status_dir: Path
+    #: ``(rank, exit code)`` of the client ranks that failed before :func:`wait_all`
+    #: stopped a rank 0 that did not end (empty otherwise)
+    failed: list[tuple[int, int]]
 
     def status(self, default: int) -> int:
         """Rank 0's exit status as it reported it (``default`` if it did not)."""
@@ -298,6 +304,7 @@ def _setup(listen: str = "127.0.0.1", secret: str | None = None,
     secret = secret or secure.new_secret()
     ranks = Ranks()
     ranks.secret = secret
+    ranks.failed = []
     ranks.server = secure.StoreServer(secret, listen, 0)
     _remove_stale_status_dirs()
     ranks.status_dir = Path(tempfile.mkdtemp(prefix=f"{STATUS_PREFIX}{os.getpid()}-"))
@@ -348,11 +355,36 @@ def torchrun(nproc: int, worker_args: Sequence[str], *, listen: str = "127.0.0.1
     return ranks
 
 
-def wait_all(procs: list[subprocess.Popen], grace_s: float | None = None) -> int:
-    """Wait for rank 0, then give the other ranks ``grace_s`` seconds (:data:`GRACE_S`)
-    to exit (killing any that do not); returns rank 0's exit status."""
-    code = procs[0].wait()
-    deadline = time.monotonic() + (GRACE_S if grace_s is None else grace_s)
+def wait_all(procs: list[subprocess.Popen], grace_s: float | None = None,
+             poll_s: float = 0.2) -> int:
+    """Wait for the ranks that :func:`spawn` started (rank 0 first); returns rank 0's
+    exit status.
+
+    Once rank 0 has ended, the other ranks have ``grace_s`` seconds (:data:`GRACE_S`)
+    to exit; any that does not is killed. A client rank that ends before rank 0 is
+    dropped by rank 0 and the run goes on; but once every client rank has ended, at
+    least one with a failure (they give up on a rank 0 that does not answer within
+    ``--client-timeout``), rank 0 has ``grace_s`` seconds to end the run, and is then
+    stopped (a hung rank 0 does not hold the launcher). The client ranks that failed,
+    in the order they ended, are then in ``procs.failed`` (a :class:`Ranks`)."""
+    grace = GRACE_S if grace_s is None else grace_s
+    failed: list[tuple[int, int]] = []
+    deadline = None                     # for rank 0, once no client rank is left
+    while (code := procs[0].poll()) is None:
+        for rank, p in enumerate(procs[1:], 1):
+            status = p.poll()
+            if status and all(rank != r for r, _ in failed):
+                failed.append((rank, status))
+        if (deadline is None and failed
+                and all(p.poll() is not None for p in procs[1:])):
+            deadline = time.monotonic() + grace
+        if deadline is not None and time.monotonic() >= deadline:
+            stop(procs)
+            if isinstance(procs, Ranks):
+                procs.failed = failed
+            return procs[0].returncode
+        time.sleep(poll_s)
+    deadline = time.monotonic() + grace
     for p in procs[1:]:
         try:
             p.wait(max(0.1, deadline - time.monotonic()))
@@ -472,15 +504,23 @@ def _resume_command(ranks: Ranks | None, args) -> str:
 
 def _died(ranks: Ranks, args, code: int) -> int:
     """Rank 0 did not report the run's status: a rank died (under torchrun: a worker
-    failed and the agent stopped the others). One line says which rank and how to
-    continue; returns :data:`RANK_DIED`."""
-    failures = ranks.failures() if args.launcher == "torchrun" else [(0, code)]
+    failed and the agent stopped the others; under spawn: rank 0, or every client rank
+    and then the launcher stopped a rank 0 that did not end). One line says which rank
+    and how to continue; returns :data:`RANK_DIED`."""
+    if args.launcher == "torchrun":
+        failures = ranks.failures()
+        stopped = "; torchrun stopped the other ranks"
+    elif ranks.failed:
+        failures = ranks.failed
+        stopped = (f"; no client rank was left and rank 0 did not end within "
+                   f"{GRACE_S:g} s: the launcher stopped it")
+    else:
+        failures, stopped = [(0, code)], ""
     if failures:
         rank, why = failures[0]
         what = f"rank {rank} {'died' if why < 0 else 'failed'} ({describe_exit(why)})"
     else:
         what = f"the ranks ended without rank 0's status ({describe_exit(code)})"
-    stopped = "; torchrun stopped the other ranks" if args.launcher == "torchrun" else ""
     print(f"splitfed: error: {what}{stopped}; continue the run with "
           f"{_resume_command(ranks, args)}", file=sys.stderr, flush=True)
     return RANK_DIED
