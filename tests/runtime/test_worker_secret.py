@@ -11,10 +11,11 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import timedelta
 
 import pytest
 
-from splitfed.errors import AuthError, ConfigError
+from splitfed.errors import AuthError, ConfigError, SplitfedError
 from splitfed.runtime import launch, secure, worker
 from splitfed.runtime.secure import AuthStore, StoreServer
 
@@ -206,3 +207,91 @@ def test_a_store_port_in_use_is_refused_in_one_line():
         with pytest.raises(ConfigError, match=rf"^--store 127.0.0.1:{port}: cannot listen "
                                               r"there \(.*\); choose a free port"):
             StoreServer(SECRET, "127.0.0.1", port)
+
+
+def _fake_store(mode: str):
+    """A listener that is not the run's store: ``silent`` accepts and sends nothing,
+    ``trickle`` sends a greeting's worth of bytes one every 0.2 s, ``greeting`` sends a
+    store's greeting and then nothing. Returns the listening socket (close it)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+
+    def serve():
+        conns = []
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                break
+            conns.append(conn)
+            try:
+                if mode == "greeting":
+                    conn.sendall(secure.MAGIC + b"n" * secure.NONCE)
+                elif mode == "trickle":
+                    threading.Thread(target=trickle, args=(conn,), daemon=True).start()
+            except OSError:
+                pass
+
+    def trickle(conn):
+        try:
+            for byte in secure.MAGIC + b"n" * 200:
+                conn.sendall(bytes([byte]))
+                time.sleep(0.2)
+        except OSError:
+            pass
+
+    threading.Thread(target=serve, daemon=True).start()
+    return listener
+
+
+@pytest.mark.parametrize("mode", ["silent", "trickle", "greeting"])
+def test_a_store_that_does_not_answer_in_time_is_a_timeout_within_the_client_timeout(
+        monkeypatch, mode):
+    # the limit is on the client's whole handshake, and no longer than the store's
+    # timeout (a rank's --client-timeout); the error says it timed out, not that the
+    # secret differs
+    monkeypatch.setattr(secure, "HANDSHAKE_S", 5.0)
+    listener = _fake_store(mode)
+    host, port = listener.getsockname()
+    try:
+        start = time.monotonic()
+        with pytest.raises(SplitfedError) as info:
+            AuthStore(host, port, SECRET, timeout=timedelta(seconds=1.0))
+        took = time.monotonic() - start
+        assert took < 3.0, took
+        msg = str(info.value)
+        assert not isinstance(info.value, AuthError) and "secret" not in msg, msg
+        assert msg == (f"the run's store at {host}:{port} did not complete its handshake "
+                       "within 1 s (timed out); check that HOST:PORT is the run's store "
+                       "(rank 0 hosts it with --store)")
+    finally:
+        listener.close()
+
+
+def test_a_trickling_peer_cannot_stretch_the_clients_handshake(monkeypatch):
+    monkeypatch.setattr(secure, "HANDSHAKE_S", 1.0)
+    listener = _fake_store("trickle")
+    try:
+        with socket.create_connection(listener.getsockname(), timeout=10) as s:
+            start = time.monotonic()
+            with pytest.raises(TimeoutError):
+                secure.client_handshake(s, SECRET)
+            assert time.monotonic() - start < 2.0
+        with socket.create_connection(listener.getsockname(), timeout=10) as s:
+            start = time.monotonic()
+            with pytest.raises(secure.HandshakeTimeout):
+                secure.client_handshake(s, SECRET, timeout_s=0.5)
+            assert time.monotonic() - start < 1.5
+    finally:
+        listener.close()
+
+
+def test_a_store_with_another_secret_is_still_blamed_on_the_secret():
+    server = StoreServer(secure.new_secret())
+    host, port = server.address
+    try:
+        with pytest.raises(AuthError, match="the secret differs"):
+            AuthStore(host, port, SECRET, timeout=timedelta(seconds=5.0))
+    finally:
+        server.close()

@@ -25,7 +25,9 @@ the user must have at least :data:`MIN_SECRET` characters, of which at least
 and client) and a rank started by hand refuse to start without one, whatever the
 address (an empty key would let any local process join the run).
 
-A peer that connects has :data:`HANDSHAKE_S` seconds to prove the secret; at most
+A peer that connects has :data:`HANDSHAKE_S` seconds to prove the secret, and a client
+has as long for the whole of its side (no longer than its store timeout, a rank's
+``--client-timeout``): a peer that sends its bytes slowly does not stretch either; at most
 :data:`MAX_HANDSHAKES` connections wait for their handshake at a time, and the server
 closes any connection beyond them at once (a client retries while it may connect).
 """
@@ -249,13 +251,36 @@ class _NoGreeting(ConnectionError):
     """The store closed the connection before its greeting (too many handshakes)."""
 
 
-def server_handshake(sock: socket.socket, secret: str | None) -> _Channel:
+class HandshakeTimeout(TimeoutError):
+    """The peer did not complete its part of the handshake in time."""
+
+
+def _begin_handshake(sock: socket.socket, secret: str | None,
+                     timeout_s: float | None) -> tuple[bytes, float]:
+    """The key and the deadline (a ``time.monotonic()`` value) of a handshake that must
+    end within ``timeout_s`` seconds (:data:`HANDSHAKE_S`): the limit is on the whole
+    handshake, not on each read, so a peer that sends a byte now and then does not
+    stretch it."""
     key = _secret_bytes(secret)
-    deadline = time.monotonic() + HANDSHAKE_S       # the whole handshake, not each read
-    sock.settimeout(HANDSHAKE_S)
+    timeout_s = HANDSHAKE_S if timeout_s is None else float(timeout_s)
+    sock.settimeout(timeout_s)
+    return key, time.monotonic() + timeout_s
+
+
+def _read(sock: socket.socket, n: int, deadline: float) -> bytes:
+    """:func:`_recv_exact` by ``deadline``; :class:`HandshakeTimeout` past it."""
+    try:
+        return _recv_exact(sock, n, deadline)
+    except TimeoutError as e:           # the deadline, or the socket's own timeout
+        raise HandshakeTimeout(str(e) or "timed out") from None
+
+
+def server_handshake(sock: socket.socket, secret: str | None,
+                     timeout_s: float | None = None) -> _Channel:
+    key, deadline = _begin_handshake(sock, secret, timeout_s)
     ns = os.urandom(NONCE)
     sock.sendall(MAGIC + ns)
-    reply = _recv_exact(sock, NONCE + TAG, deadline)
+    reply = _read(sock, NONCE + TAG, deadline)
     nc, proof = reply[:NONCE], reply[NONCE:]
     if not hmac.compare_digest(proof, _mac(key, b"client", ns, nc)):
         raise AuthError("a peer did not prove the run's secret")
@@ -264,11 +289,13 @@ def server_handshake(sock: socket.socket, secret: str | None) -> _Channel:
     return _Channel(sock, _mac(key, b"session", ns, nc), b"S")
 
 
-def client_handshake(sock: socket.socket, secret: str | None) -> _Channel:
-    key = _secret_bytes(secret)
-    sock.settimeout(HANDSHAKE_S)
+def client_handshake(sock: socket.socket, secret: str | None,
+                     timeout_s: float | None = None) -> _Channel:
+    """The client's side of the handshake, whole within ``timeout_s`` seconds
+    (:data:`HANDSHAKE_S`; :class:`HandshakeTimeout` past it)."""
+    key, deadline = _begin_handshake(sock, secret, timeout_s)
     try:
-        head = _recv_exact(sock, len(MAGIC) + NONCE)
+        head = _read(sock, len(MAGIC) + NONCE, deadline)
     except ConnectionError:
         raise _NoGreeting("the store closed the connection before its greeting") from None
     if head[:len(MAGIC)] != MAGIC:
@@ -276,7 +303,7 @@ def client_handshake(sock: socket.socket, secret: str | None) -> _Channel:
     ns, nc = head[len(MAGIC):], os.urandom(NONCE)
     sock.sendall(nc + _mac(key, b"client", ns, nc))
     try:
-        proof = _recv_exact(sock, TAG)
+        proof = _read(sock, TAG, deadline)
     except ConnectionError:
         raise AuthError("the store refused this process: the secret differs "
                         f"(${SECRET_ENV} / --secret-file)") from None
@@ -448,10 +475,14 @@ class AuthStore(dist.Store):
         require_key(secret, f"the run's store at {host}:{port}")
         self._timeout = timeout
         self._lock = threading.Lock()
-        deadline = time.monotonic() + connect_s
+        # reaching the store and its handshake end within connect_s seconds, and within
+        # the store's timeout (a rank's --client-timeout) when that is shorter
+        wait_s = min(float(connect_s), self._seconds(None))
+        deadline = time.monotonic() + wait_s
         while True:
             try:
-                sock = socket.create_connection((host, port), timeout=HANDSHAKE_S)
+                sock = socket.create_connection((host, port),
+                                                timeout=self._limit(deadline))
             except OSError as e:
                 if time.monotonic() > deadline:
                     raise SplitfedError(f"cannot reach the run's store at {host}:{port} "
@@ -459,18 +490,25 @@ class AuthStore(dist.Store):
                 time.sleep(0.1)
                 continue
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            limit = self._limit(deadline)
             try:
-                self._chan = client_handshake(sock, secret)
+                self._chan = client_handshake(sock, secret, limit)
                 break
             except _NoGreeting:
                 sock.close()
                 if time.monotonic() > deadline:     # it kept dropping us: too busy
                     raise SplitfedError(f"the run's store at {host}:{port} closed every "
                                         "connection before its greeting for "
-                                        f"{connect_s:g} s (it has {MAX_HANDSHAKES} "
+                                        f"{wait_s:g} s (it has {MAX_HANDSHAKES} "
                                         "connections waiting for their handshake); try "
                                         "again") from None
                 time.sleep(0.1)
+            except HandshakeTimeout:
+                sock.close()
+                raise SplitfedError(f"the run's store at {host}:{port} did not complete "
+                                    f"its handshake within {limit:.3g} s (timed out); check "
+                                    "that HOST:PORT is the run's store (rank 0 hosts it "
+                                    "with --store)") from None
             except (ConnectionError, OSError) as e:
                 sock.close()
                 raise AuthError(f"the run's store at {host}:{port} refused this process "
@@ -478,6 +516,12 @@ class AuthStore(dist.Store):
             except AuthError:
                 sock.close()
                 raise
+
+    @staticmethod
+    def _limit(deadline: float) -> float:
+        """Seconds for one connection or handshake: :data:`HANDSHAKE_S`, and no later
+        than ``deadline`` (a tenth of a second at least)."""
+        return round(max(0.1, min(HANDSHAKE_S, deadline - time.monotonic())), 3)
 
     def _call(self, op: int, *args: bytes) -> list[bytes]:
         with self._lock:
