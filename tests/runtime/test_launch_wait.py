@@ -1,8 +1,9 @@
 """How the ``spawn`` launcher waits for its ranks (:func:`splitfed.runtime.launch.
 wait_all`): a client rank that ends before rank 0 is dropped and rank 0 goes on; once
-every client rank has ended, one at least with an error, rank 0 has the grace period to
-end, then it is stopped (also when it is stopped with SIGSTOP) and the launcher says so
-in one line. The ranks here are tiny processes that sleep or exit at once."""
+every client rank has ended, one at least with an error, a rank 0 that logs no round
+for the patience period is stopped (also when it is stopped with SIGSTOP), one that
+still logs rounds finishes, and the launcher says so in one line. The ranks here are
+tiny processes that sleep or exit at once."""
 
 import argparse
 import signal
@@ -79,6 +80,26 @@ def test_rank_0_that_ends_within_the_grace_period_keeps_its_status():
         _cleanup(ranks)
 
 
+def test_a_rank_0_that_still_logs_rounds_is_left_to_finish(tmp_path):
+    """Alone, rank 0 runs the remaining rounds without clients: a record every 0.3 s
+    for 3 s outlives a patience of 1 s without being stopped."""
+    run_dir, status = tmp_path / "run", tmp_path / "status"
+    run_dir.mkdir()
+    status.mkdir()
+    (status / "run_dir").write_text(str(run_dir))
+    rounds = (f"import time\nfor t in range(10):\n    time.sleep(0.3)\n"
+              f"    open({str(run_dir / 'metrics.jsonl')!r}, 'a').write('{{}}\\n')\n"
+              "raise SystemExit(3)")
+    ranks = _ranks(rounds, "raise SystemExit(1)", "raise SystemExit(1)")
+    ranks.status_dir = status
+    try:
+        assert launch.wait_all(ranks, grace_s=0.5, poll_s=0.05, patience_s=1.0) == 3
+        assert ranks.failed == []
+        assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 10
+    finally:
+        _cleanup(ranks)
+
+
 def test_clients_that_end_well_do_not_stop_rank_0():
     ranks = _ranks("import time; time.sleep(1.5)", "pass", "pass")
     try:
@@ -91,13 +112,13 @@ def test_the_launcher_reports_a_stopped_rank_0_in_one_line(capsys):
     ranks = launch.Ranks()
     ranks.failed = [(2, 1), (1, 1)]
     ranks.status_dir = launch.Path("/nonexistent-status-dir")
-    args = argparse.Namespace(launcher="spawn", resume="runs/x", nproc=3)
+    args = argparse.Namespace(launcher="spawn", resume="runs/x", nproc=3,
+                              client_timeout=45.0)
     assert launch._died(ranks, args, -signal.SIGKILL) == launch.RANK_DIED
     err = capsys.readouterr().err.splitlines()
-    assert err == [f"splitfed: error: rank 2 failed (exit status 1); no client rank was "
-                   f"left and rank 0 did not end within {launch.GRACE_S:g} s: the "
-                   "launcher stopped it; continue the run with splitfed launch --resume "
-                   "runs/x --nproc 3"]
+    assert err == ["splitfed: error: rank 2 failed (exit status 1); no client rank was "
+                   "left and rank 0 logged no round for 45 s: the launcher stopped it; "
+                   "continue the run with splitfed launch --resume runs/x --nproc 3"]
     ranks.failed = []                       # rank 0 itself died: as before
     launch._died(ranks, args, -signal.SIGKILL)
     assert capsys.readouterr().err.startswith("splitfed: error: rank 0 died (signal "

@@ -25,8 +25,9 @@ Two launchers:
 - ``spawn``: starts the N processes itself: a client process that dies or hangs is
   dropped by rank 0 and the run goes on. Once every client rank has ended, one at
   least with an error (they give up on a rank 0 that hangs after ``--client-timeout``),
-  rank 0 has :data:`GRACE_S` seconds to end the run; then the launcher stops it and
-  prints one line naming the first failed rank (exit status 1; resume the run).
+  a rank 0 that logs no round for ``--client-timeout`` seconds (at least
+  :data:`GRACE_S`) is stopped, and the launcher prints one line naming the first
+  failed rank (exit status 1; resume the run).
 
 The ranks die with the launcher (``PR_SET_PDEATHSIG`` and a watchdog on the launcher's
 pid), run in their own session (Ctrl-C reaches the launcher only: it stops every rank,
@@ -356,28 +357,34 @@ def torchrun(nproc: int, worker_args: Sequence[str], *, listen: str = "127.0.0.1
 
 
 def wait_all(procs: list[subprocess.Popen], grace_s: float | None = None,
-             poll_s: float = 0.2) -> int:
+             poll_s: float = 0.2, patience_s: float | None = None) -> int:
     """Wait for the ranks that :func:`spawn` started (rank 0 first); returns rank 0's
     exit status.
 
     Once rank 0 has ended, the other ranks have ``grace_s`` seconds (:data:`GRACE_S`)
     to exit; any that does not is killed. A client rank that ends before rank 0 is
-    dropped by rank 0 and the run goes on; but once every client rank has ended, at
-    least one with a failure (they give up on a rank 0 that does not answer within
-    ``--client-timeout``), rank 0 has ``grace_s`` seconds to end the run, and is then
-    stopped (a hung rank 0 does not hold the launcher). The client ranks that failed,
-    in the order they ended, are then in ``procs.failed`` (a :class:`Ranks`)."""
+    dropped by rank 0 and the run goes on (alone, rank 0 finishes the remaining rounds
+    without clients); but once every client rank has ended, at least one with a failure
+    (they give up on a rank 0 that does not answer within ``--client-timeout``), rank 0
+    is stopped when it makes no progress (no record added to the run's
+    ``metrics.jsonl``) for ``patience_s`` seconds (at least ``grace_s``; the client
+    ranks' ``--client-timeout`` in ``splitfed launch``): a hung rank 0 does not hold the
+    launcher, one that still runs its rounds is left to finish them. The client ranks
+    that failed, in the order they ended, are then in ``procs.failed`` (a
+    :class:`Ranks`)."""
     grace = GRACE_S if grace_s is None else grace_s
+    patience = grace if patience_s is None else max(grace, patience_s)
     failed: list[tuple[int, int]] = []
-    deadline = None                     # for rank 0, once no client rank is left
+    deadline, seen = None, None         # for rank 0, once no client rank is left
     while (code := procs[0].poll()) is None:
         for rank, p in enumerate(procs[1:], 1):
             status = p.poll()
             if status and all(rank != r for r, _ in failed):
                 failed.append((rank, status))
-        if (deadline is None and failed
-                and all(p.poll() is not None for p in procs[1:])):
-            deadline = time.monotonic() + grace
+        if failed and all(p.poll() is not None for p in procs[1:]):
+            mark = _progress(procs)
+            if deadline is None or mark != seen:
+                deadline, seen = time.monotonic() + patience, mark
         if deadline is not None and time.monotonic() >= deadline:
             stop(procs)
             if isinstance(procs, Ranks):
@@ -456,6 +463,18 @@ def stop(procs: list[subprocess.Popen]) -> None:
         p.wait()
 
 
+def _progress(procs) -> tuple | None:
+    """What changes when rank 0 logs a round: the size and time of its run's
+    ``metrics.jsonl`` (None before rank 0 has told the launcher its run directory)."""
+    if getattr(procs, "status_dir", None) is None or procs.run_dir() == "RUN_DIR":
+        return None
+    try:
+        st = (Path(procs.run_dir()) / "metrics.jsonl").stat()
+    except OSError:
+        return None
+    return st.st_size, st.st_mtime_ns
+
+
 def launch(args) -> int:
     """``splitfed launch``: check the options and the config, start the ranks, wait;
     returns rank 0's status (0 completed, 2 error, 3 another end of the run), 130 after
@@ -472,7 +491,8 @@ def _launch(args) -> int:
         start = spawn if args.launcher == "spawn" else torchrun
         ranks = start(args.nproc, worker_argv(args), listen=listen, secret=secret,
                       env={COMMAND_ENV: json.dumps(list(sys.argv))})
-        code = wait_all(ranks) if args.launcher == "spawn" else wait_agent(ranks)
+        code = (wait_all(ranks, patience_s=args.client_timeout) if args.launcher == "spawn"
+                else wait_agent(ranks))
         if ranks.reported() is None:
             return _died(ranks, args, code)
         return ranks.status(code)
@@ -512,8 +532,9 @@ def _died(ranks: Ranks, args, code: int) -> int:
         stopped = "; torchrun stopped the other ranks"
     elif ranks.failed:
         failures = ranks.failed
-        stopped = (f"; no client rank was left and rank 0 did not end within "
-                   f"{GRACE_S:g} s: the launcher stopped it")
+        patience = max(GRACE_S, args.client_timeout)
+        stopped = (f"; no client rank was left and rank 0 logged no round for "
+                   f"{patience:g} s: the launcher stopped it")
     else:
         failures, stopped = [(0, code)], ""
     if failures:
