@@ -480,6 +480,50 @@ def test_a_plugin_algorithms_failure_is_one_line_naming_it(scratch, capsys, tmp_
         assert what in line
 
 
+class Drifting(FedAvg):
+    """FedAvg with a state entry whose kind or shape drifts from init_state's (``mode``):
+    a run of it writes checkpoints that no resume could read."""
+
+    name = "zz_drifting"
+    Options = BadOptions
+    START = {"int": 0, "list": [], "dict": {}, "ok": 0.0, "tensor": torch.zeros(2)}
+
+    def init_state(self, env):
+        return {**super().init_state(env), "extra": self.START[self.options.mode]}
+
+    def round(self, env, state, t, cohort):
+        result = super().round(env, state, t, cohort)
+        extra = {"int": 0.5 * t, "list": [1.0] * t, "ok": 0.5 * t,
+                 "dict": {str(c): 1.0 for c in cohort.ids.tolist()},
+                 "tensor": torch.zeros(2 + t)}[self.options.mode]
+        return dataclasses.replace(result, state={**result.state, "extra": extra})
+
+
+@pytest.mark.parametrize("mode, what", [
+    ("int", "state.extra is a float, not a int"),
+    ("list", "state.extra is not a list of 0"),
+    ("dict", "state.extra has other keys"),
+    ("tensor", "state.extra is not a torch.float32 tensor of shape (2,)"),
+])
+def test_a_state_that_a_checkpoint_could_not_resume_is_refused_at_round_1(scratch, mode,
+                                                                          what):
+    """The loop checks the state against the checkpoint template in the first round (and
+    at checkpoint rounds), not only when a resume of a long run reads it back."""
+    splitfed.register_algorithm("zz_drifting", Drifting)
+    with pytest.raises(PluginError) as info:
+        plugin_run(algorithm={"name": "zz_drifting", "mode": mode}, rounds=2)
+    message = str(info.value)
+    assert message.startswith(f"algorithm.name: algorithm 'zz_drifting' (plugin {HERE})")
+    assert "round 1 returned a state whose checkpoint could not be resumed" in message
+    assert what in message and "\n" not in message, message
+
+
+def test_a_state_of_its_declared_kind_runs(scratch):
+    splitfed.register_algorithm("zz_drifting", Drifting)
+    result = plugin_run(algorithm={"name": "zz_drifting", "mode": "ok"}, rounds=2)
+    assert result.state["extra"] == 1.0
+
+
 def test_a_built_in_algorithms_exception_keeps_its_traceback(monkeypatch):
     from splitfed.algorithms.fedavg import FedAvg as BuiltIn
 

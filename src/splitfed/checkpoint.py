@@ -577,6 +577,18 @@ def optimizer_rule(opt: torch.optim.Optimizer, *, empty: bool = True) -> Rule:
     return Rule(check)
 
 
+def misfit(state: dict, template: Any) -> str | None:
+    """Why a checkpoint of the live algorithm ``state`` could not be resumed against
+    ``template`` (``checkpoint_template(env, init_state(env), state)``), as
+    ``"state.KEY is ..."``; None when it could. The state is compared in the form a
+    checkpoint stores and reads back (modules and optimizers as their state dicts)."""
+    try:
+        _conform(safeio.decode(safeio.encode(_plain(state))), template, "state", None)
+    except _Why as e:
+        return str(e)
+    return None
+
+
 def _tagged(obj: Any) -> bool:
     if isinstance(obj, dict):
         return MODULE in obj or OPTIMIZER in obj or any(_tagged(v) for v in obj.values())
@@ -588,8 +600,11 @@ def _tagged(obj: Any) -> bool:
 def _conform(saved: Any, template: Any, at: str, where, *, loose: bool = True) -> None:
     """``saved`` has ``template``'s structure: the same keys, sequence lengths, tensor and
     array shapes and dtypes, kinds of scalars. A None in the template allows anything
-    when ``loose`` (state that starts empty), else only None."""
-    def bad(what: str) -> FormatError:
+    when ``loose`` (state that starts empty), else only None. ``where`` None: raise
+    ``_Why("AT WHAT")`` instead of the :class:`FormatError` naming the file."""
+    def bad(what: str) -> Exception:
+        if where is None:
+            return _Why(f"{at} {what}")
         return FormatError(f"{where}: {at} {what}; it is not a checkpoint of this run (or "
                            f"it was written by another splitfed version): {RERUN}")
 

@@ -47,6 +47,7 @@ import math
 import numbers
 import sys
 import time
+from typing import Any
 
 import numpy as np
 import torch
@@ -201,6 +202,52 @@ def _check_model(algorithm, env, state: dict, bad) -> None:
 CHECKPOINTED = (torch.nn.Module, torch.optim.Optimizer)
 
 
+def _skeleton(state: Any) -> Any:
+    """``init_state``'s state as a checkpoint template, without its memory: tensors on
+    the meta device and numpy arrays as broadcast views (a template is compared by
+    dtype and shape), ``state["model"]`` left out (the current round's, of the same keys
+    and shapes, stands in for it)."""
+    def shape_only(v: Any) -> Any:
+        if isinstance(v, torch.Tensor):
+            return torch.empty(v.shape, dtype=v.dtype, device="meta")
+        if isinstance(v, np.ndarray):
+            return np.broadcast_to(np.zeros((), dtype=v.dtype), v.shape)
+        if isinstance(v, dict):
+            return {k: shape_only(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return type(v)(shape_only(x) for x in v)
+        return v
+    return {k: v for k, v in ((k, shape_only(v)) for k, v in state.items() if k != "model")}
+
+
+def _checkpoint_round(cfg, t: int, start: int) -> bool:
+    """Whether :func:`run_rounds` checks round ``t``'s state against the checkpoint
+    template: the first round it runs, every round a checkpoint may be written after
+    (``checkpoint_every``) and the last."""
+    every = getattr(cfg, "checkpoint_every", 0) or 0
+    return t == start or t == cfg.rounds or (every > 0 and t % every == 0)
+
+
+def check_resumable(algorithm, env, skeleton: dict, state: dict, t: int) -> None:
+    """A checkpoint of ``state`` (round ``t``'s) could be resumed: it fits
+    ``algorithm.checkpoint_template(env, init_state, state)`` (``skeleton``: init_state's,
+    from :func:`_skeleton`), as :func:`splitfed.checkpoint.restore` will require; else
+    :class:`~splitfed.errors.PluginError` naming the algorithm, the round and the entry,
+    in a run that otherwise would only fail when it is resumed."""
+    from splitfed.checkpoint import misfit
+    from splitfed.engine.algorithm import describe
+
+    base = {**skeleton, "model": state["model"]} if "model" in state else dict(skeleton)
+    why = misfit(state, algorithm.checkpoint_template(env, base, state))
+    if why is not None:
+        raise PluginError(
+            f"algorithm.name: {describe(algorithm, env)}: round {t} returned a state whose "
+            f"checkpoint could not be resumed: {why} (as init_state declared it); give "
+            "each entry its kind and shape in init_state (0.0 for a float, a tensor of "
+            "the final shape), or declare a state that changes in checkpoint_template "
+            "(docs/extending.md, State keys)")
+
+
 def check_result(algorithm, env, result, t: int, declared: tuple = ()) -> RoundResult:
     """``result``, what ``algorithm.round`` returned for round ``t``, checked; anything
     else raises :class:`~splitfed.errors.PluginError` naming the algorithm and what is
@@ -282,6 +329,7 @@ def run_rounds(algorithm, env, logger, state: dict | None = None,
     logged (:class:`splitfed.checkpoint.Checkpointer` decides whether to write).
     ``progress_lines``: with ``progress: false``, a line on stderr per evaluated round."""
     cfg = env.config
+    skeleton = None
     if state is None:
         state = call_algorithm(cfg.algorithm.name, "init_state",
                                algorithm.init_state, env)
@@ -289,6 +337,7 @@ def run_rounds(algorithm, env, logger, state: dict | None = None,
             raise PluginError(f"{_named(cfg)}: init_state returned "
                               f"{type(state).__name__}; it must return the algorithm's "
                               "state, a dict")
+        skeleton = _skeleton(state)
     declared = tuple(state) if isinstance(state, dict) else ()
     started = time.perf_counter()
     lines = progress_lines and not cfg.progress
@@ -325,6 +374,8 @@ def run_rounds(algorithm, env, logger, state: dict | None = None,
                                              algorithm.round, env, state, t, cohort), t,
                               declared)
         state = result.state
+        if skeleton is not None and _checkpoint_round(cfg, t, start_round):
+            check_resumable(algorithm, env, skeleton, state, t)
         used = env.clock.used(cohort.ids)
         used_any = used_any or used > 0
         record = {"round": t, "participants": int(cohort.size), "clients_used": used,
