@@ -39,6 +39,10 @@ def test_parse_axes_reads_yaml_values_split_at_top_level_commas():
     (["partition.alpha=1,1.0"], "the number 1 and the number 1.0 are the same number"),
     (["partition.alpha=inf,.inf"], "the text 'inf' and the number inf read the same"),
     (["train.lr=[0.1,"], "cannot parse"),
+    (["train.lr=0.1,0.2", "train={lr: 0.3},{lr: 0.4}"],
+     "the axes 'train.lr' and 'train' set the same value"),
+    (["algorithm.options.mu=0.1,0.2", "algorithm.mu=0.3,0.4"],
+     "the axes 'algorithm.options.mu' and 'algorithm.mu' set the same value"),
 ])
 def test_parse_axes_errors_name_the_item(items, match):
     with pytest.raises(ConfigError, match=match):

@@ -31,15 +31,31 @@ def parse_axes(items: list[str]) -> tuple[dict[str, list[Any]], list[str]]:
         if len(values) == 1:
             overrides.append(item)
         else:
-            _check_distinct(item, values)
+            check_distinct(values, f"sweep: '{item}'")
+            check_apart(key, list(axes), "sweep")
             axes[key] = values
     return axes, overrides
 
 
-def _check_distinct(item: str, values: list) -> None:
+def check_apart(key: str, earlier: list[str], where: str) -> None:
+    """Refuse an axis ``key`` that sets a value one of the ``earlier`` axes sets too
+    (``train.lr`` and ``train``): one would silently replace the other's values in every
+    run, and the runs' labels would name values they did not use."""
+    from splitfed.config import keys_overlap
+
+    for other in earlier:
+        if keys_overlap(key, other):
+            raise ConfigError(f"{where}: the axes '{other}' and '{key}' set the same value "
+                              "(one is the other, or a section around it); the later "
+                              "would replace the earlier's values in every run: give one "
+                              "of them")
+
+
+def check_distinct(values: list, where: str) -> None:
     """Refuse an axis with two values that would make the same run, or two runs of one
     label: the same value twice, one number written twice (``1,1.0``), or two values
-    that read the same in a label (``inf,.inf``: text and a float)."""
+    that read the same in a label (``inf,.inf``: text and a float). ``where`` starts
+    the error (``sweep: 'train.lr=...'``, ``study.grid.train.lr``)."""
     seen: dict[Any, Any] = {}
     for v in values:
         keys = [("json", json.dumps(v, sort_keys=True, default=str)),
@@ -54,7 +70,7 @@ def _check_distinct(item: str, values: list) -> None:
                    "text": f"{_described(first)} and {_described(v)} read the same in the "
                            "runs' labels",
                    "number": f"{_described(first)} and {_described(v)} are the same number"}
-            raise ConfigError(f"sweep: '{item}' repeats a value: {why[kind]}; give each "
+            raise ConfigError(f"{where} repeats a value: {why[kind]}; give each "
                               "value once")
         for key in keys:
             seen[key] = v

@@ -140,8 +140,9 @@ def test_a_huge_grid_is_refused_before_any_run_is_built(monkeypatch):
 @pytest.mark.parametrize("over, count", [
     ({"grid": {"train.lr": [0.1, 0.2], "rounds": [1, 2]}}, 4),
     ({"grid": {"train.lr": [0.1, 0.2]}, "seeds": [0, 1]}, 4),
-    ({"grid": {"train.lr": [0.1, 0.2]}, "runs": [{"label": "a"}, {"label": "b"}]}, 4),
-    ({"runs": [{"label": "a"}, {"label": "b"}], "seeds": [0, 1]}, 4),
+    ({"grid": {"train.lr": [0.1, 0.2]}, "runs": [{"label": "a"},
+                                                 {"label": "b", "set": ["rounds=2"]}]}, 4),
+    ({"runs": [{"label": "a"}, {"label": "b", "set": ["rounds=2"]}], "seeds": [0, 1]}, 4),
 ])
 def test_the_limit_counts_points_runs_and_seeds(monkeypatch, over, count):
     monkeypatch.setattr(spec_mod, "MAX_RUNS", count)
@@ -193,3 +194,24 @@ def test_a_grid_option_overrides_the_base_option_in_either_spelling():
                                 "grid": {"partition.options.alpha": [0.1, 0.5]},
                                 "overrides": ["partition.alpha=9.0"]})
     assert [r.config.partition.options["alpha"] for r in study.runs] == [0.1, 0.5]
+
+
+@pytest.mark.parametrize("grid, match", [
+    ({"train.lr": [0.1, 0.2], "train": [{"lr": 0.3}, {"lr": 0.4}]},
+     "study.grid: the axes 'train.lr' and 'train' set the same value"),
+    ({"train": [{"lr": 0.3}, {"lr": 0.4}], "train.lr": [0.1, 0.2]},
+     "study.grid: the axes 'train' and 'train.lr' set the same value"),
+    ({"train.lr": [0.1, 0.1]}, "study.grid.train.lr: repeats a value"),
+    ({"train.lr": ["1e-3", 0.001]}, "the runs 'train.lr=1e-3' and 'train.lr=0.001' have "
+                                    "the same config"),
+])
+def test_a_grid_whose_runs_would_be_mislabelled_or_repeated_is_refused(grid, match):
+    """Axes that set one value (the later replaced the earlier's, whose values the labels
+    still named) and values that make one run twice are refused, as a sweep's are."""
+    with pytest.raises(ConfigError, match=match):
+        study_from_mapping(_study(grid=grid))
+
+
+def test_two_runs_of_one_config_are_refused():
+    with pytest.raises(ConfigError, match="the runs 'a' and 'b' have the same config"):
+        study_from_mapping(_study(runs=[{"label": "a"}, {"label": "b", "set": ["rounds=1"]}]))

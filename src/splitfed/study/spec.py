@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import itertools
+import json
 import math
 import re
 from collections.abc import Mapping
@@ -37,6 +38,7 @@ from splitfed.configtools import (
     value_text,
 )
 from splitfed.errors import ConfigError
+from splitfed.grid import check_apart, check_distinct
 
 #: where a study directory goes when neither ``--out-dir`` nor the file's ``out_dir`` says
 #: (``runs/`` is not committed; ``docs/results`` is written only when asked, see
@@ -265,10 +267,12 @@ def _check_spec(spec: StudySpec) -> None:
                           f"got {spec.seeds}")
     if not spec.x_axes:
         raise ConfigError("study.x_axes: expected at least one of round, bytes, time")
-    for key, values in spec.grid.items():
+    for i, (key, values) in enumerate(spec.grid.items()):
         _check_key(key, f"study.grid.{key}")
         if not values:
             raise ConfigError(f"study.grid.{key}: expected a non-empty list of values")
+        check_distinct(values, f"study.grid.{key}:")
+        check_apart(key, list(spec.grid)[:i], "study.grid")
     if spec.group_by is not None:
         _check_key(spec.group_by, "study.group_by")
     overrides = parse_overrides(spec.overrides)
@@ -478,4 +482,14 @@ def _check_unique(variants: list[Variant]) -> None:
                               f"run directory name {slug!r}; rename one")
         labels.add(v.label)
         slugs[slug] = v.label
+    configs: dict[str, str] = {}
+    for v in variants:                 # two labels of one run: a value given twice
+        record = {k: val for k, val in to_dict(v.runs[0].config).items()
+                  if k not in ("name", "out_dir")}
+        key = json.dumps(record, sort_keys=True, default=str)
+        if key in configs:
+            raise ConfigError(f"study: the runs {configs[key]!r} and {v.label!r} have the "
+                              "same config (a value given twice, or written two ways, as "
+                              "1e-3 and 0.001); give each once")
+        configs[key] = v.label
 
