@@ -27,7 +27,7 @@ from splitfed.cli import main
 from splitfed.configtools import dump_yaml
 from splitfed.data.partition import partition
 from splitfed.engine.rounds import Round, RoundResult
-from splitfed.engine.transforms import GradientTransform
+from splitfed.engine.transforms import GradientRound, GradientTransform
 from splitfed.errors import ConfigError, PluginError
 from splitfed.models import BlockModel, build_model
 from splitfed.testing import check_algorithm
@@ -400,6 +400,45 @@ def test_a_transforms_output_is_checked(bad_transform, mode, what):
     assert str(info.value).startswith("algorithm.client_transforms: " + what.format(HERE))
 
 
+class _FailingRound(GradientRound):
+    def __init__(self, mode):
+        self.mode = mode
+
+    def update(self, names, params, grads, slots):
+        return grads
+
+    def finish(self):
+        if self.mode == "finish":
+            raise RuntimeError("finish failed")
+        return None
+
+
+class RaisingTransform(GradientTransform):
+    name = "zz_tr"
+    Options = ModeOptions
+
+    def init(self, env, params):
+        if self.options.mode == "init":
+            raise RuntimeError("init failed")
+        return None
+
+    def start(self, env, state, t, cohort, round_):
+        return _FailingRound(self.options.mode)
+
+
+@pytest.mark.parametrize("mode, what", [("init", "RuntimeError: init failed"),
+                                        ("finish", "RuntimeError: finish failed")])
+def test_a_transform_failing_on_a_built_in_algorithm_is_one_line(scratch, mode, what):
+    """A plugin transform's init and its round's finish fail in one line naming the
+    transform, also on a built-in algorithm (whose own failures keep their traceback)."""
+    splitfed.register_transform("zz_tr", RaisingTransform)
+    with pytest.raises(PluginError) as info:
+        plugin_run(algorithm={"client_transforms": [{"name": "zz_tr", "mode": mode}]})
+    message = str(info.value)
+    assert message.startswith(f"algorithm.client_transforms: transform 'zz_tr' (plugin "
+                              f"{HERE}) failed: {what}"), message
+
+
 def test_a_transform_of_the_right_shapes_changes_nothing(bad_transform):
     plain = plugin_run()
     for mode in ("ok", "tuple"):
@@ -448,6 +487,16 @@ class Failing(FedAvg):
             return {"not": "a model"}
         return super().eval_model(env, state)
 
+    def server_copies(self, env, cohort):
+        if self.options.mode == "copies":
+            raise ValueError("cannot count")
+        return super().server_copies(env, cohort)
+
+    def checkpoint_template(self, env, template, saved):
+        if self.options.mode == "template":
+            raise ValueError("no template")
+        return super().checkpoint_template(env, template, saved)
+
 
 @pytest.mark.parametrize("mode, what", [
     ("init", "failed in its constructor: ValueError: bad options"),
@@ -457,6 +506,8 @@ class Failing(FedAvg):
                 "dict"),
     ("round", "failed in round 2: ValueError: my algorithm has a bug"),
     ("evaldict", ": eval_model returned dict; it must return the model to evaluate"),
+    ("copies", "failed in server_copies: ValueError: cannot count"),
+    ("template", "failed in checkpoint_template: ValueError: no template"),
 ])
 def test_a_plugin_algorithms_failure_is_one_line_naming_it(scratch, capsys, tmp_path, mode,
                                                            what):

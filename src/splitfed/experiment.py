@@ -904,10 +904,19 @@ def open_resume(run_dir: Path, cfg: RunConfig, algorithm, env: Environment
 def _restore(run_dir: Path, ckpt: dict, records: list[dict], algorithm, env) -> Resume:
     check_resume_config(run_dir, ckpt, env.config)   # the same run: the same config (a
     # changed key is named here, before the state's shapes would differ without a name)
-    template = algorithm.checkpoint_template(    # the objects the saved state goes into
-        env, algorithm.init_state(env), ckpt["state"])
+    template = resume_template(algorithm, env, ckpt["state"])
     state = restore(env, ckpt, template, where=run_dir / CHECKPOINT)
     return Resume(ckpt, state, records)
+
+
+def resume_template(algorithm, env, saved: dict) -> dict:
+    """What a checkpoint's algorithm state ``saved`` must fit, and the objects it is
+    loaded into: ``checkpoint_template(env, init_state(env), saved)`` (a plugin
+    algorithm's failure in either is one line naming it)."""
+    name = env.config.algorithm.name
+    initial = call_algorithm(name, "init_state", algorithm.init_state, env)
+    return call_algorithm(name, "checkpoint_template", algorithm.checkpoint_template, env,
+                          initial, saved)
 
 
 def resume_experiment(run_dir: str | Path) -> RunResult:

@@ -40,6 +40,7 @@ from torch import nn
 
 from splitfed.engine.transforms import NoOptions, Rate, RateOptions
 from splitfed.errors import ConfigError
+from splitfed.origins import call_plugin
 
 
 class Algorithm:
@@ -165,8 +166,10 @@ class Algorithm:
         for group, part in ((self.gradient_transforms, self.client_part(env, model)),
                             (self.server_steps, self.aggregated_part(env, model))):
             params = {n: part[n] for n in names if n in part}
+            field = ("algorithm.client_transforms" if group is self.gradient_transforms
+                     else "algorithm.server_transforms")
             for t in group:
-                s = t.init(env, params)
+                s = call_plugin("transform", t.name, field, t.init, env, params)
                 if s is not None:
                     out[t.key] = s
         return out
@@ -176,8 +179,12 @@ class Algorithm:
         saved state against it before resuming): ``template`` is ``init_state(env)``;
         an algorithm whose state gains keys during the rounds adds them when ``saved``
         has them. Default: ``template``, as each transform amends it."""
-        for t in (*self.gradient_transforms, *self.server_steps):
-            template = t.checkpoint_template(env, template, saved)
+        for t in self.gradient_transforms:
+            template = call_plugin("transform", t.name, "algorithm.client_transforms",
+                                   t.checkpoint_template, env, template, saved)
+        for t in self.server_steps:
+            template = call_plugin("transform", t.name, "algorithm.server_transforms",
+                                   t.checkpoint_template, env, template, saved)
         return template
 
     def round(self, env, state: dict, t: int, cohort):

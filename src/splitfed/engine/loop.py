@@ -238,7 +238,9 @@ def check_resumable(algorithm, env, skeleton: dict, state: dict, t: int) -> None
     from splitfed.engine.algorithm import describe
 
     base = {**skeleton, "model": state["model"]} if "model" in state else dict(skeleton)
-    why = misfit(state, algorithm.checkpoint_template(env, base, state))
+    template = call_algorithm(env.config.algorithm.name, "checkpoint_template",
+                              algorithm.checkpoint_template, env, base, state)
+    why = misfit(state, template)
     if why is not None:
         raise PluginError(
             f"algorithm.name: {describe(algorithm, env)}: round {t} returned a state whose "
@@ -272,7 +274,8 @@ def check_result(algorithm, env, result, t: int, declared: tuple = ()) -> RoundR
                   "(init_state's keys)")
     if declared:
         known = {k: state[k] for k in declared if k in state}
-        allowed = set(algorithm.checkpoint_template(env, known, state))
+        allowed = set(call_algorithm(env.config.algorithm.name, "checkpoint_template",
+                                     algorithm.checkpoint_template, env, known, state))
         extra, missing = set(state) - allowed, set(declared) - set(state)
         if extra:
             raise bad(f"returned state keys that init_state did not declare ({_keys(extra)}); "
@@ -385,7 +388,9 @@ def run_rounds(algorithm, env, logger, state: dict | None = None,
         server = result.samples if result.server_samples is None else result.server_samples
         record["client_macs"] = result.samples * client_macs
         record["server_macs"] = server * server_macs + result.server_model_samples * model_macs
-        record["server_param_bytes"] = algorithm.server_copies(env, cohort) * copy_bytes
+        record["server_param_bytes"] = call_algorithm(
+            cfg.algorithm.name, "server_copies", algorithm.server_copies, env, cohort
+        ) * copy_bytes
         if divergence([record]) is not None:          # a non-finite training loss
             status = "diverged"
         elif evaluates(cfg, t):

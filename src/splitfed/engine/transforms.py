@@ -245,22 +245,27 @@ class _Checked(GradientRound):
     def server_samples(self) -> int:
         return self.inner.server_samples
 
+    def _call(self, fn, *args):
+        """``fn(*args)``, a method of the transform's round: a plugin's failure is one
+        line naming it (:func:`~splitfed.origins.call_plugin`)."""
+        return call_plugin("transform", self.transform.name, "algorithm.client_transforms",
+                           fn, *args)
+
     def begin(self, slots, start):
-        self.inner.begin(slots, start)
+        self._call(self.inner.begin, slots, start)
 
     def update(self, names, params, grads, slots):
-        out = call_plugin("transform", self.transform.name, "algorithm.client_transforms",
-                          self.inner.update, names, params, grads, slots)
+        out = self._call(self.inner.update, names, params, grads, slots)
         return _checked(self.transform, names, grads, out)
 
     def collect(self, slots, final):
-        self.inner.collect(slots, final)
+        self._call(self.inner.collect, slots, final)
 
     def adjust(self, model, aggregate):
-        return self.inner.adjust(model, aggregate)
+        return self._call(self.inner.adjust, model, aggregate)
 
     def finish(self):
-        return self.inner.finish()
+        return self._call(self.inner.finish)
 
 
 def start_gradients(transforms: Sequence[GradientTransform], env, state: dict, t: int,
@@ -283,9 +288,10 @@ def start_gradients(transforms: Sequence[GradientTransform], env, state: dict, t
                                   "GradientRound, a function update(names, params, grads, "
                                   "slots) -> grads, or None")
             r = _FunctionRound(r)
+        r = None if r is None else _Checked(tr, r)
         rounds.append(r)
         if r is not None:
-            live.append(_Checked(tr, r))
+            live.append(r)
     if not live:
         return None, rounds
     return (live[0] if len(live) == 1 else _ChainRound(live)), rounds

@@ -50,8 +50,8 @@ from splitfed.engine.loop import run_rounds
 from splitfed.errors import ConfigError
 from splitfed.experiment import (RunResult, check_empty, new_run_dir,
                                  build_algorithm, build_environment, check_resume_config,
-                                 check_run_files, config_data, lock_run_dir, run_ended,
-                                 write_config,
+                                 check_run_files, config_data, lock_run_dir,
+                                 resume_template, run_ended, write_config,
                                  write_partition, write_summary)
 from splitfed.metrics import MetricLogger, record_summary
 from splitfed.provenance import provenance
@@ -221,8 +221,7 @@ def _serve(links: Links, cfg: RunConfig, *, options: RuntimeOptions,
     with contextlib.ExitStack() as stack:
         if ckpt is not None:
             where = Path(run_dir) / CHECKPOINT
-            template = algorithm.checkpoint_template(env, algorithm.init_state(env),
-                                                     ckpt["state"])
+            template = resume_template(algorithm, env, ckpt["state"])
             state = restore(env, ckpt, template, where=where)
             start, wall0 = ckpt["round"] + 1, ckpt["wall_time_s"]
             if not run_ended(ckpt, cfg):     # the trackers open before any change
@@ -347,9 +346,7 @@ def host(links: Links) -> str:
     start, state = 1, None
     if hello["resume"] is not None:     # the checkpoint's state, as rank 0 restores it:
         saved = hello["resume"]         # per-client state (SCAFFOLD's c_i) lives on here
-        template = algorithm.checkpoint_template(env, algorithm.init_state(env),
-                                                 saved["state"])
-        state = restore(env, saved, template)
+        state = restore(env, saved, resume_template(algorithm, env, saved["state"]))
         start = saved["round"] + 1
     try:
         if state is None:
