@@ -569,6 +569,36 @@ def test_a_state_that_a_checkpoint_could_not_resume_is_refused_at_round_1(scratc
     assert what in message and "\n" not in message, message
 
 
+class Modelless(FedAvg):
+    """FedAvg (the default eval_model) whose state lacks its model, or holds a list."""
+
+    name = "zz_modelless"
+    Options = BadOptions
+
+    def init_state(self, env):
+        if self.options.mode == "nomodel":
+            return {"weights": 1}
+        return super().init_state(env)
+
+    def round(self, env, state, t, cohort):
+        result = super().round(env, state, t, cohort)
+        return dataclasses.replace(result, state={**result.state, "model": [1]})
+
+
+@pytest.mark.parametrize("mode, what", [
+    ("nomodel", "init_state returned a state without 'model'; with the default eval_model "
+                "it holds the whole model's state_dict"),
+    ("list", "round 1 returned a state whose 'model' is list; with the default eval_model"),
+])
+def test_a_state_without_its_model_names_the_hook_that_returned_it(scratch, mode, what):
+    splitfed.register_algorithm("zz_modelless", Modelless)
+    with pytest.raises(PluginError) as info:
+        plugin_run(algorithm={"name": "zz_modelless", "mode": mode}, rounds=2)
+    message = str(info.value)
+    assert message.startswith(f"algorithm.name: algorithm 'zz_modelless' (plugin {HERE})")
+    assert what in message, message
+
+
 def test_a_state_of_its_declared_kind_runs(scratch):
     splitfed.register_algorithm("zz_drifting", Drifting)
     result = plugin_run(algorithm={"name": "zz_drifting", "mode": "ok"}, rounds=2)
@@ -655,3 +685,40 @@ def test_a_plugins_digest_covers_the_helper_modules_beside_it(scratch, plugin_fi
         assert plugin_digests()["zz_digest_lab"] != first
     finally:
         LOADED_PLUGINS[:] = saved
+
+
+def test_options_that_are_an_instance_are_refused_when_registered(scratch):
+    @dataclasses.dataclass
+    class Opts:
+        mu: float = 0.1
+
+    class WithInstance(FedAvg):
+        Options = Opts()
+
+    class TransformWithInstance(GradientTransform):
+        name = "zz_inst"
+        Options = Opts()
+
+    with pytest.raises(PluginError, match="Options must be a dataclass .* the class itself, "
+                                          "not an instance of it"):
+        splitfed.register_algorithm("zz_inst", WithInstance)
+    with pytest.raises(PluginError, match="Options must be a dataclass .* the class itself, "
+                                          "not an instance of it"):
+        splitfed.register_transform("zz_inst", TransformWithInstance)
+
+
+def test_the_plugin_frame_skips_generated_code():
+    """An error raised in generated code (a dataclass's __init__ is compiled from a
+    string) is placed at the plugin's line that called it."""
+    from splitfed.origins import _plugin_frame
+
+    def plugin_code():
+        exec(compile("raise ValueError('bad value')", "<string>", "exec"))
+
+    try:
+        plugin_code()
+    except ValueError as e:
+        where = _plugin_frame(e)
+    line = next(i for i, text in enumerate(open(__file__), 1)
+                if 'exec(compile("raise ValueError' in text)
+    assert where == f"{__file__}:{line}"

@@ -77,6 +77,8 @@ def _plugin_frame(e: BaseException) -> str | None:
         if getattr(module, "__file__", None):
             skip.append(os.path.dirname(os.path.abspath(module.__file__)))
     for frame in reversed(traceback.extract_tb(e.__traceback__)):
+        if frame.filename.startswith("<"):   # generated code (a dataclass's __init__)
+            continue
         path = os.path.abspath(frame.filename)
         if not any(_under(path, d) for d in skip) and not _python_own(path):
             return f"{frame.filename}:{frame.lineno}"

@@ -189,13 +189,22 @@ def _check_algorithm(name: str, cls: Any) -> None:
     if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
         raise PluginError(f"{what}: expected a subclass of splitfed.engine.algorithm."
                           f"Algorithm, got {cls!r}")
-    if not dataclasses.is_dataclass(cls.Options):
+    if not _dataclass_type(cls.Options):
         raise PluginError(f"{what}: {cls.__name__}.Options must be a dataclass (its fields "
-                          "are the algorithm's options)")
+                          "are the algorithm's options), the class itself, not an "
+                          "instance of it")
     _check_option_names(what, "algorithm", [f.name for f in dataclasses.fields(cls.Options)])
     if cls.round is Algorithm.round:
         raise PluginError(f"{what}: {cls.__name__} does not define round(self, env, state, t, "
                           "cohort) -> RoundResult, the method every algorithm implements")
+
+
+def _dataclass_type(options: Any) -> bool:
+    """``options`` is a dataclass class (``dataclasses.is_dataclass`` is true of an
+    instance too, which would fail later, when the run's config is read)."""
+    import dataclasses
+
+    return isinstance(options, type) and dataclasses.is_dataclass(options)
 
 
 def _check_transform(name: str, cls: Any) -> None:
@@ -207,9 +216,10 @@ def _check_transform(name: str, cls: Any) -> None:
     if not (isinstance(cls, type) and issubclass(cls, (GradientTransform, ServerStep))):
         raise PluginError(f"{what}: expected a subclass of splitfed.engine.transforms."
                           f"GradientTransform or ServerStep, got {cls!r}")
-    if not dataclasses.is_dataclass(cls.Options):
+    if not _dataclass_type(cls.Options):
         raise PluginError(f"{what}: {cls.__name__}.Options must be a dataclass (its fields "
-                          "are the transform's options)")
+                          "are the transform's options), the class itself, not an "
+                          "instance of it")
     if cls.name != name:
         raise PluginError(f"{what}: the class's name attribute is {cls.name!r}; set "
                           f"name = {name!r} (it keys the transform's state)")

@@ -179,8 +179,14 @@ def _check_model(algorithm, env, state: dict, bad) -> None:
     from splitfed.engine.algorithm import Algorithm
 
     model = state.get("model")
-    if type(algorithm).eval_model is not Algorithm.eval_model or not isinstance(model, dict):
+    if type(algorithm).eval_model is not Algorithm.eval_model:
         return
+    if not isinstance(model, dict):
+        raise bad(f"returned a state whose 'model' is {type(model).__name__}; with the "
+                  "default eval_model it holds the whole model's state_dict (client and "
+                  "server sides)" if "model" in state else "returned a state without "
+                  "'model'; with the default eval_model it holds the whole model's "
+                  "state_dict (client and server sides)")
     expected = env.model.state_dict()
     extra, missing = set(model) - set(expected), set(expected) - set(model)
     if extra or missing:
@@ -340,6 +346,8 @@ def run_rounds(algorithm, env, logger, state: dict | None = None,
             raise PluginError(f"{_named(cfg)}: init_state returned "
                               f"{type(state).__name__}; it must return the algorithm's "
                               "state, a dict")
+        _check_model(algorithm, env, state, lambda what: PluginError(
+            f"{_named(cfg)}: init_state {what}"))
         skeleton = _skeleton(state)
     declared = tuple(state) if isinstance(state, dict) else ()
     started = time.perf_counter()
