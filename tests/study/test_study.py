@@ -123,6 +123,33 @@ def test_curve_and_totals_are_cumulative():
     assert curve(slow)["time_s"] == [0.0, 246913.578025]
 
 
+def test_a_diverged_runs_curve_ends_before_its_divergence():
+    """As splitfed plot draws it and the best accuracy counts it: the diverged round's
+    evaluation (a finite accuracy of a model with NaN loss) is not on the curve."""
+    records = [{"round": 0, "test_acc": 0.1, "test_loss": 2.3},
+               {"round": 1, "train_loss": 2.0, "test_acc": 0.4, "test_loss": 1.9},
+               {"round": 2, "train_loss": float("nan"), "test_acc": 0.1003,
+                "test_loss": float("nan")}]
+    assert curve(records, "diverged")["round"] == [0, 1]
+    assert curve(records[:2], "diverged")["round"] == [0]       # status alone: last round
+    assert curve(records[:2], "completed")["round"] == [0, 1]
+
+
+def test_the_mean_curve_goes_on_with_the_seeds_that_did_not_diverge():
+    from splitfed.study.plots import _mean_curve
+
+    def seed(rounds, accs):
+        return {"curve": {"round": rounds, "test_acc": accs, "bytes": [0] * len(rounds),
+                          "time_s": [0.0] * len(rounds)}}
+
+    x, y, std = _mean_curve([seed([0, 1, 2], [0.1, 0.5, 0.7]),
+                             seed([0, 1, 2], [0.1, 0.3, 0.5]),
+                             seed([0, 1], [0.1, 0.2])], "round")        # diverged at 2
+    assert list(x) == [0, 1, 2]
+    assert list(y) == pytest.approx([0.1, (0.5 + 0.3 + 0.2) / 3, 0.6])
+    assert std[2] == pytest.approx(0.1414213562, rel=1e-6) and std[0] == pytest.approx(0)
+
+
 def test_the_time_axis_says_which_time_the_curves_hold():
     from splitfed.study.plots import axis_label
     sim, wall = {"time_kind": "simulated"}, {"time_kind": "wall"}

@@ -64,8 +64,10 @@ def diverged_round(records: list[dict], status: str | None = None) -> int | None
     return metrics.record_summary(records, status)["diverged_round"]
 
 
-def curve(records: list[dict]) -> dict:
-    """Evaluated rounds with test accuracy, cumulative bytes (up + down) and time.
+def curve(records: list[dict], status: str | None = None) -> dict:
+    """Evaluated rounds with test accuracy, cumulative bytes (up + down) and time; of a
+    run that diverged (``status``, or a non-finite record), the rounds before the
+    divergence only (as ``splitfed plot`` draws it and the best accuracy counts them).
 
     Time sums ``sim_round_s`` (a round's simulated duration) when every training round
     records it, else the measured ``round_time_s``; it is kept to 12 significant digits
@@ -77,11 +79,12 @@ def curve(records: list[dict]) -> dict:
     out: dict = {"round": [], "test_acc": [], "bytes": [], "time_s": [],
                  "time_kind": "simulated" if sim else "wall"}
     total_bytes, total_time = 0, 0.0
+    diverged = diverged_round(records, status)
     for r in records:
         total_bytes += int(_num(r.get("bytes_up")) or 0) + int(_num(r.get("bytes_down")) or 0)
         total_time += _num(r.get(time_key)) or 0.0
         acc = _num(r.get("test_acc"))
-        if acc is not None:
+        if acc is not None and (diverged is None or r.get("round", 0) < diverged):
             out["round"].append(int(r["round"]))
             out["test_acc"].append(acc)
             out["bytes"].append(total_bytes)

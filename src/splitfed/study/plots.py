@@ -30,21 +30,29 @@ def _print(*args, **kwargs) -> None:
 
 
 def _mean_curve(per_seed: list[dict], axis: str):
-    """Mean (and std) accuracy over seeds at the rounds every seed evaluated."""
+    """Mean (and std) accuracy over seeds at every round some seed evaluated, over the
+    seeds that evaluated it (a diverged seed's curve ends before its divergence, so the
+    line goes on with the others, as the table's final accuracy does); x is the mean of
+    those seeds' rounds, bytes or time. std is NaN where fewer than two seeds count."""
     import numpy as np
 
     curves = [s["curve"] for s in per_seed]
-    common = sorted(set.intersection(*(set(c["round"]) for c in curves)))
-    xs, ys = [], []
-    for c in curves:
-        at = {r: i for i, r in enumerate(c["round"])}
-        idx = [at[r] for r in common]
-        x = {"round": c["round"], "bytes": [b / 1e6 for b in c["bytes"]],
-             "time": c["time_s"]}[axis]
-        xs.append([x[i] for i in idx])
-        ys.append([c["test_acc"][i] for i in idx])
-    return np.mean(xs, axis=0), np.mean(ys, axis=0), np.std(ys, axis=0, ddof=1) if len(
-        ys) > 1 else None
+    rounds = sorted(set().union(*(c["round"] for c in curves)))
+    where = [{r: i for i, r in enumerate(c["round"])} for c in curves]
+    xs, ys, stds = [], [], []
+    for t in rounds:
+        x, y = [], []
+        for c, at in zip(curves, where):
+            if t in at:
+                i = at[t]
+                x.append({"round": c["round"][i], "bytes": c["bytes"][i] / 1e6,
+                          "time": c["time_s"][i]}[axis])
+                y.append(c["test_acc"][i])
+        xs.append(float(np.mean(x)))
+        ys.append(float(np.mean(y)))
+        stds.append(float(np.std(y, ddof=1)) if len(y) > 1 else float("nan"))
+    std = np.array(stds) if len(curves) > 1 else None
+    return np.array(xs), np.array(ys), std
 
 
 def write_plots(study: Study, summary: dict, say=_print) -> list[str]:

@@ -154,7 +154,7 @@ def _seed_entry(study: Study, o: RunOutcome, target: float | None) -> dict:
     return {"seed": o.seed, "run_dir": str(o.run_dir.relative_to(study.dir)),
             "status": o.status, "skipped": o.skipped, "stale": o.stale,
             "config_hash": config_hash(run.config), "wall_time_s": round(o.wall_time_s, 3),
-            **numbers, "provenance": o.provenance, "curve": curve(o.records)}
+            **numbers, "provenance": o.provenance, "curve": curve(o.records, o.status)}
 
 
 # ------------------------------------------------------------------------ table
