@@ -215,3 +215,22 @@ def test_a_grid_whose_runs_would_be_mislabelled_or_repeated_is_refused(grid, mat
 def test_two_runs_of_one_config_are_refused():
     with pytest.raises(ConfigError, match="the runs 'a' and 'b' have the same config"):
         study_from_mapping(_study(runs=[{"label": "a"}, {"label": "b", "set": ["rounds=1"]}]))
+
+
+@pytest.mark.parametrize("head", ["", "---\n"])
+def test_the_kept_copy_of_a_study_without_a_name_names_it(tmp_path, head):
+    """A study named by its file name keeps a copy (study.yaml in its directory) that
+    names it, so that running the copy reuses the study's runs instead of starting a
+    study called 'study'."""
+    path = tmp_path / "mystudy.yaml"
+    path.write_text(head + "# my comment\nbase_config: {rounds: 1}\n"
+                    "grid: {train.lr: [0.1, 0.2]}\n")
+    study = load_study(path)
+    assert study.name == "mystudy"
+    copy = tmp_path / "copy" / "study.yaml"
+    copy.parent.mkdir()
+    copy.write_text(study.text)
+    assert load_study(copy).name == "mystudy"
+    assert yaml.safe_load(study.text)["grid"] == {"train.lr": [0.1, 0.2]}
+    if not head:
+        assert "# my comment" in study.text             # the file as written, named

@@ -146,6 +146,14 @@ def load_study(path: str | Path, *, out_dir: str | Path | None = None,
     path = Path(path)
     raw = load_yaml(path)
     text = path.read_text(encoding="utf-8")
+    if isinstance(raw, Mapping) and "name" not in raw:
+        # the kept copy (study.yaml in the study directory) must name the study as this
+        # file does by its name, else rerunning the copy would make a study "study"
+        raw = {"name": path.stem, **raw}
+        named = dump_text({"name": path.stem}, sort_keys=False)
+        text = (f"# {path.name}, with the study's name, its file name, written out\n"
+                + (named + text if not text.lstrip().startswith(("---", "%")) else
+                   dump_text(_plain(raw), sort_keys=False)))
     if overrides:
         raw = _with_overrides(raw, overrides)
         text = (f"# {path.name} with --set {' '.join(overrides)} (the file's comments are "
