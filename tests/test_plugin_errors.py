@@ -531,6 +531,18 @@ def test_a_plugin_algorithms_failure_is_one_line_naming_it(scratch, capsys, tmp_
         assert what in line
 
 
+def _refused_algorithm(cls, mode: str) -> str:
+    """Register ``cls`` under its name, run it in ``mode``: the one-line PluginError
+    naming it, returned."""
+    splitfed.register_algorithm(cls.name, cls)
+    with pytest.raises(PluginError) as info:
+        plugin_run(algorithm={"name": cls.name, "mode": mode}, rounds=2)
+    message = str(info.value)
+    assert message.startswith(f"algorithm.name: algorithm '{cls.name}' (plugin {HERE})")
+    assert "\n" not in message, message
+    return message
+
+
 class Drifting(FedAvg):
     """FedAvg with a state entry whose kind or shape drifts from init_state's (``mode``):
     a run of it writes checkpoints that no resume could read."""
@@ -560,11 +572,7 @@ def test_a_state_that_a_checkpoint_could_not_resume_is_refused_at_round_1(scratc
                                                                           what):
     """The loop checks the state against the checkpoint template in the first round (and
     at checkpoint rounds), not only when a resume of a long run reads it back."""
-    splitfed.register_algorithm("zz_drifting", Drifting)
-    with pytest.raises(PluginError) as info:
-        plugin_run(algorithm={"name": "zz_drifting", "mode": mode}, rounds=2)
-    message = str(info.value)
-    assert message.startswith(f"algorithm.name: algorithm 'zz_drifting' (plugin {HERE})")
+    message = _refused_algorithm(Drifting, mode)
     assert "round 1 returned a state whose checkpoint could not be resumed" in message
     assert what in message and "\n" not in message, message
 
@@ -591,12 +599,7 @@ class Modelless(FedAvg):
     ("list", "round 1 returned a state whose 'model' is list; with the default eval_model"),
 ])
 def test_a_state_without_its_model_names_the_hook_that_returned_it(scratch, mode, what):
-    splitfed.register_algorithm("zz_modelless", Modelless)
-    with pytest.raises(PluginError) as info:
-        plugin_run(algorithm={"name": "zz_modelless", "mode": mode}, rounds=2)
-    message = str(info.value)
-    assert message.startswith(f"algorithm.name: algorithm 'zz_modelless' (plugin {HERE})")
-    assert what in message, message
+    assert what in _refused_algorithm(Modelless, mode)
 
 
 def test_a_state_of_its_declared_kind_runs(scratch):
