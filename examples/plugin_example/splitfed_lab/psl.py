@@ -48,6 +48,7 @@ class ParallelSplitLearning(Algorithm):
     Options = PSLOptions
     split = True                  # the clients hold the first model.cut blocks
     uses_transforms = True        # the clients' steps run the gradient transforms
+    state_keys = ("model", "server_opt")   # no transform may take these names
 
     def init_state(self, env) -> dict:
         return {**super().init_state(env), "server_opt": None}
