@@ -193,6 +193,12 @@ class OddStep(ServerStep):
 
     def update(self, ctx, model):
         first = next(iter(model))
+        if self.options.mode == "late":             # init returned None (the default)
+            ctx.state = {"count": 1.0}
+            return {}
+        if self.options.mode in ("metric", "reserved"):
+            ctx.metrics["q" if self.options.mode == "metric" else "test_acc"] = "text"
+            return {}
         return {"list": lambda: [model[first]],
                 "key": lambda: {"nonexistent.weight": model[first]},
                 "shape": lambda: {first: model[first].reshape(-1)[:3]},
@@ -214,6 +220,12 @@ class OddStep(ServerStep):
     ("dtype", "the update of transform 'zz_step' (plugin {}) returned torch.float64 for "
               "'fc1.1.weight', whose dtype is torch.float32"),
     ("raise", "transform 'zz_step' (plugin {}) failed: KeyError: 'state'"),
+    ("metric", "the update of transform 'zz_step' (plugin {}) set the metric 'q' = 'text' "
+               "(str); a metric is a real number or None"),
+    ("late", "transform 'zz_step' (plugin {}) kept a state under 'zz_step' in round 1 "
+             "that its init did not declare (it returned None)"),
+    ("reserved", "the update of transform 'zz_step' (plugin {}) set the metric name "
+                 "'test_acc'; a metric is named by a string other than the record's own"),
 ])
 def test_a_server_steps_mistake_names_the_step_not_the_algorithm(scratch, mode, what):
     splitfed.register_transform("zz_step", OddStep)

@@ -28,6 +28,7 @@ import numbers
 import os
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from splitfed.errors import FormatError
 from splitfed.files import MAX_JSON_DEPTH, atomic_write, read_regular
@@ -212,6 +213,36 @@ def is_count_key(key: str) -> bool:
     """True for the record fields that count bytes (:data:`COUNT_KEYS` and the per-kind
     ``bytes_up/<kind>``, ``bytes_down/<kind>``, ``wire_up/<kind>``, ``wire_down/<kind>``)."""
     return key in COUNT_KEYS or key.startswith(COUNT_PREFIXES)
+
+
+#: the record keys the round loop writes itself (no metric may take one, nor a byte
+#: count's name: ``bytes_up``, ``bytes_down/<kind>``, ``wire_up`` ..., :func:`is_count_key`):
+#: the round's, the ledger's, the clock's, the evaluation's and the costs
+RESERVED_KEYS = ("round", "participants", "clients_used", "train_loss", "test_acc",
+                 "test_loss", "sim_round_s", "sim_time_s", "slowest_client", "dropped",
+                 "round_time_s", "client_macs", "server_macs", "server_param_bytes")
+
+
+def metric_problem(key: Any, value: Any) -> str | None:
+    """What is wrong with a round's metric ``key`` = ``value`` (an algorithm's, or a
+    server step's ``ctx.metrics``), as "the metric ... ; a metric is ..."; None when it is
+    a metric: a name that is no field of the record, a real number a float can hold, or
+    None."""
+    if not isinstance(key, str) or key in RESERVED_KEYS or is_count_key(key):
+        return (f"the metric name {key!r:.60}; a metric is named by a string other than "
+                f"the record's own fields ({', '.join(RESERVED_KEYS)}, bytes_up, "
+                "bytes_down, wire_up, wire_down and their '/<kind>' parts)")
+    if value is None:
+        return None
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        return (f"the metric {key!r} = {value!r:.60} ({type(value).__name__}); a metric "
+                "is a real number or None (float(x))")
+    try:
+        float(value)
+    except OverflowError:
+        return (f"the metric {key!r} = {str(value)[:40]}, beyond the range of a float; a "
+                "metric is a real number a float can hold (NaN and infinities too)")
+    return None
 
 
 #: the fields splitfed always writes as numbers (NaN and infinities included)

@@ -58,7 +58,8 @@ from splitfed.engine.flops import TRAIN_FACTOR, forward_macs
 from splitfed.engine.participation import NOBODY
 from splitfed.engine.rounds import RoundResult
 from splitfed.errors import PluginError
-from splitfed.metrics import divergence, is_count_key
+from splitfed.metrics import (  # noqa: F401 - RESERVED_KEYS: re-exported
+    RESERVED_KEYS, divergence, metric_problem)
 from splitfed.models import dry_output, output_shape, split
 from splitfed.origins import call_algorithm, component
 from splitfed.safeio import unsaveable
@@ -146,26 +147,8 @@ def _over_select(algorithm, env, cohort, work):
 #: (``no_client_trained`` is decided at the last round, so a run extended past it goes on)
 ENDS_EARLY = ("diverged",)
 
-#: the record keys the loop writes itself (no metric may take one, nor a byte count's
-#: name: ``bytes_up``, ``bytes_down/<kind>``, ``wire_up`` ..., :func:`splitfed.metrics.
-#: is_count_key`): the round's, the ledger's, the clock's, the evaluation's and the costs
-RESERVED_KEYS = ("round", "participants", "clients_used", "train_loss", "test_acc",
-                 "test_loss", "sim_round_s", "sim_time_s", "slowest_client", "dropped",
-                 "round_time_s", "client_macs", "server_macs", "server_param_bytes")
-
-
 def _real(value) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
-
-
-def _float_range(value) -> bool:
-    """Whether ``float(value)`` holds the real number ``value`` (a huge integer would not,
-    and a metrics file refuses it when read)."""
-    try:
-        float(value)
-    except OverflowError:
-        return False
-    return True
 
 
 def _keys(keys) -> str:
@@ -283,6 +266,19 @@ def check_result(algorithm, env, result, t: int, declared: tuple = ()) -> RoundR
         allowed = set(call_algorithm(env.config.algorithm.name, "checkpoint_template",
                                      algorithm.checkpoint_template, env, known, state))
         extra, missing = set(state) - allowed, set(declared) - set(state)
+        grad = tuple(getattr(algorithm, "gradient_transforms", ()))
+        steps = {tr.key: tr for tr in (*grad, *getattr(algorithm, "server_steps", ()))}
+        theirs = sorted(k for k in extra if k in steps)
+        if theirs:                           # a transform's state, not the algorithm's
+            from splitfed.engine.transforms import describe as named
+
+            tr = steps[theirs[0]]
+            raise PluginError(
+                f"algorithm.{'client' if tr in grad else 'server'}_transforms: "
+                f"{named(tr)} kept a state under {theirs[0]!r} in round {t} that "
+                "its init did not declare (it returned None); return the round-0 state "
+                "from init (or declare it in the transform's checkpoint_template), so "
+                "that the run's checkpoints can be resumed")
         if extra:
             raise bad(f"returned state keys that init_state did not declare ({_keys(extra)}); "
                       "declare every key of the state in init_state (with its round-0 "
@@ -314,18 +310,9 @@ def check_result(algorithm, env, result, t: int, declared: tuple = ()) -> RoundR
         raise bad(f"returned metrics of type {type(result.metrics).__name__}; expected a "
                   "dict of names to numbers")
     for key, value in result.metrics.items():
-        if not isinstance(key, str) or key in RESERVED_KEYS or is_count_key(key):
-            raise bad(f"returned the metric name {key!r:.60}; a metric is named by a string "
-                      f"other than the record's own fields ({', '.join(RESERVED_KEYS)}, "
-                      "bytes_up, bytes_down, wire_up, wire_down and their '/<kind>' parts)")
-        if value is not None and not _real(value):
-            raise bad(f"returned the metric {key!r} = {value!r:.60} "
-                      f"({type(value).__name__}); a metric is a real number or None "
-                      "(float(x))")
-        if value is not None and not _float_range(value):
-            raise bad(f"returned the metric {key!r} = {str(value)[:40]}, beyond the range "
-                      "of a float; a metric is a real number a float can hold (NaN and "
-                      "infinities too)")
+        problem = metric_problem(key, value)
+        if problem is not None:
+            raise bad(f"returned {problem}")
     return result
 
 

@@ -38,6 +38,7 @@ import torch
 
 from splitfed.engine.aggregate import DeltaAccumulator, Uploads
 from splitfed.engine.transforms import StepContext, start_gradients
+from splitfed.metrics import metric_problem
 from splitfed.origins import call_plugin
 
 
@@ -223,9 +224,18 @@ class Round:
 
     def _step(self, step, ctx, model):
         ctx.state = self.states.get(step.key)
+        before = dict(ctx.metrics)
         new = call_plugin("transform", step.name, "algorithm.server_transforms", step.update,
                           ctx, model)
         _check_step(step, model, new)
+        for key, value in ctx.metrics.items():   # the step's own: its mistake, named
+            problem = None if before.get(key, ctx) is value else metric_problem(key, value)
+            if problem is not None:
+                from splitfed.engine.transforms import describe
+                from splitfed.errors import PluginError
+
+                raise PluginError(f"algorithm.server_transforms: the update of "
+                                  f"{describe(step)} set {problem}")
         out = {**model, **new}
         if ctx.state is not None:
             self.states[step.key] = ctx.state
