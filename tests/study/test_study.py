@@ -133,6 +133,7 @@ def test_a_diverged_runs_curve_ends_before_its_divergence():
     assert curve(records, "diverged")["round"] == [0, 1]
     assert curve(records[:2], "diverged")["round"] == [0]       # status alone: last round
     assert curve(records[:2], "completed")["round"] == [0, 1]
+    assert curve(records)["round"] == [0, 1, 2]          # no status: every evaluation
 
 
 def test_the_mean_curve_goes_on_with_the_seeds_that_did_not_diverge():

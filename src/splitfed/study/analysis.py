@@ -65,9 +65,10 @@ def diverged_round(records: list[dict], status: str | None = None) -> int | None
 
 
 def curve(records: list[dict], status: str | None = None) -> dict:
-    """Evaluated rounds with test accuracy, cumulative bytes (up + down) and time; of a
-    run that diverged (``status``, or a non-finite record), the rounds before the
-    divergence only (as ``splitfed plot`` draws it and the best accuracy counts them).
+    """Evaluated rounds with test accuracy, cumulative bytes (up + down) and time. Given
+    the run's ``status``: of a run that diverged (that status, or a non-finite record),
+    the rounds before the divergence only (as ``splitfed plot`` draws it and the best
+    accuracy counts them); without it, every evaluated round.
 
     Time sums ``sim_round_s`` (a round's simulated duration) when every training round
     records it, else the measured ``round_time_s``; it is kept to 12 significant digits
@@ -79,7 +80,7 @@ def curve(records: list[dict], status: str | None = None) -> dict:
     out: dict = {"round": [], "test_acc": [], "bytes": [], "time_s": [],
                  "time_kind": "simulated" if sim else "wall"}
     total_bytes, total_time = 0, 0.0
-    diverged = diverged_round(records, status)
+    diverged = None if status is None else diverged_round(records, status)
     for r in records:
         total_bytes += int(_num(r.get("bytes_up")) or 0) + int(_num(r.get("bytes_down")) or 0)
         total_time += _num(r.get(time_key)) or 0.0
