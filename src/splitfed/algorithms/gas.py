@@ -220,8 +220,12 @@ class GAS(Algorithm):
     @staticmethod
     def _dim(env) -> int:
         """D, the number of values of one sample's activation at the cut."""
-        parts = SplitModel.of(env)
-        return int(np.prod(output_shape(parts.client, tuple(env.data.input_shape))))
+        return int(np.prod(GAS._cut_shape(env)))
+
+    @staticmethod
+    def _cut_shape(env) -> tuple[int, ...]:
+        """The shape of one sample's activation at the cut."""
+        return tuple(output_shape(SplitModel.of(env).client, tuple(env.data.input_shape)))
 
     def init_state(self, env) -> dict:
         dim = self._dim(env)
@@ -234,8 +238,7 @@ class GAS(Algorithm):
         shape] of floats, ``y`` [k, B] of classes; checked before a resume changes any
         file."""
         template = super().checkpoint_template(env, template, saved)
-        parts = SplitModel.of(env)
-        cut = tuple(output_shape(parts.client, tuple(env.data.input_shape)))
+        cut = self._cut_shape(env)
         bound = self.options.buffer_size
         clients, classes = env.num_clients, env.data.num_classes
 

@@ -80,12 +80,13 @@ def curve(records: list[dict], status: str | None = None) -> dict:
     out: dict = {"round": [], "test_acc": [], "bytes": [], "time_s": [],
                  "time_kind": "simulated" if sim else "wall"}
     total_bytes, total_time = 0, 0.0
-    diverged = None if status is None else diverged_round(records, status)
-    for r in records:
+    kept = records if status is None else metrics.before_divergence(
+        records, diverged_round(records, status))
+    for r in kept:
         total_bytes += int(_num(r.get("bytes_up")) or 0) + int(_num(r.get("bytes_down")) or 0)
         total_time += _num(r.get(time_key)) or 0.0
         acc = _num(r.get("test_acc"))
-        if acc is not None and (diverged is None or r.get("round", 0) < diverged):
+        if acc is not None:
             out["round"].append(int(r["round"]))
             out["test_acc"].append(acc)
             out["bytes"].append(total_bytes)
