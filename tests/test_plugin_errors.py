@@ -524,11 +524,15 @@ def test_a_plugin_algorithms_failure_is_one_line_naming_it(scratch, capsys, tmp_
         line = next(i for i, text in enumerate(open(__file__), 1)
                     if 'raise ValueError("my algorithm has a bug")' in text)
         assert message.endswith(f"(at {__file__}:{line})"), message
-    if mode in ("init", "check"):               # the dry run checks them too
-        cfg = tmp_path / "c.yaml"
-        dump_yaml(digits_config(algorithm={"name": "zz_failing", "mode": mode}), cfg)
+    if mode in ("init", "check", "state", "nostate"):   # the dry run checks them too,
+        cfg = tmp_path / "c.yaml"                       # and a run before its directory
+        dump_yaml(digits_config(algorithm={"name": "zz_failing", "mode": mode},
+                                out_dir=str(tmp_path / "runs")), cfg)
         line = one_line_error(capsys, ["run", str(cfg), "--dry-run"])
         assert what in line
+        line = one_line_error(capsys, ["run", str(cfg)])
+        assert what in line
+        assert not (tmp_path / "runs").exists()
 
 
 def _refused_algorithm(cls, mode: str) -> str:
@@ -550,6 +554,7 @@ class Drifting(FedAvg):
     name = "zz_drifting"
     Options = BadOptions
     START = {"int": 0, "list": [], "dict": {}, "ok": 0.0, "tensor": torch.zeros(2)}
+    state_keys = ("model", "extra")
 
     def init_state(self, env):
         return {**super().init_state(env), "extra": self.START[self.options.mode]}
@@ -600,6 +605,38 @@ class Modelless(FedAvg):
 ])
 def test_a_state_without_its_model_names_the_hook_that_returned_it(scratch, mode, what):
     assert what in _refused_algorithm(Modelless, mode)
+
+
+class Unlisted(FedAvg):
+    """FedAvg adding a state key that its ``state_keys`` does not list."""
+
+    name = "zz_unlisted"
+    Options = BadOptions
+
+    def init_state(self, env):
+        return {**super().init_state(env), "prox": 0.0}
+
+
+def test_a_state_key_not_in_state_keys_is_refused_before_the_run_dir(scratch, capsys,
+                                                                     tmp_path):
+    """Unlisted, the key is a transform's name in another config (FedProx's ``prox``),
+    whose state it would silently replace; listed, that config is refused."""
+    message = _refused_algorithm(Unlisted, "ok")
+    assert ("init_state returned the key(s) 'prox', which are not in its class's "
+            "state_keys ('model') nor a transform's") in message
+    cfg = tmp_path / "c.yaml"
+    dump_yaml(digits_config(algorithm={"name": "zz_unlisted", "mode": "ok"},
+                            out_dir=str(tmp_path / "runs")), cfg)
+    assert "state_keys" in one_line_error(capsys, ["run", str(cfg)])
+    assert "state_keys" in one_line_error(capsys, ["run", str(cfg), "--dry-run"])
+    assert not (tmp_path / "runs").exists()
+    Listed = type("Listed", (Unlisted,), {"state_keys": ("model", "prox"),
+                                          "name": "zz_listed"})
+    splitfed.register_algorithm("zz_listed", Listed)
+    assert plugin_run(algorithm={"name": "zz_listed", "mode": "ok"}).state["prox"] == 0.0
+    with pytest.raises(ConfigError, match="the transform state key"):
+        plugin_run(algorithm={"name": "zz_listed", "mode": "ok",
+                              "client_transforms": [{"name": "prox", "mu": 0.1}]})
 
 
 def test_a_state_of_its_declared_kind_runs(scratch):

@@ -297,6 +297,7 @@ class UnsaveableState(FedAvg):
     """FedAvg whose state carries an object a checkpoint cannot hold."""
 
     name = "zz_unsaveable"
+    state_keys = ("model", "extra")
 
     def init_state(self, env):
         return {**super().init_state(env), "extra": {"log": []}}

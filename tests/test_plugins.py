@@ -545,6 +545,8 @@ def test_a_broken_algorithm_fails_the_conformance_checks(scratch, broken, failed
     class Frozen(FedAvg):
         """Its clients train, but the model it reports never moves from round 0's."""
 
+        state_keys = ("model", "start")
+
         def init_state(self, env):
             state = super().init_state(env)
             return {**state, "start": {k: v.clone() for k, v in state["model"].items()}}

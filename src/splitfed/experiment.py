@@ -36,7 +36,7 @@ from splitfed.data.partition import PARTITIONERS, natural, partition, partition_
 from splitfed.data.server_data import build_server_data
 from splitfed.engine.clock import VirtualClock
 from splitfed.engine.env import Environment
-from splitfed.engine.loop import ENDS_EARLY, run_rounds
+from splitfed.engine.loop import ENDS_EARLY, initial_state, run_rounds
 from splitfed.engine.participation import make_sampler
 from splitfed.engine.profiles import build_profiles
 from splitfed.errors import ConfigError, FormatError, RunInterrupted
@@ -747,6 +747,10 @@ def run_experiment(cfg: RunConfig, *, write: bool = True,
         return _execute(cfg, algorithm, env, None)
     if run_dir is None:
         check_out_dir(cfg, overrides)           # as --dry-run: before anything is written
+    try:
+        state = initial_state(algorithm, env)   # a failing init_state leaves nothing
+    except KeyboardInterrupt:
+        raise RunInterrupted(None) from None
     preflight(cfg)                              # the MLflow store, before the run directory
     created = run_dir is None or not run_dir.exists()
     if run_dir is None:
@@ -770,7 +774,7 @@ def run_experiment(cfg: RunConfig, *, write: bool = True,
             if created:
                 shutil.rmtree(run_dir, ignore_errors=True)
             raise RunInterrupted(None) from None
-        return _execute(cfg, algorithm, env, run_dir)
+        return _execute(cfg, algorithm, env, run_dir, state=state, initial=True)
 
 
 def write_partition(run_dir: Path, env: Environment, *, if_missing: bool = False) -> None:
@@ -788,13 +792,15 @@ def _execute(cfg: RunConfig, algorithm, env: Environment, run_dir: Path | None, 
              state: dict | None = None, start_round: int = 1,
              records: list[dict] | None = None, wall_offset: float = 0.0,
              resumed_from: list[int] | None = None, finished: str | None = None,
-             started: dict | None = None, sinks: list | None = None) -> RunResult:
+             started: dict | None = None, sinks: list | None = None,
+             initial: bool = False) -> RunResult:
     """Run rounds ``start_round..`` (none when ``finished`` names the status of a run that
     already ended), checkpointing into ``run_dir``; write metrics and the summary.
 
     ``started``: the checkpoint's ``threads``, ``cpu_capability`` and ``resumed_threads``
     (a resumed run). ``sinks``: the trackers, opened by the caller (a resume opens them
-    before it changes the run directory); else they are opened here. Ctrl-C raises
+    before it changes the run directory); else they are opened here. ``initial``:
+    ``state`` is :func:`~splitfed.engine.loop.initial_state`'s (a new run). Ctrl-C raises
     :class:`~splitfed.errors.RunInterrupted`: the last checkpoint is whole (written
     atomically), ``metrics.jsonl`` holds whole records."""
     started = started or {"threads": torch.get_num_threads(),
@@ -828,7 +834,8 @@ def _execute(cfg: RunConfig, algorithm, env: Environment, run_dir: Path | None, 
             if finished is None:
                 state, status = run_rounds(algorithm, env, logger, state, start_round,
                                            checkpoint=checkpoint,
-                                           progress_lines=run_dir is not None)
+                                           progress_lines=run_dir is not None,
+                                           initial=initial)
             else:
                 status = finished
         except KeyboardInterrupt:

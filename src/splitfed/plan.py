@@ -3,9 +3,9 @@
 :func:`build_plan` builds the run as :func:`splitfed.experiment.run_experiment` does
 before it creates the run directory (the algorithm with its options and transforms, the
 data, the partition, the sampler, the model and its cut, the clock; the checks against
-the data and this machine's memory; the algorithm's own check) and checks that the run
-directory could be created, without creating it. Nothing is trained and nothing is
-written. :func:`format_plan` prints what the run would do: the algorithm and its
+the data and this machine's memory; the algorithm's own check; its initial state) and
+checks that the run directory could be created, without creating it. Nothing is trained
+and nothing is written. :func:`format_plan` prints what the run would do: the algorithm and its
 transforms, the data set, the clients' data sizes, the participants, local steps and
 training samples of a round, the model's parameters (each side of the cut for split
 algorithms), the multiply-accumulates per sample, the bytes a round moves, the rounds
@@ -35,6 +35,7 @@ def build_plan(cfg, overrides: list[str] | None = None) -> dict:
     which name the run directory as they would name the run's. Raises what the run would
     raise before it starts (:class:`~splitfed.errors.ConfigError` and the like); writes
     nothing."""
+    from splitfed.engine.loop import initial_state
     from splitfed.experiment import (RUN_FILES, build_algorithm, build_environment,
                                      check_algorithm_env)
     from splitfed.origins import call_algorithm
@@ -44,6 +45,7 @@ def build_plan(cfg, overrides: list[str] | None = None) -> dict:
     check_algorithm_env(algorithm, env)
     call_algorithm(cfg.algorithm.name, "prepare_model",   # the model as the run trains
                    algorithm.prepare_model, env)           # it (FedLoRA's adapters)
+    initial_state(algorithm, env)                         # as the run, before its directory
     run_dir = check_out_dir(cfg, overrides)
     files = [f for f in RUN_FILES if f != "checkpoint.pt" or cfg.checkpoint_every]
     tracking = getattr(cfg, "tracking", None)              # experiment trackers

@@ -316,26 +316,49 @@ def check_result(algorithm, env, result, t: int, declared: tuple = ()) -> RoundR
     return result
 
 
+def initial_state(algorithm, env) -> dict:
+    """``algorithm.init_state(env)``, checked: a dict whose ``"model"`` (where the
+    algorithm keeps one) has the model's keys, shapes and dtypes, and, for an algorithm
+    that takes transforms, whose other keys are its ``state_keys`` or its transforms'
+    keys; else :class:`~splitfed.errors.PluginError` naming the algorithm. A run calls it before
+    it creates its run directory, and ``--dry-run`` calls it too."""
+    cfg = env.config
+    state = call_algorithm(cfg.algorithm.name, "init_state", algorithm.init_state, env)
+    if not isinstance(state, dict):
+        raise PluginError(f"{_named(cfg)}: init_state returned {type(state).__name__}; "
+                          "it must return the algorithm's state, a dict")
+    _check_model(algorithm, env, state, lambda what: PluginError(
+        f"{_named(cfg)}: init_state {what}"))
+    if getattr(algorithm, "uses_transforms", False):   # a config may add transforms
+        own = set(getattr(algorithm, "state_keys", ("model",)))
+        unlisted = set(state) - own - set(algorithm.transform_keys())
+        if unlisted:
+            raise PluginError(
+                f"{_named(cfg)}: init_state returned the key(s) {_keys(unlisted)}, which "
+                f"are not in its class's state_keys ({_keys(own)}) nor a transform's; "
+                "list every key of the algorithm's own state in state_keys, so that no "
+                "transform a config adds can take its name (docs/extending.md, State "
+                "keys)")
+    return state
+
+
 def run_rounds(algorithm, env, logger, state: dict | None = None,
                start_round: int = 1, checkpoint=None,
-               progress_lines: bool = False) -> tuple[dict, str]:
+               progress_lines: bool = False, initial: bool = False) -> tuple[dict, str]:
     """Run rounds ``start_round..config.rounds``; returns the final state and the status.
+
+    ``state``: the state to start from; None: :func:`initial_state`'s. ``initial``: the
+    given ``state`` is :func:`initial_state`'s (a run that called it before creating its
+    directory); the state the rounds return is then checked as the state None starts.
 
     ``checkpoint(t, state, status)``, when given, is called after each round's record is
     logged (:class:`splitfed.checkpoint.Checkpointer` decides whether to write).
     ``progress_lines``: with ``progress: false``, a line on stderr per evaluated round."""
     cfg = env.config
-    skeleton = None
+    initial = initial or state is None
     if state is None:
-        state = call_algorithm(cfg.algorithm.name, "init_state",
-                               algorithm.init_state, env)
-        if not isinstance(state, dict):
-            raise PluginError(f"{_named(cfg)}: init_state returned "
-                              f"{type(state).__name__}; it must return the algorithm's "
-                              "state, a dict")
-        _check_model(algorithm, env, state, lambda what: PluginError(
-            f"{_named(cfg)}: init_state {what}"))
-        skeleton = _skeleton(state)
+        state = initial_state(algorithm, env)
+    skeleton = _skeleton(state) if initial else None
     declared = tuple(state) if isinstance(state, dict) else ()
     started = time.perf_counter()
     lines = progress_lines and not cfg.progress

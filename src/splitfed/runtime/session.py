@@ -46,7 +46,7 @@ from splitfed.checkpoint import (CHECKPOINT, Checkpointer, checkpoint_records,
                                  restore, thread_warnings, truncate_metrics)
 from splitfed.config import RunConfig, build_config
 from splitfed.configtools import load_yaml, to_dict
-from splitfed.engine.loop import run_rounds
+from splitfed.engine.loop import initial_state, run_rounds
 from splitfed.errors import ConfigError
 from splitfed.experiment import (RunResult, check_empty, new_run_dir,
                                  build_algorithm, build_environment, check_resume_config,
@@ -235,6 +235,7 @@ def _serve(links: Links, cfg: RunConfig, *, options: RuntimeOptions,
                        + [torch.get_num_threads()]}
             write_partition(Path(run_dir), env, if_missing=True)
         else:
+            state = initial_state(algorithm, env)   # a failing init_state leaves nothing
             if run_dir is None:
                 run_dir = new_run_dir(cfg)
             else:
@@ -306,7 +307,7 @@ def _run(links, cfg, algorithm, env, control, run_dir: Path, options, ckpt, *, s
             status = ckpt["status"]           # the run had already ended
         else:
             state, status = run_rounds(algorithm, env, logger, state, start,
-                                       checkpoint=checkpoint)
+                                       checkpoint=checkpoint, initial=ckpt is None)
         status = _clients_status(status, links, env.clock, resumed)
     finally:
         control.stop(status)
