@@ -215,6 +215,20 @@ def test_load_yaml_parse_error_has_line(tmp_path):
         load_yaml(path)
 
 
+@pytest.mark.parametrize("digits", ["9" * 5000, "0x" + "f" * 4000, "-" + "1" * 101])
+def test_an_integer_too_long_to_print_is_refused_at_its_line(tmp_path, digits):
+    """Python refuses to print an int of more than 4300 digits (and reads a hex one of
+    any length): such a value would fail as a traceback in a later message."""
+    path = tmp_path / "big.yaml"
+    path.write_text(f"seed: 1\nrounds: {digits}\n")
+    with pytest.raises(ConfigError, match=rf"big\.yaml: line 2, column 9: an integer of "
+                                          rf"{len(digits)} characters; at most 100"):
+        load_yaml(path)
+    with pytest.raises(ConfigError, match=r"'rounds=9+\.\.\.': cannot parse value"):
+        parse_overrides([f"rounds={digits}"] if digits[0] == "9" else ["rounds=" + "9" * 200])
+    assert yaml_load("x: " + "9" * 100, "t") == {"x": int("9" * 100)}
+
+
 def test_load_yaml_top_level_not_mapping(tmp_path):
     path = tmp_path / "list.yaml"
     path.write_text("- 1\n- 2\n")

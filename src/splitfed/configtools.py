@@ -47,6 +47,7 @@ from typing import Any, Literal, Union
 import yaml
 
 from splitfed.errors import ConfigError, PluginError, one_line
+from splitfed.files import read_regular
 
 _BOUNDS = {"ge": (">=", lambda v, b: v >= b), "gt": (">", lambda v, b: v > b),
            "le": ("<=", lambda v, b: v <= b), "lt": ("<", lambda v, b: v < b)}
@@ -608,8 +609,17 @@ _FLOAT_11 = re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?
                            |\.(?:nan|NaN|NAN))$""", re.X)
 
 
+#: the most digits an integer of a config may have (no field needs more than 20; Python
+#: refuses to print one of more than 4300)
+MAX_INT_DIGITS = 100
+
+
 def _construct_int(loader, node) -> int:
     text = loader.construct_scalar(node)
+    if len(text) > MAX_INT_DIGITS:
+        raise yaml.constructor.ConstructorError(
+            None, None, f"an integer of {len(text)} characters; at most {MAX_INT_DIGITS} "
+            "are read", node.start_mark)
     if text.startswith(("0o", "0x")):
         return int(text[2:], 8 if text[1] == "o" else 16)
     return int(text, 10)
@@ -673,6 +683,12 @@ def load_yaml(path: str | Path) -> dict:
     Raises ConfigError naming the path if the file is missing, cannot be parsed (with
     the line of the YAML error) or holds something other than a mapping.
     """
+    return load_yaml_text(path)[0]
+
+
+def load_yaml_text(path: str | Path) -> tuple[dict, str]:
+    """:func:`load_yaml`'s mapping, and the text it was read from (read once: a file
+    that changes meanwhile cannot give a text other than the one checked)."""
     path = Path(path)
     if not path.is_file():
         if path.exists():
@@ -680,21 +696,19 @@ def load_yaml(path: str | Path) -> dict:
                               "or a device); give a YAML file")
         raise ConfigError(f"config file not found: {path}")
     try:
-        size = path.stat().st_size
-        if size > MAX_YAML_BYTES:
-            raise ConfigError(f"cannot parse {path}: {size} bytes, more than the "
-                              f"{MAX_YAML_BYTES} a config may have")
-        data = yaml_load(path.read_text(encoding="utf-8"), f"cannot parse {path}")
+        raw = read_regular(path, f"cannot parse {path}", MAX_YAML_BYTES, error=ConfigError)
+        text = raw.decode("utf-8")
+        data = yaml_load(text, f"cannot parse {path}")
     except UnicodeDecodeError as err:
         raise ConfigError(f"cannot read {path}: not UTF-8 text (byte {err.start}: "
                           f"{err.reason}); save the file as UTF-8") from err
     except OSError as err:
         raise ConfigError(f"cannot read {path}: {err.strerror or err}") from err
     if data is None:
-        return {}
+        return {}, text
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: top level must be a mapping, got {type(data).__name__}")
-    return data
+    return data, text
 
 
 def _yaml_problem(err: yaml.YAMLError) -> str:
