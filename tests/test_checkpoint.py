@@ -232,6 +232,34 @@ def test_resuming_a_finished_run_leaves_its_summary_as_it_was(tmp_path):
     assert run_dir_state(study_run).state == "stale"
 
 
+def test_a_huge_summary_is_not_read_into_memory(tmp_path):
+    """A summary.json larger than any run writes (a sparse file here) is damaged: a
+    resume of the finished run writes it again, and a study's reuse check reads it as
+    no summary, neither reading more than the bound."""
+    import tracemalloc
+
+    from splitfed.study.reuse import read_json
+
+    d = tmp_path / "d"
+    run_experiment(digits_config(rounds=2), run_dir=d)
+    summary = json.loads((d / "summary.json").read_text())
+    with open(d / "summary.json", "r+b") as fh:      # the same object, then 64 MiB of
+        fh.seek(1 << 26)                             # holes: never read whole
+        fh.write(b" ")
+    tracemalloc.start()
+    try:
+        assert read_json(d / "summary.json") == {}
+        assert resume_experiment(d).status == "completed"
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 3 * (1 << 24), peak                # MAX_SUMMARY_BYTES: 16 MiB
+    rewritten = json.loads((d / "summary.json").read_text())
+    assert rewritten["provenance"] is None
+    assert {k: v for k, v in rewritten.items() if k not in ("provenance", "wall_time_s")} \
+        == {k: v for k, v in summary.items() if k not in ("provenance", "wall_time_s")}
+
+
 def test_a_deleted_partition_file_is_written_again_on_resume(tmp_path):
     d = tmp_path / "d"
     run_experiment(digits_config(rounds=3, checkpoint_every=1), run_dir=d)

@@ -118,7 +118,7 @@ def test_csv_cells_are_never_spreadsheet_formulas(good, tmp_path, capsys):
     lines = (run / "metrics.jsonl").read_text().splitlines()
     last = json.loads(lines[-1])
     last.update({"note": "@SUM(A1)", "nested": {"a": [1, 2]}, "run": "OTHER",
-                 "status": "forged", "neg": -1.5})
+                 "status": "forged", "neg": -1.5, "=HYPERLINK(y)": 2})
     (run / "metrics.jsonl").write_text("\n".join([*lines[:-1], json.dumps(last)]) + "\n")
     (run / "summary.json").write_text(json.dumps({"status": "+1"}))
     assert main(["results", str(run), "--format", "csv", "--last"]) == 0
@@ -126,6 +126,7 @@ def test_csv_cells_are_never_spreadsheet_formulas(good, tmp_path, capsys):
     assert row["run"] == "'=HYPERLINK(x)" and row["run_dir"] == str(run)
     assert row["note"] == "'@SUM(A1)" and row["status"] == "'+1"
     assert row["nested"] == '{"a": [1, 2]}' and row["neg"] == "-1.5"
+    assert row["'=HYPERLINK(y)"] == "2" and "=HYPERLINK(y)" not in row   # a column name
 
 
 def test_a_run_with_no_record_yet_has_a_csv_row_as_it_has_a_table_row(good, tmp_path,

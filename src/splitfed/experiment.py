@@ -40,13 +40,13 @@ from splitfed.engine.loop import ENDS_EARLY, initial_state, run_rounds
 from splitfed.engine.participation import make_sampler
 from splitfed.engine.profiles import build_profiles
 from splitfed.errors import ConfigError, FormatError, RunInterrupted
+from splitfed.files import read_json_object
 from splitfed.locking import LOCK_NAME, DirLock
 from splitfed.metrics import MetricLogger, decode_record, record_summary
 from splitfed.models import build_model, resolve_cut
 from splitfed.origins import call_algorithm
 from splitfed.provenance import git_commit, provenance
 from splitfed.rng import RandomStreams, derive_seed
-from splitfed.safeio import loads_json
 from splitfed.tracking import open_trackers, preflight
 from splitfed.transport import InProcessTransport, Ledger
 
@@ -652,11 +652,8 @@ def write_summary(run_dir: Path, summary: dict, *, finished: bool = False) -> No
     reruns the run instead of reusing it."""
     path = run_dir / "summary.json"
     if finished:
-        try:
-            kept = loads_json(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            kept = None
-        if isinstance(kept, dict) and kept.get("status") == summary["status"]:
+        kept = read_json_object(path)
+        if kept is not None and kept.get("status") == summary["status"]:
             return
         summary = {**summary, "provenance": None}
     write_atomic(path, json.dumps(summary, indent=2) + "\n")

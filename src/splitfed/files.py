@@ -149,6 +149,21 @@ def read_regular(path: str | Path, what: str, max_bytes: int, *,
 MAX_JSON_DEPTH = 64
 
 
+#: the largest ``summary.json`` read back (a run's is a few kilobytes)
+MAX_SUMMARY_BYTES = 1 << 24
+
+
+def read_json_object(path: str | Path, max_bytes: int = MAX_SUMMARY_BYTES) -> dict | None:
+    """A JSON object (a run's ``summary.json``) as a dict, read through
+    :func:`read_regular` (at most ``max_bytes``); None when it is absent, unreadable,
+    larger, not a regular file, not JSON or not an object (a damaged file)."""
+    try:
+        data = loads_json(read_regular(path, str(path), max_bytes))
+    except (OSError, ValueError):      # FormatError and UnicodeDecodeError are ValueErrors
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def loads_json(text: str | bytes) -> Any:
     """``json.loads(text)`` for the JSON files of a run directory (``metrics.jsonl``
     lines, ``summary.json``): a document nested deeper than :data:`MAX_JSON_DEPTH` levels

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from splitfed.errors import ConfigError, FormatError
-from splitfed.files import escape_controls, read_regular
+from splitfed.files import MAX_SUMMARY_BYTES, escape_controls, read_regular
 from splitfed.metrics import (csv_text, is_finite_number, loads_strict, read_records,
                               record_summary)
 
@@ -65,8 +65,6 @@ SUMMARY_TYPES: dict[str, tuple[str, ...]] = {
 PROVENANCE_TYPES: dict[str, tuple[str, ...]] = {"dirty": ("boolean", "null"),
                                                 "threads": ("count", "null"),
                                                 "plugins": ("object", "null")}
-#: the largest ``summary.json`` read back (a run's is a few kilobytes)
-MAX_SUMMARY_BYTES = 1 << 24
 FORMATS = ("table", "csv")
 DATA_EXTRA = "pip install 'splitfed[data]'"
 
@@ -498,8 +496,9 @@ def print_table(paths: str | Path | Sequence[str | Path], fmt: str = "table",
     out = sys.stdout if file is None else file
     if fmt == "csv":
         rows, columns = _rows(paths, last)
-        out.write(csv_text([{k: _csv_cell(v) for k, v in r.items()} for r in rows],
-                           columns))
+        head = {k: _csv_cell(str(k)) for k in columns}     # column names are text from
+        out.write(csv_text([{head[k]: _csv_cell(v) for k, v in r.items() if k in head}
+                            for r in rows], list(head.values())))      # files too
     else:
         out.write(summary_table(paths, last=last) + "\n")
     out.flush()

@@ -17,6 +17,8 @@ from splitfed.study.plots import _print, write_plots
 from splitfed.study.reuse import config_hash, read_json
 from splitfed.study.spec import Study
 
+#: the largest ``results.json`` :func:`publish` reads (every run's curves, per seed)
+MAX_RESULTS_BYTES = 1 << 30
 #: the provenance fields whose values over the runs results.json lists (``runs``)
 PROVENANCE_FIELDS = ("splitfed", "commit", "dirty", "source", "torch", "threads",
                      "cpu_capability")
@@ -317,7 +319,7 @@ def publish(study_dir: str | Path, dest: str | Path) -> Path:
     when results.json is missing or lists a stale run (kept although other code made
     it): published numbers come from one code version. Returns ``dest/<name>``."""
     src = Path(study_dir)
-    summary = read_json(src / "results.json")
+    summary = read_json(src / "results.json", MAX_RESULTS_BYTES)
     if not summary.get("runs"):
         raise ConfigError(f"publish: {src} holds no results.json of a study; run the study "
                           "first")

@@ -25,7 +25,7 @@ from splitfed.configtools import load_yaml, to_dict, yaml_round_trip
 from splitfed.errors import ConfigError
 from splitfed.experiment import RUN_FILES
 from splitfed.locking import LOCK_NAME
-from splitfed.safeio import loads_json
+from splitfed.files import MAX_SUMMARY_BYTES, read_json_object
 from splitfed.study.spec import StudyRun
 
 FINISHED = ("completed", "diverged", "no_client_trained")  # rerunning gives the same run
@@ -211,11 +211,7 @@ def run_dir_state(run: StudyRun, current: Mapping | None = None) -> RunDirState:
     return RunDirState("done" if same else "stale", recorded, note)
 
 
-def read_json(path: Path) -> dict:
-    """A JSON object read from ``path``; ``{}`` when it is absent, unreadable or not an
-    object."""
-    try:
-        data = loads_json(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+def read_json(path: Path, max_bytes: int = MAX_SUMMARY_BYTES) -> dict:
+    """A JSON object read from ``path`` (at most ``max_bytes``); ``{}`` when it is absent,
+    unreadable, larger or not an object."""
+    return read_json_object(path, max_bytes) or {}

@@ -32,6 +32,7 @@ from splitfed.configtools import (
     dump_text,
     from_dict,
     load_yaml,
+    load_yaml_text,
     merge,
     parse_overrides,
     to_dict,
@@ -144,8 +145,7 @@ def load_study(path: str | Path, *, out_dir: str | Path | None = None,
     the file with them added (as YAML: its comments are not kept), so that it reruns
     as it ran."""
     path = Path(path)
-    raw = load_yaml(path)
-    text = path.read_text(encoding="utf-8")
+    raw, text = load_yaml_text(path)
     if isinstance(raw, Mapping) and "name" not in raw:
         # the kept copy (study.yaml in the study directory) must name the study as this
         # file does by its name, else rerunning the copy would make a study "study"
