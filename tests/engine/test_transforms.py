@@ -518,6 +518,23 @@ def test_a_server_step_cannot_replace_an_algorithms_own():
             build(name=name, global_lr=0.5, server_transforms=[{"name": "momentum"}])
 
 
+def test_fedclg_s_is_refused_where_another_step_than_rate_aggregates():
+    """Eq. 11 scales its correction by the plain aggregation's global rate eta_g; under
+    momentum or FedOpt it would be added at rate 1, after the step (twice as large as
+    global_lr=0.5 gives for momentum at beta 0 and rate 0.5)."""
+    for name, given in [("fedclg_s", {"server_transforms": [{"name": "momentum"}]}),
+                        ("fedopt", {"client_transforms": [{"name": "fedclg_s"}]}),
+                        ("fedavg", {"client_transforms": [{"name": "fedclg_s"}],
+                                    "server_transforms": [{"name": "fedopt"}]})]:
+        with pytest.raises(ConfigError, match=r"'fedclg_s' corrects the aggregate at the "
+                                              r"global rate of the plain aggregation"):
+            build(name=name, **given)
+    build(name="fedclg_s", global_lr=0.5)
+    build(name="fedavg", client_transforms=[{"name": "fedclg_s"}],
+          server_transforms=[{"name": "server_train"}])
+    build(name="fedclg_c", server_transforms=[{"name": "momentum"}])   # per step: fine
+
+
 def test_a_transform_the_algorithm_already_has_is_refused():
     with pytest.raises(ConfigError, match=r"'prox' would be applied twice"):
         build(name="fedprox", client_transforms=[{"name": "prox"}])
@@ -561,8 +578,9 @@ def test_the_chain_config_transforms_join():
         [], ["rate", "server_train"])
 
 
-@pytest.mark.parametrize("name", sorted(n for n, cls in ALGORITHMS.items()
-                                        if cls.uses_transforms and n != "fedopt"))
+@pytest.mark.parametrize("name", sorted(n for n, cls in ALGORITHMS.items()   # (fedclg_s:
+                                        if cls.uses_transforms                 # rate only)
+                                        and n not in ("fedopt", "fedclg_s")))
 def test_what_the_server_steps_act_on(name):
     """The state of a server step covers the whole model (FL, SL, SFL-V1), the trained
     part (FedLoRA) or the client-side model (SFL-V2, CSE-FSL)."""

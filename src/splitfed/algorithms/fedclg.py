@@ -237,6 +237,7 @@ class AggregateCorrection(CLGCorrection):
 
     name = "fedclg_s"
     reference = "Bian et al. (paper 004), FedCLG-S, eq. 11"
+    needs_rate = True                     # eta_g: the rate step's global_lr
 
     @torch.no_grad()
     def correction(self, env, t, cohort, g_s, g_i, round_):
@@ -246,7 +247,7 @@ class AggregateCorrection(CLGCorrection):
         coef = (torch.from_numpy(np.array(cohort.weights, dtype=np.float64))
                 * torch.from_numpy(env.local_steps(cohort.ids).astype(np.float64))
                 * float(env.lr(t)))
-        eta_g = getattr(round_.algorithm.server_steps[0].options, "global_lr", 1.0)
+        eta_g = round_.algorithm.server_steps[0].options.global_lr     # (needs_rate)
         return _AggregateRound(env, eta_g, g_s, g_i, coef, cohort.ids)
 
 

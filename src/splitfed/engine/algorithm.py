@@ -87,6 +87,14 @@ class Algorithm:
             raise ConfigError(f"algorithm.client_transforms: {', '.join(whole)} needs the whole "
                               f"model trained on the clients, which {self.name!r} does not do "
                               "(use an FL algorithm such as fedavg)")
+        rated = [t.name for t in self.gradient_transforms if getattr(t, "needs_rate", False)]
+        if rated and self.server_steps and not isinstance(self.server_steps[0], Rate):
+            raise ConfigError(
+                f"algorithm: {rated[0]!r} corrects the aggregate at the global rate of the "
+                f"plain aggregation ('rate', algorithm.global_lr), as its paper writes it; "
+                f"in {self.name!r} the step {self.server_steps[0].name!r} aggregates "
+                "instead; use fedavg (or fedclg_s) with global_lr and no aggregating server "
+                "step")
         every = (*self.gradient_transforms, *self.server_steps)
         names = [t.name for t in every]
         twice = sorted({k for k in names if names.count(k) > 1})

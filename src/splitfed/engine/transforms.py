@@ -130,6 +130,11 @@ class GradientTransform(Transform):
 
     #: False when it needs the whole model on the clients (no split algorithm takes it)
     splits: ClassVar[bool] = True
+    #: True when its round's ``adjust`` acts at the global rate of the plain aggregating
+    #: step (``rate``, ``algorithm.global_lr``), which must then aggregate (FedCLG-S,
+    #: eq. 11); an algorithm whose aggregating step is another (momentum, FedOpt)
+    #: refuses it
+    needs_rate: ClassVar[bool] = False
 
     def start(self, env, state: dict | None, t: int, cohort,
               round_) -> GradientRound | Update | None:
