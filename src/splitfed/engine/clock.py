@@ -113,7 +113,9 @@ class VirtualClock:
         """Open a round at ``now`` for ``cohort``; returns the cohort of the clients
         available at its start (all of them unless a trace says otherwise)."""
         self._round_from = self.now
-        start = self._next_window(self.now)
+        # a round that samples nobody (the server alone trains, or an empty bernoulli
+        # draw) waits for no client to come online
+        start = self._next_window(self.now) if cohort.size else self.now
         scale, delay = self.profiles.draw(self.rng)
         ok = self.profiles.available(cohort.ids, start)
         unavailable = int(np.unique(cohort.ids[~ok]).size)
