@@ -231,12 +231,25 @@ def load_trace(path: str | Path, num_clients: int) -> dict[str, np.ndarray]:
     except UnicodeDecodeError as e:
         raise ConfigError(f"clock trace {path}: not UTF-8 text (at byte {e.start}); give "
                           "the path of a CSV file (clock.path)") from None
-    reader = csv.DictReader(text.splitlines())
+    del data
+    reader = csv.DictReader(_lines(text))   # row by row: a bad row stops the read
     try:
         return _read_trace(reader, path, num_clients)
     except csv.Error as e:          # a field over the csv module's limit, a NUL byte, ...
         raise ConfigError(f"clock trace {path}, line {reader.line_num + 1}: not a CSV "
                           f"row ({e})") from None
+
+
+def _lines(text: str):
+    """The lines of ``text`` with their ends, one at a time (no list of them all)."""
+    start = 0
+    while start < len(text):
+        end = text.find("\n", start)
+        if end < 0:
+            yield text[start:]
+            return
+        yield text[start:end + 1]
+        start = end + 1
 
 
 def _read_trace(reader: csv.DictReader, path, num_clients: int) -> dict[str, np.ndarray]:
@@ -256,8 +269,8 @@ def _read_trace(reader: csv.DictReader, path, num_clients: int) -> dict[str, np.
     cols = [c for c in TRACE_COLUMNS[1:] + TRACE_OPTIONAL if c in header]
     out = {c: np.full(num_clients, np.nan) for c in cols}
     seen = np.zeros(num_clients, dtype=bool)
-    for line, row in enumerate(reader, start=2):
-        where = f"clock trace {path}, line {line}"
+    for row in reader:
+        where = f"clock trace {path}, line {reader.line_num}"   # (the row's last line)
         if None in row:                     # csv.DictReader's key for surplus cells
             raise ConfigError(f"{where}: {len(header) + len(row[None])} cells, more than "
                               f"the header's {len(header)} columns")
