@@ -29,6 +29,22 @@ def test_booleans_are_not_probabilities(q):
     assert _probabilities([0.5, 1], 2).tolist() == [0.5, 1.0]
 
 
+@pytest.mark.parametrize("q, error", [
+    ("1e-300", r"^q: '1e-300' is outside float32's range"),      # text, as 1e-300 in YAML
+    ([0.5, "1e-300"], r"^q\[1\]: '1e-300' is outside float32's range"),
+    ([0.5, " 0.5 "], r"^q: expected a number or a list of numbers"),
+    ("half", r"^q: expected a number or a list of numbers, got 'half' \(str\)"),
+    ([0.5, [0.5]], r"^q: expected a number or a list of numbers"),
+])
+def test_probabilities_written_as_text_are_checked_as_numbers(q, error):
+    """PyYAML reads 1e-3 (no dot) as text: a probability given so is converted, and
+    checked like a number (a weight a_n / q_n of 1e300 would otherwise follow)."""
+    with pytest.raises(ConfigError, match=error):
+        _probabilities(q, 2)
+    assert _probabilities(["1e-3", 0.5], 2).tolist() == [1e-3, 0.5]
+    assert _probabilities("0.25", 2).tolist() == [0.25, 0.25]
+
+
 def test_a_cut_by_name_that_is_no_cut_is_named_as_given():
     model = build_model("mlp", (1, 8, 8), 10, hidden=[32])
     with pytest.raises(ConfigError, match=r"^model.cut='out' is not valid for mlp"):

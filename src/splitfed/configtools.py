@@ -244,11 +244,11 @@ def _option_float(value: Any, key: str) -> Any:
     float, an integer stays one), 0 or within float32's range where it is finite."""
     number = _to_float(value, key)
     value = number if isinstance(value, str) else value
-    _check_float_range(number, key, value)
+    check_float_range(number, key, value)
     return value
 
 
-def _check_float_range(number: float, key: str, shown: Any) -> None:
+def check_float_range(number: float, key: str, shown: Any) -> None:
     """ConfigError naming ``key`` unless the float ``number`` is 0, within float32's
     range in magnitude, or not finite (infinity and NaN are left to the bounds or the
     component); ``shown``: the value as given."""
@@ -268,7 +268,7 @@ def _check_floats(tp: Any, value: Any, key: str) -> None:
     if isinstance(value, bool) or value is None:
         return
     if isinstance(value, float):
-        _check_float_range(value, key, value)
+        check_float_range(value, key, value)
         return
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if isinstance(value, Mapping):

@@ -412,6 +412,53 @@ def test_a_round_with_no_client_online_waits_for_the_next_window(tmp_path):
     assert rec[3]["sim_round_s"] == pytest.approx(times[2], rel=1e-12)
 
 
+@pytest.mark.parametrize("name", ["server_only", "centralized", "fedavg"])
+def test_a_round_that_samples_nobody_waits_for_no_client(tmp_path, name):
+    """The server alone trains (or a bernoulli draw sampled nobody): no client needs to
+    be online, so a trace whose clients all come later adds no wait to the round."""
+    over = {"server_data": {"fraction": 0.2}} if name == "server_only" else {}
+    if name == "fedavg":
+        over["participation"] = {"mode": "bernoulli", "clients_per_round": None, "q": 1e-9}
+    times = {}
+    for start in ("100.0", ""):                 # clients online at 100 s, or from the start
+        path = tmp_path / f"trace{start}.csv"
+        path.write_text(TRACE.splitlines()[0] + "\n" + "".join(
+            f"{c},{COMP[c]},{UP[c]},{DOWN[c]},{start},\n" for c in range(3)))
+        _, rec, *_ = run(config(name, rounds=2, profile="trace",
+                                speeds={"path": str(path), "server_compute": SERVER}, **over))
+        assert [r["participants"] for r in rec[1:]] == [0, 0]
+        times[start] = [r["sim_round_s"] for r in rec[1:]]
+    assert times["100.0"] == times[""], times
+
+
+def test_trace_errors_name_the_line_of_the_row(tmp_path):
+    """Blank lines and a quoted cell over two lines count as lines, as an editor shows
+    them."""
+    path = tmp_path / "bad.csv"
+    head, *rows = TRACE.splitlines()
+    path.write_text("\n".join([head, "", rows[0], "", "", '1,"2e5",2e4,1e4,"1e9",\n',
+                                "2,4e5,5e3,x,0,"]) + "\n")
+    with pytest.raises(ConfigError, match=r"bad\.csv, line 8, column 'downlink_bytes_per_s'"):
+        load_trace(path, 3)
+
+
+def test_a_trace_is_checked_row_by_row_in_memory_near_its_size(tmp_path):
+    """A bad first row stops the read: a file of millions of short lines is not split
+    into millions of strings first."""
+    import tracemalloc
+
+    path = tmp_path / "big.csv"
+    path.write_text(TRACE.splitlines()[0] + "\n" + "ab\n" * 4_000_000)   # 12 MB
+    tracemalloc.start()
+    try:
+        with pytest.raises(ConfigError, match=r"line 2, column 'client_id'"):
+            load_trace(path, 3)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 * path.stat().st_size, peak
+
+
 @pytest.mark.parametrize("text,column", [
     ("client_id,compute_macs_per_s,uplink_bytes_per_s\n0,1,1\n", "downlink_bytes_per_s"),
     (TRACE.replace("2e5", "fast"), "compute_macs_per_s"),

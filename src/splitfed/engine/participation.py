@@ -24,6 +24,7 @@ from typing import Protocol
 
 import numpy as np
 
+from splitfed.configtools import as_number, check_float_range, show
 from splitfed.errors import ConfigError
 
 WEIGHTINGS = ("data_size", "uniform")
@@ -215,19 +216,25 @@ def _probabilities(q, n: int) -> np.ndarray:
     if q is None:
         raise ConfigError("q: required by participation mode 'bernoulli' (a number in (0, 1] "
                           f"or a list of {n})")
-    try:
-        arr = np.asarray(q, dtype=np.float64)
-    except (TypeError, ValueError) as err:
-        raise ConfigError(f"q: expected a number or a list of numbers, got {q!r}") from err
+    if isinstance(q, np.ndarray):                # (a program's, not a config's)
+        q = q.tolist()
     if isinstance(q, bool) or (isinstance(q, (list, tuple))
                               and any(isinstance(v, bool) for v in q)):
-        raise ConfigError(f"q: expected a number or a list of numbers, got {q!r} (true and "
-                          "false are not probabilities)")
+        raise ConfigError(f"q: expected a number or a list of numbers, got {show(q)} (true "
+                          "and false are not probabilities)")
+    items = list(q) if isinstance(q, (list, tuple)) else [q]
+    numbers = [as_number(v) for v in items]     # a number's text too (YAML reads 1e-3 so)
+    if any(v is None for v in numbers):
+        raise ConfigError(f"q: expected a number or a list of numbers, got {show(q)}")
+    for i, (v, given) in enumerate(zip(numbers, items)):
+        check_float_range(v, f"q[{i}]" if isinstance(q, (list, tuple)) else "q", given)
+    arr = np.asarray(numbers if isinstance(q, (list, tuple)) else numbers[0],
+                     dtype=np.float64)
     if arr.ndim > 1 or (arr.ndim == 1 and arr.size != n):
         raise ConfigError(f"q: expected a number or a list of {n} numbers (one per client), "
-                          f"got {q!r}")
+                          f"got {show(q)}")
     if not np.all((arr > 0) & (arr <= 1)):
-        raise ConfigError(f"q: every probability must be in (0, 1], got {q!r}")
+        raise ConfigError(f"q: every probability must be in (0, 1], got {show(q)}")
     return np.broadcast_to(arr, (n,)).copy()
 
 
