@@ -5,6 +5,7 @@ SIGTERM becomes :class:`Terminated` while :func:`sigterm_interrupts` is active.
 from __future__ import annotations
 
 import contextlib
+import reprlib
 
 
 def one_line(e: object, limit: int | None = 300) -> str:
@@ -19,6 +20,37 @@ def describe(e: BaseException, limit: int | None = 300) -> str:
     """``Type: message`` of an exception on one line (:func:`one_line`, the message cut at
     ``limit`` characters)."""
     return f"{type(e).__name__}: {one_line(e, limit)}"
+
+
+class _Preview(reprlib.Repr):
+    """reprlib's bounded repr, also for byte strings (cut before they are printed) and
+    integers too long to print (their size instead)."""
+
+    def __init__(self, limit: int):
+        super().__init__()
+        self.maxlevel, self.maxstring, self.maxother, self.maxlong = 3, limit, limit, limit
+
+    def repr_int(self, x, level):
+        bits = x.bit_length()
+        return f"<int of {bits} bits>" if bits > 256 else super().repr_int(x, level)
+
+    def repr_bytes(self, x, level):
+        text = repr(bytes(x[:self.maxstring]))
+        return text if len(x) <= self.maxstring else text + "..."
+
+    def repr_bytearray(self, x, level):
+        return f"bytearray({self.repr_bytes(x, level)})"
+
+
+def preview(value: object, limit: int = 60) -> str:
+    """``value`` quoted for a one-line error, in at most about ``limit`` characters, in
+    time and memory that do not grow with the value: containers are shown to three levels
+    and their first few items, long texts and numbers cut; if even that fails, the type."""
+    try:
+        text = " ".join(_Preview(limit).repr(value).split())
+    except Exception:  # a repr of anything may raise anything
+        return f"a {type(value).__name__}"
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 class SplitfedError(Exception):

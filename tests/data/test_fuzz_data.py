@@ -431,6 +431,12 @@ def test_labels_tensor_range(labels, k):
         assert labels_tensor(y, k, "src").tolist() == labels
 
 
+def test_labels_tensor_error_quotes_a_bounded_preview():
+    """A label too long to print (more than 4300 digits) is quoted by its size."""
+    with pytest.raises(DataError, match=r"^src: labels must be integers.*<int of 16610 bits>"):
+        labels_tensor([10**5000, 0], 10, "src")
+
+
 @FUZZ
 @given(n_img=st.integers(1, 6), n_lbl=st.integers(0, 6))
 def test_image_label_count_mismatch(tmp_path_factory, n_img, n_lbl):

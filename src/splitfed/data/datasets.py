@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from splitfed.errors import ConfigError, DataError
+from splitfed.errors import ConfigError, DataError, preview
 
 
 @dataclass
@@ -131,7 +131,7 @@ def labels_tensor(labels: np.ndarray, num_classes: int, source: str) -> torch.Te
         and bool(np.all(y == np.round(y))))
     if y.size and not whole:
         raise DataError(f"{source}: labels must be integers, got dtype {y.dtype} "
-                        f"(e.g. {y.ravel()[0]!r})")
+                        f"(e.g. {preview(y.ravel()[0])})")
     y = y.astype(np.int64, copy=False)
     if y.size and (y.min() < 0 or y.max() >= num_classes):
         raise DataError(
