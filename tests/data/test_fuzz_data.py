@@ -16,6 +16,7 @@ import re
 import shutil
 import struct
 import subprocess
+import sys
 import time
 import zlib
 
@@ -25,6 +26,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from tests.data.test_data_loaders import IDX_NAMES, dump, fake_cifar10, fake_idx, idx_bytes, write
 
+import splitfed
 from splitfed.cli import main
 from splitfed.data import load_dataset, read_idx
 from splitfed.data.cifar import read_pickle
@@ -270,7 +272,9 @@ def test_cifar_disallowed_globals_are_refused(tmp_path, obj):
     ({b"data": np.zeros((3, 3072), np.uint8), b"labels": [[0] * 3072] * 3},
      "a list of integers"),
     ({b"data": np.zeros((3, 3072), np.uint8), b"labels": [0, True, 2]}, "a list of integers"),
-    ({b"data": np.zeros((3, 3072), np.uint8), (((b"k",),),): 1}, r"missing keys.*\(\(\(b'k'"),
+    ({b"data": np.zeros((3, 3072), np.uint8), (((b"k",),),): 1},
+     "refusing a dict key of type tuple"),
+    ({b"data": np.zeros((3, 3072), np.uint8), 10**30: 1}, "refusing an integer of 13 bytes"),
     ({b"data": np.zeros((3, 3072), np.uint8), b"labels": [0, 1, 10]}, "out of range"),
     ({b"data": np.zeros((3, 3072), np.uint8), b"labels": [0, -1, 2]}, "out of range"),
     ({b"data": np.zeros((3, 3072), np.uint8), b"labels": [0, 1.5, 2]}, "integers"),
@@ -381,11 +385,12 @@ def test_cifar_meta_names_that_are_not_text_are_refused(cifar_dir):
     dump(meta, {b"label_names": [b"a"] * 9 + [7]})
     msg = load_cifar_error(cifar_dir, meta)
     assert "class names as text" in msg and "optional" in msg
-    # a list nested 10^5 deep (too deep for repr), written opcode by opcode
+    # a list nested 10^5 deep (too deep for repr), written opcode by opcode: shown three
+    # levels deep
     n = 100_000
     meta.write_bytes(b"\x80\x02}C\x0blabel_names" + b"]" * n + b"a" * (n - 1) + b"s.")
     msg = load_cifar_error(cifar_dir, meta)
-    assert "a deeply nested list" in msg and "optional" in msg
+    assert "got list [[[[...]]]];" in msg and "optional" in msg
 
 
 def test_cifar_corrupt_meta_names_the_file(cifar_dir):
@@ -415,6 +420,146 @@ def test_unreadable_path_is_a_data_error(tmp_path):
     (tmp_path / "cifar-10-batches-py" / "test_batch").mkdir(parents=True)
     with pytest.raises(DataError, match="test_batch"):
         read_pickle(tmp_path / "cifar-10-batches-py" / "test_batch")
+
+
+# A hostile batch, opcode by opcode: the dict {key: 1}, the key pushed by ``key_ops``
+def dict_with_key(key_ops: bytes) -> bytes:
+    return b"\x80\x02}" + key_ops + b"K\x01s."
+
+
+def dag_tuple(depth: int) -> bytes:
+    """t = (t', t') ``depth`` times over, t' taken from the memo: 8 bytes a level, and
+    2**depth tuples to visit to hash or print it."""
+    return b")q\x00" + b"0h\x00h\x00\x86q\x00" * depth
+
+
+_LOAD = """
+import resource, sys, time
+from splitfed.data import load_dataset
+from splitfed.errors import DataError
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+start = time.perf_counter()
+try:
+    load_dataset("cifar10", sys.argv[1])
+except DataError as e:
+    print(e)
+print(time.perf_counter() - start)
+print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024)
+"""
+
+
+def load_cifar_in_subprocess(cifar_dir, bad, timeout=120):
+    """load_dataset in a child process, so that a crash or a hang fails the test and not
+    pytest: its one-line DataError (which must name ``bad``), the seconds the load took
+    and how many MiB its peak memory grew by."""
+    src = str(pathlib.Path(splitfed.__file__).parents[1])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-c", _LOAD, str(cifar_dir)], capture_output=True,
+                          text=True, timeout=timeout, env=env)
+    assert proc.returncode == 0, (proc.returncode, proc.stdout[-1000:], proc.stderr[-2000:])
+    *msg, seconds, grew = proc.stdout.splitlines()
+    assert len(msg) == 1 and str(bad) in msg[0], proc.stdout[:2000]
+    return msg[0], float(seconds), float(grew)
+
+
+def test_cifar_key_of_a_million_nested_tuples_is_refused(cifar_dir):
+    """A 1 MB key ((((...)))) a million deep: hashing it would recurse in C and crash."""
+    bad = bad_batch(cifar_dir)
+    bad.write_bytes(dict_with_key(b")" + b"\x85" * 1_000_000))
+    msg, _, _ = load_cifar_in_subprocess(cifar_dir, bad)
+    assert "refusing a dict key of type tuple" in msg, msg
+
+
+def test_cifar_huge_memo_index_costs_no_memory(cifar_dir):
+    """9 bytes that store the dict at memo index 2**26 (LONG_BINPUT)."""
+    bad = bad_batch(cifar_dir)
+    bad.write_bytes(b"\x80\x02}r" + struct.pack("<I", 1 << 26) + b".")
+    msg, seconds, grew = load_cifar_in_subprocess(cifar_dir, bad)
+    assert "missing keys" in msg and grew < 100 and seconds < 5, (msg, seconds, grew)
+
+
+@pytest.mark.parametrize("raw", [
+    dict_with_key(dag_tuple(40)),                                       # the key
+    b"\x80\x02}X\x04\x00\x00\x00datacnumpy\ndtype\n" + dag_tuple(40) + b"\x85Rs.",  # a dtype
+])
+def test_cifar_shared_nested_tuples_are_refused_at_once(cifar_dir, raw):
+    """A few hundred bytes naming 2**40 tuples through the memo: refused without visiting
+    them (hashed as a key, converted as a dtype, or printed in the message)."""
+    bad = bad_batch(cifar_dir)
+    bad.write_bytes(raw)
+    assert len(raw) < 400
+    msg, seconds, _ = load_cifar_in_subprocess(cifar_dir, bad)
+    assert "refusing" in msg and seconds < 5, (msg, seconds)
+
+
+@pytest.mark.parametrize("where, batch", [
+    ("key", {b"labels": [0, 1, 2], 10**5000: 1}),
+    ("labels", {b"data": np.zeros((3, 3072), np.uint8), b"labels": [10**5000, 0, 1]}),
+    ("labels", {b"data": np.zeros((3, 3072), np.uint8), b"labels": [2**64, 0, 1]}),
+    ("meta", {b"label_names": 10**5000}),
+])
+@pytest.mark.parametrize("protocol", [2, 3])
+def test_cifar_big_integers_are_refused_in_one_line(cifar_dir, where, batch, protocol):
+    """Integers too long to print (more than 4300 digits) or to be a label."""
+    bad = cifar_dir / "cifar-10-batches-py" / ("batches.meta" if where == "meta" else "test_batch")
+    bad.write_bytes(pickle.dumps(batch, protocol=protocol))
+    msg = load_cifar_error(cifar_dir, bad)
+    assert "\n" not in msg and len(msg) < 1000, msg
+
+
+def test_cifar_error_lists_a_few_of_many_keys(cifar_dir):
+    bad = bad_batch(cifar_dir)
+    dump(bad, {i: 0 for i in range(100_000)})
+    msg = load_cifar_error(cifar_dir, bad)
+    assert "missing keys" in msg and "100000 keys" in msg and len(msg) < 1000, msg[:2000]
+
+
+@pytest.mark.parametrize("raw, why", [
+    (b"\x80\x04}\x8f(K\x01\x90\x85K\x01s.", "EMPTY_SET"),                 # a set in a key
+    (b"\x80\x04}(K\x01\x91\x85K\x01s.", "FROZENSET"),
+    (b"\x80\x02}X\x04\x00\x00\x00datacnumpy\ndtype\n)\x81s.", "NEWOBJ"),
+    (b"\x80\x02}X\x04\x00\x00\x00data\x82\x01s.", "EXT1"),
+    (b"\x80\x02}X\x04\x00\x00\x00dataU\x01xQs.", "BINPERSID"),
+    (b"\x80\x02}X\x04\x00\x00\x00data\x8a\x09" + b"\x01" * 9 + b"s.", "integer"),
+    (b"\x80\x02}X\x04\x00\x00\x00data]K\x01bs.", "BUILD"),               # list.__dict__
+    (b"\x80\x02}X\x04\x00\x00\x00datacnumpy\ndtype\n]K\x01bs.", "BUILD"),  # state on a class
+    (b"\x80\x02K\x01K\x02K\x03s.", "dict"),                          # SETITEM on an int
+    (b"\x80\x02}X\x04\x00\x00\x00dataK\x01\x85K\x02as.", "append"),     # tuple.append
+    (b"(dI" + b"9" * 30 + b"\nI1\ns.", "integer of 30 characters"),      # protocol 0 text
+    (b"(dL" + b"9" * 5000 + b"L\nI1\ns.", "integer of 5000 characters"),
+    # a length past the end of the file: refused before anything of that size is allocated
+    (b"\x80\x05\x96" + struct.pack("<Q", 1 << 36) + b"x" * 100, "truncated"),
+])
+def test_cifar_constructs_no_batch_uses_are_refused(tmp_path, raw, why):
+    path = tmp_path / "batch"
+    path.write_bytes(raw)
+    with pytest.raises(DataError, match="refusing|truncated") as err:
+        read_pickle(path)
+    assert str(path) in str(err.value) and why in str(err.value), str(err.value)
+
+
+def test_cifar_memo_is_bounded(tmp_path):
+    path = tmp_path / "batch"
+    path.write_bytes(b"\x80\x02]" + b"r" + b"".join(struct.pack("<I", i) + b"r"
+                                                     for i in range((1 << 20) + 1))[:-1] + b".")
+    with pytest.raises(DataError, match="refusing more than 1048576 memo entries") as err:
+        read_pickle(path)
+    assert str(path) in str(err.value)
+
+
+@pytest.mark.parametrize("protocol", [0, 1, 2, 3, 4, 5])
+def test_cifar_batches_of_every_protocol_are_read(tmp_path, protocol):
+    batch = {b"batch_label": b"training batch 1 of 5", "str key": None, 7: 1.5,
+             b"data": np.arange(2 * 3072, dtype=np.uint8).reshape(2, 3072),
+             b"labels": [0, 9], b"filenames": [b"a.png", b"b.png"],
+             b"big": [2**63 - 1, -2**63], b"arr": np.arange(3, dtype=np.int64)}
+    path = tmp_path / "batch"
+    path.write_bytes(pickle.dumps(batch, protocol=protocol))
+    got = read_pickle(path)
+    assert got.keys() == batch.keys() and got[b"labels"] == [0, 9]
+    assert got[b"big"] == batch[b"big"] and got[b"filenames"] == batch[b"filenames"]
+    np.testing.assert_array_equal(got[b"data"], batch[b"data"])
+    np.testing.assert_array_equal(got[b"arr"], batch[b"arr"])
 
 
 # --------------------------------------------------------------------------- labels

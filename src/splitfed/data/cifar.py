@@ -6,14 +6,19 @@ the labels (``b'labels'`` for CIFAR-10, ``b'fine_labels'`` / ``b'coarse_labels'`
 CIFAR-100). A row therefore reshapes directly to [3, 32, 32].
 
 Pickles are read with a restricted unpickler that only resolves the numpy names an array needs,
-so a tampered file cannot run code. The ``meta`` / ``batches.meta`` file (class names) is
-optional: without it CIFAR-10 uses its built-in names and CIFAR-100 has ``classes=None``.
+so a tampered file cannot run code, and that builds only what a batch holds (dicts with keys
+of plain types, lists, tuples, bytes, text, small integers and numpy arrays), so a small file
+cannot make it crash, loop for hours or allocate gigabytes. The ``meta`` / ``batches.meta``
+file (class names) is optional: without it CIFAR-10 uses its built-in names and CIFAR-100 has
+``classes=None``.
 """
 
 from __future__ import annotations
 
 import io
+import itertools
 import pickle
+import struct
 import sys
 from pathlib import Path
 
@@ -27,7 +32,7 @@ from splitfed.data.datasets import (
     standardise,
     to_unit_float,
 )
-from splitfed.errors import ConfigError, DataError, describe
+from splitfed.errors import ConfigError, DataError, describe, preview
 
 CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer",
                    "dog", "frog", "horse", "ship", "truck"]
@@ -41,6 +46,18 @@ _ALLOWED = {
 }
 #: the largest pickle read (CIFAR-100's train file is 155 MB)
 MAX_PICKLE_BYTES = 1 << 30
+#: the most memo entries a pickle may store (a batch stores about one per image, for its
+#: file name: 50,000 in CIFAR-100's train file)
+MAX_MEMO = 1 << 20
+#: the longest integer a pickle may hold, in bytes (8: an int64; labels are below 100)
+MAX_INT_BYTES = 8
+#: the longest decimal integer of the text opcodes (INT, LONG): 20 digits and a sign
+_MAX_INT_DIGITS = 21
+#: the types a dict key may have: values hashed in time linear in their size (a tuple key
+#: could nest a million levels deep, or share its parts so that hashing visits 2**40 of them)
+_KEY_TYPES = (bytes, str, int, float, bool, type(None))
+#: the longest type string accepted as a dtype ('u1', '<i8', b'b' in the real files)
+_MAX_DTYPE_CHARS = 64
 
 
 class _ArrayType:
@@ -60,15 +77,43 @@ class _ArrayType:
 _NDARRAY = _ArrayType()
 
 
+def _dtype_spec(spec):
+    """A dtype argument as the pickles of arrays give it: a dtype, or a short type string
+    ('u1', b'b'). A list or tuple is refused: it can describe fields nested to any depth, or
+    share one description among fields level after level, which numpy converts anew for
+    every use (2**40 conversions from a few hundred bytes)."""
+    if isinstance(spec, np.dtype) or (type(spec) in (str, bytes)
+                                      and len(spec) <= _MAX_DTYPE_CHARS):
+        return spec
+    raise pickle.UnpicklingError(f"refusing a numpy dtype given as {type(spec).__name__} "
+                                 f"{preview(spec)} (only a dtype or a short type string)")
+
+
+def _guard_dtype(dtype):
+    """``numpy.dtype`` as the pickle of a dtype calls it: a type string, align, copy."""
+    def guarded(spec, *args):
+        if len(args) > 2:
+            raise pickle.UnpicklingError(f"refusing numpy.dtype with {len(args) + 1} arguments")
+        return dtype(_dtype_spec(spec), *args)
+    return guarded
+
+
+def _guard_frombuffer(frombuffer):
+    """numpy's ``_frombuffer`` (protocol-5 arrays) with a dtype :func:`_dtype_spec` admits."""
+    def guarded(buf, dtype, *args):
+        return frombuffer(buf, _dtype_spec(dtype), *args)
+    return guarded
+
+
 def _guard_reconstruct(reconstruct):
     """numpy's ``_reconstruct`` as the pickles of arrays call it: an empty ndarray that
     ``__setstate__`` then fills; any other subtype or shape is refused (a shape would
     allocate memory before the data is seen)."""
     def guarded(subtype, shape, dtype):
-        if subtype is not _NDARRAY or tuple(shape) != (0,):
+        if subtype is not _NDARRAY or type(shape) is not tuple or shape != (0,):
             raise pickle.UnpicklingError(f"refusing numpy _reconstruct({subtype!r}, "
-                                         f"{_preview(shape)})")
-        return reconstruct(np.ndarray, shape, dtype)
+                                         f"{preview(shape)})")
+        return reconstruct(np.ndarray, shape, _dtype_spec(dtype))
     return guarded
 
 
@@ -82,10 +127,75 @@ def _encode(text, encoding="utf-8", errors="strict"):
 
 
 
-class _SafeUnpickler(pickle.Unpickler):
-    """Resolves only the numpy and codec names an array's pickle needs (``_ALLOWED``);
-    any other global (``os.system``, ``builtins.eval``, ...) is refused, so no code
-    named by the file runs."""
+class _ExactReader(io.BytesIO):
+    """A pickle's bytes for the pure-Python unpickler, which takes a short read as the whole
+    value: reading past the end is an error."""
+
+    def read(self, size=-1):
+        data = super().read(size)
+        if size is not None and 0 <= size != len(data):
+            raise pickle.UnpicklingError("pickle data was truncated")
+        return data
+
+
+def _refused(opcode: str):
+    def load(self):
+        raise pickle.UnpicklingError(f"refusing pickle opcode {opcode}, which no CIFAR "
+                                     "batch uses")
+    return load
+
+
+def _bounded_memo(load):
+    def put(self):
+        load(self)
+        if len(self.memo) > MAX_MEMO:
+            raise pickle.UnpicklingError(f"refusing more than {MAX_MEMO} memo entries")
+    return put
+
+
+def _key(key):
+    if type(key) not in _KEY_TYPES:
+        raise pickle.UnpicklingError(f"refusing a dict key of type {type(key).__name__} "
+                                     "(only bytes, str, numbers and None)")
+    return key
+
+
+def _text_int(line: bytes) -> bytes:
+    digits = line.strip().rstrip(b"L")
+    if len(digits) > _MAX_INT_DIGITS:
+        raise pickle.UnpicklingError(f"refusing an integer of {len(digits)} characters "
+                                     f"(at most {_MAX_INT_DIGITS})")
+    return digits
+
+
+def _long_bytes(n: int) -> int:
+    if not 0 <= n <= MAX_INT_BYTES:
+        raise pickle.UnpicklingError(f"refusing an integer of {n} bytes "
+                                     f"(at most {MAX_INT_BYTES})")
+    return n
+
+
+class _SafeUnpickler(pickle._Unpickler):
+    """Python's pure-Python unpickler (its memo is a dict: a file cannot make it allocate by
+    naming a large memo index), restricted to what a CIFAR batch holds:
+
+    - globals: only the numpy and codec names an array's pickle needs (``_ALLOWED``), so no
+      code named by the file runs (``os.system``, ``builtins.eval``, ...), and numpy's
+      constructors only with the arguments arrays' pickles give them;
+    - dicts whose keys are bytes, str, numbers or None (hashed in linear time); items
+      added only to dicts and lists; state set only on arrays and dtypes;
+    - integers of at most 8 bytes; at most :data:`MAX_MEMO` memo entries;
+    - no sets, persistent ids, extension codes, class instances or out-of-band buffers,
+      which no batch contains.
+    """
+
+    dispatch = dict(pickle._Unpickler.dispatch)
+    for _op in ("EMPTY_SET", "ADDITEMS", "FROZENSET", "PERSID", "BINPERSID", "EXT1", "EXT2",
+                "EXT4", "INST", "OBJ", "NEWOBJ", "NEWOBJ_EX", "NEXT_BUFFER", "READONLY_BUFFER"):
+        dispatch[getattr(pickle, _op)[0]] = _refused(_op)
+    for _op in ("PUT", "BINPUT", "LONG_BINPUT", "MEMOIZE"):
+        dispatch[getattr(pickle, _op)[0]] = _bounded_memo(dispatch[getattr(pickle, _op)[0]])
+    del _op
 
     def find_class(self, module, name):
         if name in _ALLOWED.get(module, ()):
@@ -94,8 +204,88 @@ class _SafeUnpickler(pickle.Unpickler):
             if name == "ndarray":
                 return _NDARRAY
             found = super().find_class(module, name)
-            return _guard_reconstruct(found) if name == "_reconstruct" else found
+            guard = {"_reconstruct": _guard_reconstruct, "dtype": _guard_dtype,
+                     "_frombuffer": _guard_frombuffer}.get(name)
+            return guard(found) if guard else found
         raise pickle.UnpicklingError(f"refusing to load {module}.{name}")
+
+    def load_int(self):
+        line = self.readline()
+        if line in (b"00\n", b"01\n"):     # protocol 0's False and True
+            self.append(line == b"01\n")
+        else:
+            self.append(int(_text_int(line), 0))
+    dispatch[pickle.INT[0]] = load_int
+
+    def load_long(self):
+        self.append(int(_text_int(self.readline()), 0))
+    dispatch[pickle.LONG[0]] = load_long
+
+    def load_long1(self):
+        n = _long_bytes(self.read(1)[0])
+        self.append(pickle.decode_long(self.read(n)))
+    dispatch[pickle.LONG1[0]] = load_long1
+
+    def load_long4(self):
+        n = _long_bytes(struct.unpack("<i", self.read(4))[0])
+        self.append(pickle.decode_long(self.read(n)))
+    dispatch[pickle.LONG4[0]] = load_long4
+
+    def load_bytearray8(self):
+        n, = struct.unpack("<Q", self.read(8))
+        self.append(bytearray(self.read(n)))    # a read past the end fails before copying
+    dispatch[pickle.BYTEARRAY8[0]] = load_bytearray8
+
+    def _set_items(self, target, items):
+        if type(target) is not dict:
+            raise pickle.UnpicklingError(f"refusing to set items of a {type(target).__name__} "
+                                         "(only of a dict)")
+        if len(items) % 2:
+            raise pickle.UnpicklingError("odd number of items for a dict")
+        for i in range(0, len(items), 2):
+            target[_key(items[i])] = items[i + 1]
+
+    def load_dict(self):
+        items = self.pop_mark()
+        target = {}
+        self._set_items(target, items)
+        self.append(target)
+    dispatch[pickle.DICT[0]] = load_dict
+
+    def load_setitem(self):
+        value, key = self.stack.pop(), self.stack.pop()
+        self._set_items(self.stack[-1], [key, value])
+    dispatch[pickle.SETITEM[0]] = load_setitem
+
+    def load_setitems(self):
+        items = self.pop_mark()
+        self._set_items(self.stack[-1], items)
+    dispatch[pickle.SETITEMS[0]] = load_setitems
+
+    def _list(self):
+        target = self.stack[-1]
+        if type(target) is not list:
+            raise pickle.UnpicklingError(f"refusing to append to a {type(target).__name__} "
+                                         "(only to a list)")
+        return target
+
+    def load_append(self):
+        value = self.stack.pop()
+        self._list().append(value)
+    dispatch[pickle.APPEND[0]] = load_append
+
+    def load_appends(self):
+        items = self.pop_mark()
+        self._list().extend(items)
+    dispatch[pickle.APPENDS[0]] = load_appends
+
+    def load_build(self):
+        target = self.stack[-2]
+        if not isinstance(target, (np.ndarray, np.dtype)):
+            raise pickle.UnpicklingError(f"refusing BUILD on a {type(target).__name__} "
+                                         "(only on a numpy array or dtype)")
+        pickle._Unpickler.load_build(self)
+    dispatch[pickle.BUILD[0]] = load_build
 
 
 def read_pickle(path: Path, max_bytes: int | None = None) -> dict:
@@ -113,12 +303,16 @@ def read_pickle(path: Path, max_bytes: int | None = None) -> dict:
         raise DataError(f"{path}: cannot read ({e})") from e
     unraisable = []                     # errors numpy reports while freeing what it built
     hook, sys.unraisablehook = sys.unraisablehook, unraisable.append
+    unpickler, error = _SafeUnpickler(_ExactReader(raw), encoding="bytes"), None
     try:
-        obj = _SafeUnpickler(io.BytesIO(raw), encoding="bytes").load()
+        obj = unpickler.load()
     except Exception as e:  # corrupt pickles raise many types (EOFError, UnpicklingError, ...)
-        raise DataError(f"{path}: corrupt pickle ({describe(e)})") from e
+        error = e.with_traceback(None)  # its frames hold what the unpickler built
     finally:
+        vars(unpickler).clear()         # so a failed load's stack and memo are freed here
         sys.unraisablehook = hook
+    if error is not None:
+        raise DataError(f"{path}: corrupt pickle ({describe(error)})") from error
     if unraisable:
         e = unraisable[0].exc_value
         raise DataError(f"{path}: corrupt pickle ({describe(e)})")
@@ -132,15 +326,17 @@ def _read_batch(path: Path, label_keys: list[bytes],
     batch = read_pickle(path)
     missing = [k for k in [b"data", *label_keys] if k not in batch]
     if missing:
-        has = sorted(_preview(k) for k in batch)
-        raise DataError(f"{path}: missing keys {missing}; has {', '.join(has) or 'none'}")
+        has = ", ".join(sorted(preview(k) for k in itertools.islice(batch, 10))) or "none"
+        if len(batch) > 10:
+            has += f", ... ({len(batch)} keys)"
+        raise DataError(f"{path}: missing keys {missing}; has {has}")
     data = batch[b"data"]                   # an array in the real files, never a list (a
     if not isinstance(data, np.ndarray):    # list of references to one row expands)
         raise DataError(f"{path}: b'data' must be a numpy array, got "
                         f"{type(data).__name__}")
     if data.dtype.descr != [("", "|u1")] or data.ndim != 2 or data.shape[1] != 3072:
         raise DataError(f"{path}: b'data' must be uint8 [n, 3072], got "
-                        f"{_preview(data.dtype)} {data.shape}")
+                        f"{preview(data.dtype)} {data.shape}")
     _check_stored(path, b"data", data)
     labels = []
     for k, n in zip(label_keys, num_classes):
@@ -185,7 +381,7 @@ def _meta_names(dirs, name: str, key: bytes, num_classes: int) -> list[str] | No
                 return None
             if not isinstance(names, (list, tuple)) or len(names) != num_classes:
                 raise DataError(f"{path}: {key!r} must list {num_classes} class names, got "
-                                f"{type(names).__name__} {_preview(names)}; fix or delete "
+                                f"{type(names).__name__} {preview(names)}; fix or delete "
                                 "the file (it is optional)")
             if not all(isinstance(n, (str, bytes)) for n in names):
                 raise DataError(f"{path}: {key!r} must list class names as text; fix or "
@@ -193,16 +389,6 @@ def _meta_names(dirs, name: str, key: bytes, num_classes: int) -> list[str] | No
             return [n.decode(errors="replace") if isinstance(n, bytes) else n
                     for n in names]
     return None
-
-
-def _preview(value) -> str:
-    """``value``'s repr for a message, cut at 60 characters (a file may nest values too
-    deeply for repr: then its type)."""
-    try:
-        text = repr(value)
-    except RecursionError:
-        return f"a deeply nested {type(value).__name__}"
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _bundle(name, xtr, ytr, xte, yte, num_classes, classes) -> DataBundle:
