@@ -229,6 +229,26 @@ def test_an_integer_too_long_to_print_is_refused_at_its_line(tmp_path, digits):
     assert yaml_load("x: " + "9" * 100, "t") == {"x": int("9" * 100)}
 
 
+@pytest.mark.parametrize("value, says", [
+    ("!!int abc", "cannot read this value as int"),
+    ("!!float x", "cannot read this value as float"),
+    ("!!bool maybe", "cannot read this value as bool"),
+    ("!!timestamp abc", "cannot read this value as timestamp"),
+    ("2001-13-45", "cannot read this value as timestamp (ValueError: month must be"),
+    ("!!map [1]", "expected a mapping for tag:yaml.org,2002:map, found a sequence"),
+    ("!!set [1]", "expected a mapping for tag:yaml.org,2002:set, found a sequence"),
+])
+def test_a_value_its_tag_cannot_make_is_refused_at_its_line(tmp_path, value, says):
+    path = tmp_path / "tag.yaml"
+    path.write_text(f"seed: 1\nname: {value}\n")
+    with pytest.raises(ConfigError) as info:
+        load_yaml(path)
+    message = str(info.value)
+    assert message.startswith(f"cannot parse {path}: line 2, column 7: ") and says in message
+    with pytest.raises(ConfigError, match="cannot parse value: line 1, column 1: "):
+        parse_overrides([f"name={value}"])
+
+
 def test_load_yaml_top_level_not_mapping(tmp_path):
     path = tmp_path / "list.yaml"
     path.write_text("- 1\n- 2\n")

@@ -559,10 +559,27 @@ class _PlainLoader(yaml.SafeLoader):
     "billion laughs"). Configs never need one: an alias is refused at once, before
     anything is expanded."""
 
+    def construct_object(self, node, deep=False):
+        """A value its tag cannot be made of (``!!int abc``, ``!!bool maybe``, the date
+        ``2001-13-45``) is a :class:`yaml.YAMLError` at the value's line, as a
+        malformed document is."""
+        try:
+            return super().construct_object(node, deep=deep)
+        except (ValueError, TypeError, KeyError, AttributeError, IndexError,
+                OverflowError) as e:
+            what = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+            raise yaml.constructor.ConstructorError(
+                None, None, f"cannot read this value as {node.tag.rsplit(':', 1)[-1]} "
+                f"({one_line(what, 120)})", node.start_mark) from None
+
     def construct_mapping(self, node, deep=False):
         """A mapping may not repeat a key (YAML's last-one-wins would hide a typo or a
         forgotten line), nor hold a merge key ``<<`` (the keys it merges in would be
         overridden by the mapping's own without a word, as a repeated key would be)."""
+        if not isinstance(node, yaml.MappingNode):          # !!map or !!set on a list
+            raise yaml.constructor.ConstructorError(
+                None, None, f"expected a mapping for {node.tag}, found a "
+                f"{node.id}", node.start_mark)
         seen = set()
         for key_node, _ in node.value:
             if key_node.tag == "tag:yaml.org,2002:merge":
