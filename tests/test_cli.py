@@ -230,6 +230,17 @@ def test_a_closed_stdout_ends_the_command_quietly(tmp_path):
     assert proc.wait(timeout=60) == 141 and err == ""
 
 
+@pytest.mark.parametrize("command", [["list"], ["config", "show", "quick_digits"],
+                                     ["config", "explain", "fedavg"]])
+def test_a_command_started_without_stdout_writes_nothing_and_succeeds(tmp_path, command):
+    """fd 1 closed (``splitfed list >&-``, a cron job): Python has no sys.stdout; the
+    output is discarded as print discards it, not a traceback."""
+    proc = subprocess.run(splitfed_command() + command, cwd=tmp_path, text=True,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                          pass_fds=(), preexec_fn=lambda: os.close(1), timeout=120)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+
+
 def test_version_and_config_show(capsys, tmp_path):
     import yaml
 

@@ -487,7 +487,12 @@ def _printable(message: str) -> str:
 def _tolerant_output() -> None:
     """Text that is not valid UTF-8 (a directory name from another system, a lone
     surrogate escape in a JSON file) is printed with backslash escapes instead of
-    stopping the command with a UnicodeEncodeError."""
+    stopping the command with a UnicodeEncodeError. A closed standard output or error
+    (``splitfed list >&-``: Python then has no stream) discards what is written to it,
+    as ``print`` does, instead of failing on the first write."""
+    for name in ("stdout", "stderr"):
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(os.devnull, "w", encoding="utf-8"))
     for stream in (sys.stdout, sys.stderr):
         reconfigure = getattr(stream, "reconfigure", None)
         if reconfigure is not None:
