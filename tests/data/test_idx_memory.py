@@ -70,3 +70,34 @@ def test_an_allocation_the_machine_cannot_make_is_a_data_error(tmp_path, monkeyp
     with pytest.raises(DataError, match=r"images-idx3-ubyte: IDX dims \(2, 28, 28\) need "
                                         r"1568 data bytes, more than this machine can"):
         read_idx(path)
+
+
+@pytest.mark.parametrize("error", [MemoryError(), RuntimeError(
+    "[enforce fail at alloc_cpu.cpp:118] . DefaultCPUAllocator: can't allocate memory: you "
+    "tried to allocate 4294967296 bytes")])
+def test_a_data_set_larger_than_the_memory_is_one_line(monkeypatch, error):
+    """Files within the limits may still declare more than this machine holds: the
+    allocation that fails (numpy's MemoryError, torch's RuntimeError) is reported as
+    the data set not fitting, not as a traceback."""
+    from splitfed.data import load_dataset
+
+    def loader(data_dir, rng):
+        raise error
+
+    from splitfed import registry
+    monkeypatch.setitem(registry.registry("dataset"), "mnist", loader)
+    with pytest.raises(DataError, match=r"^data\.name: this machine has not the memory to "
+                                        r"load .*mnist.* its files declare more than fits$"):
+        load_dataset("mnist", "/nowhere")
+
+
+def test_a_loaders_other_runtime_error_is_not_taken_for_memory(monkeypatch):
+    from splitfed import registry
+    from splitfed.data import load_dataset
+
+    def loader(data_dir, rng):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setitem(registry.registry("dataset"), "mnist", loader)
+    with pytest.raises(RuntimeError, match="a bug"):
+        load_dataset("mnist", "/nowhere")

@@ -101,7 +101,18 @@ def load_dataset(name: str, data_dir: str | None = None, *,
     options = typed_options(loader, options, "data")
     rng = np.random.default_rng(0) if rng is None else rng
     key = dataset_key(name)
-    bundle = call_plugin("dataset", key, "data.name", loader, data_dir, rng, **options)
+    try:
+        bundle = call_plugin("dataset", key, "data.name", loader, data_dir, rng, **options)
+    except MemoryError:
+        raise DataError(f"data.name: this machine has not the memory to load "
+                        f"{component('dataset', key)} (from {data_dir or 'its default'}); "
+                        "its files declare more than fits") from None
+    except RuntimeError as e:            # torch's allocator: "can't allocate memory"
+        if "allocate" not in str(e):
+            raise
+        raise DataError(f"data.name: this machine has not the memory to load "
+                        f"{component('dataset', key)} (from {data_dir or 'its default'}); "
+                        "its files declare more than fits") from None
     if origin("dataset", key) is not None:
         check_bundle(bundle, key)
     for split in ("train", "test"):      # an empty test set would report accuracy 0

@@ -108,7 +108,8 @@ def read_idx(path: str | Path, max_bytes: int | None = None) -> np.ndarray:
     kilobytes of gzip may still declare up to ``max_bytes``: the data is read straight
     into one writable uint8 array, so reading costs the declared size once, and the
     loaders' float32 conversion (4 bytes a value) makes their peak about 5 times the
-    declared size (the uint8 array and its float32 copy).
+    declared size (the uint8 array and its float32 copy); labels become int64 (8 bytes a
+    value), about 9 times a label file's declared size.
     """
     path = Path(path)
     limit = MAX_IDX_BYTES if max_bytes is None else int(max_bytes)
