@@ -92,6 +92,16 @@ def test_shifted_distribution_hits_the_target_cosine(target, seed):
     assert abs(cosine(q, p) - target) < 1e-9
 
 
+@pytest.mark.parametrize("target", [0.5, 0.8, 0.95])
+def test_a_shift_never_asks_for_a_class_the_training_set_lacks(target):
+    """The far end of the shift is drawn over the classes present (with a class absent,
+    the pool would need samples of it, and carving it failed at random)."""
+    p = np.array([0.3, 0.0, 0.2, 0.0, 0.5])
+    for seed in range(50):
+        q = shifted_distribution(p, target, np.random.default_rng(seed))
+        assert q[1] == 0 and q[3] == 0 and abs(cosine(q, p) - target) < 1e-9
+
+
 def test_unreachable_shift_is_refused():
     with pytest.raises(ConfigError, match="shift_cosine"):
         shifted_distribution(np.array([0.5, 0.5]), 0.5, np.random.default_rng(0))

@@ -50,8 +50,9 @@ def shifted_distribution(p: np.ndarray, target: float, rng: np.random.Generator,
     """A class distribution q with cos(q, p) = ``target``, on the segment from p to a
     random extreme point.
 
-    The far end e is a Dirichlet(1) draw, or, if that is still closer to p than
-    ``target``, the one-hot vector of a random least frequent class. Along
+    The far end e is a Dirichlet(1) draw over the classes p holds, or, if that is still
+    closer to p than ``target``, the one-hot vector of a random least frequent of them
+    (a class p lacks, absent from the training set, is never asked for). Along
     q(l) = (1 - l) p + l e the angle to p grows monotonically (the segment never passes
     the origin), so bisection on l finds the target. ConfigError if even the one-hot end
     is not far enough (p concentrated on one class).
@@ -60,9 +61,11 @@ def shifted_distribution(p: np.ndarray, target: float, rng: np.random.Generator,
     p = p / p.sum()
     if target >= 1.0:
         return p.copy()
-    end = rng.dirichlet(np.ones(p.size))
+    present = np.flatnonzero(p > 0)     # a class the training set lacks cannot be drawn
+    end = np.zeros_like(p)
+    end[present] = rng.dirichlet(np.ones(present.size))
     if cosine(end, p) > target:
-        rare = np.flatnonzero(p == p.min())
+        rare = present[p[present] == p[present].min()]
         end = np.zeros_like(p)
         end[rng.choice(rare)] = 1.0
     if cosine(end, p) > target:
@@ -101,7 +104,10 @@ def carve_pool(labels: np.ndarray, size: int, rng: np.random.Generator, *,
         members = np.flatnonzero(labels == c)
         if counts[c] > len(members):
             raise ConfigError(f"server_data.fraction: the shifted pool needs {counts[c]} "
-                              f"samples of class {c}, the training set has {len(members)}")
+                              f"samples of class {c}, the training set has {len(members)}; "
+                              "lower server_data.fraction or raise server_data.shift_cosine "
+                              "(the shift draws its class mix at random: another seed may "
+                              "also fit)")
         chosen.append(rng.choice(members, size=int(counts[c]), replace=False))
     return np.sort(np.concatenate(chosen))
 
