@@ -215,3 +215,23 @@ def test_dirichlet_and_iid_cover_any_input(n, clients, seed, alpha):
         parts = partition(y, clients, scheme, rng(seed), **params)
         assert len(parts) == clients
         assert_disjoint_sorted(parts, n)
+
+
+@pytest.mark.parametrize("mode", ["random", "first-deterministic"])
+def test_pathological_with_many_clients_and_classes_needs_no_clients_x_classes_table(mode):
+    """Memory in proportion to clients x C, not clients x classes (a score per class and
+    client, drawn in slices of rows: the same draws as one call)."""
+    import tracemalloc
+
+    labels = np.arange(20_000) % 1_000
+    tracemalloc.start()
+    try:
+        parts = partition(labels, 10_000, "pathological", np.random.default_rng(0),
+                          num_classes_per_partition=1, class_assignment_mode=mode)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert sum(len(p) for p in parts) <= len(labels)
+    assert {len(set(labels[p].tolist())) for p in parts} <= {0, 1}
+    assert peak < 90 * 2**20, peak           # a [10000, 1000] table of scores: 80 MB,
+    #                                          its argsort 80 MB more

@@ -158,10 +158,29 @@ def _assign_classes(num_clients, K, C, mode, rng) -> np.ndarray:
     rows = np.arange(num_clients)
     if mode == "deterministic":
         return (rows[:, None] + np.arange(C)) % K
-    scores = rng.random((num_clients, K))
-    if mode == "first-deterministic":
-        scores[rows, rows % K] = -1.0
-    return np.argsort(scores, axis=1, kind="stable")[:, :C]
+    out = np.empty((num_clients, C), dtype=np.int64)
+    step = max(1, _SCORES // K)     # rows of scores at a time: the draws are those of one
+    for lo in range(0, num_clients, step):      # [num_clients, K] call, in less memory
+        part = rows[lo:lo + step]
+        scores = rng.random((part.size, K))
+        if mode == "first-deterministic":
+            scores[np.arange(part.size), part % K] = -1.0
+        out[lo:lo + step] = np.argsort(scores, axis=1, kind="stable")[:, :C]
+    return out
+
+
+#: the most random scores :func:`_assign_classes` holds at once
+_SCORES = 1 << 22
+
+
+def _holders(assigned: np.ndarray, K: int) -> list[np.ndarray]:
+    """For each class position 0..K-1, the clients (ascending) whose row of ``assigned``
+    holds it."""
+    n, C = assigned.shape
+    flat = assigned.ravel()
+    client = np.repeat(np.arange(n), C)
+    order = np.lexsort((client, flat))
+    return np.split(client[order], np.cumsum(np.bincount(flat, minlength=K))[:-1])
 
 
 def pathological(labels, num_clients, rng, num_classes_per_partition,
@@ -176,12 +195,9 @@ def pathological(labels, num_clients, rng, num_classes_per_partition,
     if class_assignment_mode not in _MODES:
         raise ConfigError(f"partition.class_assignment_mode: must be one of {_MODES}, "
                           f"got {class_assignment_mode!r}")
-    holds = np.zeros((num_clients, K), dtype=bool)
     assigned = _assign_classes(num_clients, K, C, class_assignment_mode, rng)
-    holds[np.arange(num_clients)[:, None], assigned] = True
     owner = np.full(len(labels), -1, dtype=np.int64)
-    for k, idx in enumerate(groups):
-        holders = np.flatnonzero(holds[:, k])
+    for idx, holders in zip(groups, _holders(assigned, K)):
         if len(holders):
             n, h = len(idx), len(holders)
             owner[idx] = np.repeat(holders, n // h + (np.arange(h) < n % h))
