@@ -241,6 +241,19 @@ def test_a_command_started_without_stdout_writes_nothing_and_succeeds(tmp_path, 
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
 
 
+@pytest.mark.parametrize("override, says", [
+    ("algorithm.name=nope", "algorithm.name: unknown algorithm 'nope'"),
+    ("algorithm.bogus=1", "unknown key 'algorithm.bogus'"),
+    ("algorithm.global_lr=-1", "algorithm.global_lr: must be > 0"),
+])
+def test_config_show_refuses_an_algorithm_a_run_would_refuse(capsys, override, says):
+    """What config show prints is what a run would use: not an algorithm (or options of
+    it) that the run then refuses."""
+    assert main(["config", "show", "quick_digits", override]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and says in captured.err
+
+
 def test_version_and_config_show(capsys, tmp_path):
     import yaml
 

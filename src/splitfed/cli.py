@@ -107,6 +107,9 @@ def _cmd_config(args) -> int:
     from splitfed.configtools import dump_text, to_dict
 
     cfg = load_config(args.config, args.overrides, plugins=args.plugin)
+    from splitfed.experiment import build_algorithm
+
+    build_algorithm(cfg)                # its name, options and transforms, as a run would
     sys.stdout.write(dump_text(to_dict(cfg), sort_keys=False))
     return 0
 

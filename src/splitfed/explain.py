@@ -419,7 +419,9 @@ section's `options` (`partition.options.alpha` is `partition.alpha`): either spe
 replaces the other from a later source (a command-line override, a study's grid), and
 one source giving both with different values is refused. `splitfed config explain [NAME]` prints
 the same on the console, with the components of plugins; `splitfed config show CONFIG`
-prints the resolved config a run would use.
+prints the resolved config a run would use, once its sections and its algorithm (name,
+options, transforms) are checked; the options of the model, data set, partition and
+clock profile are checked with the data, by `splitfed run CONFIG --dry-run` or the run.
 """
 
 
