@@ -51,7 +51,7 @@ def test_split_plan_counts_each_side_and_the_activations(here, capsys):
     assert main(argv) == 0                                   # overrides after the flag
     out = capsys.readouterr().out
     assert "algorithm      sflv2 (split)" in out
-    assert "per training sample at the cut: " in out
+    assert "at the cut, all clients of a round: " in out
     cfg = build_config({"name": "t", "algorithm": {"name": "sflv2"},
                         "data": {"name": "digits"}, "model": {"name": "mlp",
                                                               "hidden": [8, 8]},
@@ -62,8 +62,10 @@ def test_split_plan_counts_each_side_and_the_activations(here, capsys):
     m = plan["model"]
     assert m["client_parameters"] + m["server_parameters"] == m["parameters"]
     assert m["client_parameters"] == 64 * 8 + 8                # fc1: 8x8 pixels -> 8
-    assert m["bytes"]["up_per_sample"] == 8 * 4 + 8            # 8 float32 and an int64 label
-    assert m["bytes"]["down_per_sample"] == 8 * 4
+    # a round of 4 clients x 2 steps x 8 samples: 8 float32 and an int64 label up, the
+    # activations' gradient down per sample
+    assert m["bytes"]["cut_up"] == 4 * 2 * 8 * (8 * 4 + 8)
+    assert m["bytes"]["cut_down"] == 4 * 2 * 8 * 8 * 4
     assert plan["clients"]["samples_per_round"]["mean"] == 4 * 2 * 8   # full participation
     assert written(here) == ["tiny.yaml"]
 

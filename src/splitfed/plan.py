@@ -14,10 +14,13 @@ and where the run would write.
 The bytes are those the model implies (as :func:`splitfed.engine.loop.client_work`
 computes them for over-selection): each participant downloads and uploads the
 algorithm's client part of the model (the whole model, the client blocks of a split
-algorithm, FedLoRA's adapters and head) once a round, and a split algorithm moves every
-training sample's activations (in the model's dtype) and label up and their gradient
-down. Algorithms that send less (CSE-FSL's upload period, zeroth-order clients) or
-more are counted exactly by the ledger of a real run.
+algorithm, FedLoRA's adapters and head) once a round, and a split algorithm moves what
+its ``cut_bytes`` says (SL and SFL: every training sample's activations, in the model's
+dtype, and label up and their gradient down; MU-SplitFed and GAS: 2 q + 1 activation
+tensors and the labels up and q scalars down per step; CSE-FSL: one batch in its upload
+rounds), on average over the run's rounds and the participation's clients. Messages
+the model does not imply (SCAFFOLD's control variates, for one) are counted by the
+ledger of a real run.
 """
 
 from __future__ import annotations
@@ -183,7 +186,7 @@ def _params(module) -> int:
 
 
 def _model(algorithm, env) -> dict:
-    from splitfed.engine.loop import client_work, macs_per_sample
+    from splitfed.engine.loop import client_work, local_steps_of, macs_per_sample
     from splitfed.models import split
 
     model = env.model
@@ -197,10 +200,27 @@ def _model(algorithm, env) -> dict:
                    cut_description=getattr(model, "cut_descriptions", {}).get(env.cut),
                    client_parameters=_params(client), server_parameters=_params(server))
     if algorithm.federated:
-        _, model_bytes, up, down = client_work(algorithm, env)
-        out["bytes"] = {"model": int(model_bytes), "up_per_sample": int(up),
-                        "down_per_sample": int(down)}
+        steps = local_steps_of(algorithm, env, np.arange(len(env.data_sizes)))
+        _, model_bytes, up, down = client_work(algorithm, env, steps)
+        share = _round_share(env)
+        out["bytes"] = {"model": int(model_bytes), "cut_up": float((share * up).sum()),
+                        "cut_down": float((share * down).sum())}
     return out
+
+
+def _round_share(env) -> np.ndarray:
+    """How many slots of a round each client takes on average: 1 under full
+    participation, M / N uniformly or with replacement (and with over-selection, which
+    keeps M), q_n under bernoulli participation."""
+    n = len(env.data_sizes)
+    sampler, mode = env.sampler, env.config.participation.mode
+    if env.clock.keep is not None:
+        return np.full(n, env.clock.keep / n)
+    if mode == "full":
+        return np.ones(n)
+    if mode == "bernoulli":
+        return np.broadcast_to(np.asarray(sampler.q, dtype=np.float64), (n,))
+    return np.full(n, sampler.m / n)
 
 
 # ----------------------------------------------------------------------------- text
@@ -267,13 +287,11 @@ def format_plan(plan: dict, config: str | None = None) -> str:
         what = "its part of the model" if m["cut"] is not None else "the model"
         text = f"per client and round, {what}: {_bytes(b['model'])} down, " \
                f"{_bytes(b['model'])} up"
-        if b["up_per_sample"]:
-            text += (f"; per training sample at the cut: {_bytes(b['up_per_sample'])} up "
-                     f"(activations and label), {_bytes(b['down_per_sample'])} down "
-                     "(their gradient, as first-order clients receive it)")
+        if b["cut_up"] or b["cut_down"]:
+            text += (f"; at the cut, all clients of a round: {_bytes(b['cut_up'])} up, "
+                     f"{_bytes(b['cut_down'])} down (what {a['name']} sends there)")
         clients = c["kept"] if c["kept"] is not None else c["per_round"]["mean"]
-        total = (2 * b["model"] * clients
-                 + (b["up_per_sample"] + b["down_per_sample"]) * c["samples_per_round"]["mean"])
+        total = 2 * b["model"] * clients + b["cut_up"] + b["cut_down"]
         text += f"; about {_bytes(total)} a round"
         rows.append(("communication", text))
     ck = plan["checkpoint_every"]

@@ -203,8 +203,13 @@ def test_server_batch_is_topped_up_to_the_batch_size_per_class():
     topped = sum(max(0, B - int(n)) for n in counts if n > 0)
     assert topped > 0
     _, rec_off, _, _ = run_spied(gas_config(buffer_size=6, generate=False))
-    # the loop reports server MACs = samples of the server's steps x MACs per sample
-    assert rec[1]["server_macs"] * 24 == rec_off[1]["server_macs"] * (24 + topped)
+    # the record's server MACs are the server's passes: 2 (h+ and h-) over each of the 6
+    # uploads' B samples to answer them, and 2 (a ZO step) over the step's samples
+    _, server = split(env.model, env.cut)
+    fs = forward_macs(server, output_shape(split(env.model, env.cut)[0],
+                                           tuple(env.data.input_shape)))
+    assert rec_off[1]["server_macs"] == (2 * 6 * B + 2 * 24) * fs
+    assert rec[1]["server_macs"] == (2 * 6 * B + 2 * (24 + topped)) * fs
 
 
 def test_full_covariance_beyond_the_memory_bound_is_refused_before_writing(tmp_path, capsys):

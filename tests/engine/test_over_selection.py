@@ -85,12 +85,12 @@ def test_split_prediction_counts_the_cut_layer_traffic():
     uplinks the kept clients are those with the fastest uplinks."""
     cfg = _config("sflv1")
     env = build_environment(cfg)
-    macs, model, up, down = client_work(build_algorithm(cfg), env)
+    macs, model, up, down = client_work(build_algorithm(cfg), env, K)
     client, _ = split(env.model, env.cut)
     assert model == payload_bytes(client.state_dict(), per_client=False)
-    assert down == 32 * 4                                    # cut 1 of mlp [32, 16]
-    assert up == 32 * 4 + env.data.train.y.element_size()
-    assert macs == 3 * forward_macs(client, tuple(env.data.input_shape))
+    assert down == K * B * 32 * 4                            # cut 1 of mlp [32, 16]
+    assert up == K * B * (32 * 4 + env.data.train.y.element_size())
+    assert macs == K * B * 3 * forward_macs(client, tuple(env.data.input_shape))
     uplink = [1e4, 9e4, 3e4, 7e4, 2e4, 5e4]
     cfg = _config("sflv1", clock={"profile": "fixed", "over_select": 0.5,
                                   "client_compute": 1e6, "uplink": uplink,

@@ -163,6 +163,21 @@ class CSEFSL(Algorithm):
         """Line 8 with the paper's round t - 1: (t - 1) mod l = 0 and t - 1 != 0."""
         return t > 1 and (t - 1) % self.options.period == 0
 
+    def cut_bytes(self, env, activation_bytes, label_bytes, steps, t=None):
+        """In an upload round every client sends one batch, its first step's activations
+        and labels, and with ``server_feedback`` receives their gradient, whatever its
+        number of steps; in the other rounds nothing crosses the cut. ``t`` None: the
+        average over the run's rounds ((rounds - 1) // period of them upload)."""
+        b = env.config.train.batch_size
+        if t is None:
+            rounds = env.config.rounds
+            share = ((rounds - 1) // self.options.period) / rounds
+        else:
+            share = int(self.uploads(t))
+        down = activation_bytes if self.options.server_feedback else 0
+        return (0 * steps + share * b * (activation_bytes + label_bytes),
+                0 * steps + share * b * down)
+
     def head(self, env, client: nn.Module) -> nn.Module:
         """The auxiliary head on ``client``'s output, initialised from the run seed."""
         if env.device.type != "cpu":              # the head's dry run builds CPU inputs

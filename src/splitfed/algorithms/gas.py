@@ -57,10 +57,11 @@ the other on its one timeline.
 Simulated time (docs/clock.md): client passes on the clients' timelines; the server's
 answers (2 q passes over the client's batch) and steps (2 q passes over the real and
 generated activations) on the shared server lane, each starting when the lane is free and
-the triggering upload has arrived. With a round deadline, late clients' models are left
-out of the aggregation; the server keeps what it learnt from their activations. The
-learned model depends on the speeds (the event order does), unlike the synchronous
-algorithms': ``asynchronous = True``.
+the triggering upload has arrived; the record's ``server_macs`` counts both (a
+first-order server step: a forward and a backward pass). With a round deadline, late
+clients' models are left out of the aggregation; the server keeps what it learnt from
+their activations. The learned model depends on the speeds (the event order does),
+unlike the synchronous algorithms': ``asynchronous = True``.
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ from splitfed.engine import zo
 from splitfed.engine.algorithm import Algorithm
 from splitfed.engine.clock import CLIENT, SERVER, EventQueue
 from splitfed.engine.rounds import Round
-from splitfed.engine.split import SplitModel, per_client_loss
+from splitfed.engine.split import SplitModel, per_client_loss, zeroth_order_cut_bytes
 from splitfed.engine.stacked import ForwardCopies
 from splitfed.errors import ConfigError
 from splitfed.models import output_shape
@@ -201,6 +202,12 @@ class GAS(Algorithm):
     distributed = True
     split = True
     asynchronous = True
+
+    def cut_bytes(self, env, activation_bytes, label_bytes, steps, t=None):
+        """Every local step sends h, h+ and h- of each direction (2 q + 1 tensors) and the
+        labels, and receives q scalars."""
+        return zeroth_order_cut_bytes(env, self.options.directions, activation_bytes,
+                                      label_bytes, steps)
 
     def check(self, env) -> None:
         """``covariance: full`` fits in :data:`MAX_COVARIANCE_BYTES` at the cut (a
@@ -343,7 +350,7 @@ class GAS(Algorithm):
         return rnd.finish(state={"model": server_state, "stats": stats, "buffer": kept,
                                  "server_steps": server_steps},
                           train_loss=float(np.mean(losses)) if losses else float("nan"),
-                          server_samples=server_samples,
+                          server_samples=server_samples, server_macs=server.charged,
                           metrics={"server_steps": server_steps - int(state["server_steps"])})
 
     def _server_step(self, env, server: ForwardCopies, stats: dict, buffer, step: int, cid: int,

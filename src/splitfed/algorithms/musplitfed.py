@@ -49,8 +49,10 @@ CPU, at least 8 clients per call; the values of one call, bit for bit:
 
 Simulated time (docs/clock.md): every forward pass is charged (B x forward MACs per copy;
 a first-order ablation's backward 2 x more), the clients' on their timelines and the
-server copies' on per-client server lanes; the ZO update itself costs no MACs. With a
-round deadline a client whose model arrives late is left out of both aggregations.
+server copies' on per-client server lanes; the ZO update itself costs no MACs. The
+record's ``server_macs`` counts the server copies' passes: 2 tau q + 2 q per sample with
+zeroth-order sides (with the adaptive tau, the round's). With a round deadline a client
+whose model arrives late is left out of both aggregations.
 """
 
 from __future__ import annotations
@@ -66,7 +68,8 @@ from splitfed.engine.algorithm import Algorithm
 from splitfed.engine.clock import CLIENT, SERVER_COPY
 from splitfed.engine.flops import TRAIN_FACTOR
 from splitfed.engine.rounds import Round
-from splitfed.engine.split import SplitModel, per_client_loss, return_gradients
+from splitfed.engine.split import (SplitModel, per_client_loss, return_gradients,
+                                   zeroth_order_cut_bytes)
 from splitfed.engine.stacked import ForwardCopies
 from splitfed.rng import derive_seed
 
@@ -110,6 +113,15 @@ class MUSplitFed(Algorithm):
     def server_copies(self, env, cohort) -> int:
         return cohort.size                # one server copy x_s,m per participant
 
+    def cut_bytes(self, env, activation_bytes, label_bytes, steps, t=None):
+        """A zeroth-order client sends h, h+ and h- of each direction (2 q + 1 tensors) and
+        the labels, and receives q scalars; a first-order one (``client_order: first``)
+        sends h and the labels and receives the gradient of h."""
+        if self.options.client_order == "zeroth":
+            return zeroth_order_cut_bytes(env, self.options.directions, activation_bytes,
+                                          label_bytes, steps)
+        return super().cut_bytes(env, activation_bytes, label_bytes, steps, t)
+
     def _seeds(self, base: int, side: str, step: int) -> list[int]:
         return [derive_seed(base, f"{side}/{step}/{j}") for j in range(self.options.directions)]
 
@@ -151,7 +163,7 @@ class MUSplitFed(Algorithm):
         rnd.aggregate_against(state["model"])       # client copies and server copies
         rnd.add(np.arange(n), {**up, **server.state})
         return rnd.finish(train_loss=float(losses.mean()), samples=n * tr.batch_size,
-                          metrics={"tau": tau})
+                          server_macs=server.charged, metrics={"tau": tau})
 
     def _adaptive_tau(self, env, ids, server_module, h) -> int:
         """Paper 001 eq. (12): tau = t_straggler / t_server, rounded down, in [1, max_tau].

@@ -25,6 +25,10 @@ the algorithm state under each transform's ``key``.
 server-side model the main server holds during a round; the loop reports
 ``server_param_bytes`` = copies x bytes of one copy (parameters and buffers).
 
+``cut_bytes(env, activation_bytes, label_bytes, steps, t)`` says what a client sends
+and receives at the cut in a round, for over-selection's prediction and ``--dry-run``'s
+traffic; the default is first-order split learning's (SL, SFL-V1, SFL-V2).
+
 Constructors hold hyperparameters only (learned state lives in ``state``), which keeps
 sweeps, cloning and checkpoints trivial.
 """
@@ -211,6 +215,25 @@ class Algorithm:
         and the centralized reference (no server-side part; the fed server's copy of the
         global model is not counted)."""
         return 1 if self.split else 0
+
+    def cut_bytes(self, env, activation_bytes: int, label_bytes: int, steps, t=None):
+        """``(up, down)``: the bytes one client sends to the server and receives from it
+        at the cut in round ``t`` when it takes ``steps`` local steps of
+        ``train.batch_size`` samples (``steps`` a number or an array, one per client; the
+        result alike); ``t`` None: a round on average over the run's rounds. Over-selection
+        predicts each sampled client's round with it (with its model part, which is
+        counted apart) and ``--dry-run`` prints the traffic of a round; it must equal
+        what the algorithm's round sends through the transport (the ledger), on average
+        where it varies from round to round. ``activation_bytes``: one training sample's
+        activation at the cut, in the model's dtype; ``label_bytes``: its label.
+
+        Default: first-order split learning (SL, SFL-V1, SFL-V2): every training sample's
+        activation and label up, the activation's gradient down; nothing for an unsplit
+        algorithm."""
+        if not self.split:
+            return 0, 0
+        samples = steps * env.config.train.batch_size
+        return samples * (activation_bytes + label_bytes), samples * activation_bytes
 
 
 def describe(algorithm, env=None) -> str:

@@ -5,7 +5,8 @@ Each round: sample the participants, let the algorithm run its round (it returns
 round's bytes from the ledger, turn the samples it trained on into client and server
 multiply-accumulates (``server_samples``, when an algorithm's server trains on fewer or
 more samples than its clients; None: the same as ``samples``; ``server_model_samples``:
-samples on which the server trains the whole model, on its own data), record the
+samples on which the server trains the whole model, on its own data; ``server_macs``:
+the MACs of the server side when the algorithm counts them itself), record the
 server-side model memory (``server_param_bytes``: ``algorithm.server_copies`` copies of
 the server part), evaluate every ``eval_every`` rounds, every round of the last
 ``eval_last`` rounds, at round 0 and at the last round (:func:`evaluates`), log one
@@ -109,13 +110,12 @@ def server_copy_bytes(algorithm, env) -> int:
     return payload_bytes(split(env.model, env.cut)[1].state_dict(), per_client=False)
 
 
-def client_work(algorithm, env) -> tuple[int, int, int, int]:
-    """What one client's round costs it, for over-selection's prediction
-    (:meth:`~splitfed.engine.clock.VirtualClock.keep_fastest`) and ``--dry-run``'s plan:
+def work_sizes(algorithm, env) -> tuple[int, int, int, int]:
+    """The sizes behind a client's cost (:func:`client_work`), computed once a run:
     (MACs per training sample, bytes of the model part it receives and sends each way
     (the algorithm's ``client_part``: the client blocks of a split algorithm, FedLoRA's
-    adapters and head), bytes up and down per sample at the cut: the activations, in
-    the model's dtype, and the label up, their gradient down; 0 unsplit)."""
+    adapters and head), bytes of one training sample's activation at the cut, in the
+    model's dtype, and of its label; 0 and 0 unsplit)."""
     macs = macs_per_sample(algorithm, env)[0]
     model = payload_bytes(algorithm.client_part(env, env.model.state_dict()),
                           per_client=False)
@@ -123,7 +123,21 @@ def client_work(algorithm, env) -> tuple[int, int, int, int]:
         return macs, model, 0, 0
     out = dry_output(split(env.model, env.cut)[0], tuple(env.data.input_shape))
     acts = math.prod(out.shape[1:]) * out.element_size()
-    return macs, model, acts + env.data.train.y.element_size(), acts
+    y = env.data.train.y
+    return macs, model, acts, math.prod(y.shape[1:]) * y.element_size()
+
+
+def client_work(algorithm, env, steps, t: int | None = None, sizes=None) -> tuple:
+    """What a client's round costs it when it takes ``steps`` local steps (a number or
+    an array, one per client) in round ``t`` (None: a round on average), for
+    over-selection's prediction (:meth:`~splitfed.engine.clock.VirtualClock.keep_fastest`)
+    and ``--dry-run``'s plan: (MACs of its K x B training samples, bytes of its model
+    part each way, bytes up and down at the cut: the algorithm's ``cut_bytes``).
+    ``sizes``: :func:`work_sizes`, when the caller keeps them."""
+    macs, model, acts, label = work_sizes(algorithm, env) if sizes is None else sizes
+    up, down = call_algorithm(env.config.algorithm.name, "cut_bytes", algorithm.cut_bytes,
+                              env, acts, label, steps, t)
+    return steps * env.config.train.batch_size * macs, model, up, down
 
 
 def local_steps_of(algorithm, env, ids: np.ndarray) -> np.ndarray:
@@ -135,12 +149,11 @@ def local_steps_of(algorithm, env, ids: np.ndarray) -> np.ndarray:
     return env.local_steps(ids)
 
 
-def _over_select(algorithm, env, cohort, work):
-    """Keep the round's ``clock.keep`` predicted-fastest clients (over-selection)."""
-    macs, model, up, down = work
-    samples = local_steps_of(algorithm, env, cohort.ids) * env.config.train.batch_size
-    return env.clock.keep_fastest(cohort, samples * macs, model + samples * up,
-                                  model + samples * down)
+def _over_select(algorithm, env, cohort, sizes, t: int):
+    """Keep round ``t``'s ``clock.keep`` predicted-fastest clients (over-selection)."""
+    macs, model, up, down = client_work(algorithm, env, local_steps_of(algorithm, env,
+                                                                       cohort.ids), t, sizes)
+    return env.clock.keep_fastest(cohort, macs, model + up, model + down)
 
 
 #: the statuses that end a run before its last round: a checkpoint with one is final
@@ -300,9 +313,9 @@ def check_result(algorithm, env, result, t: int, declared: tuple = ()) -> RoundR
         raise bad(f"returned train_loss {result.train_loss!r:.60} "
                   f"({type(result.train_loss).__name__}); expected None or a real number "
                   "(float(loss))")
-    for field in ("samples", "server_samples", "server_model_samples"):
+    for field in ("samples", "server_samples", "server_model_samples", "server_macs"):
         value = getattr(result, field)
-        if value is None and field == "server_samples":
+        if value is None and field in ("server_samples", "server_macs"):
             continue
         if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 0:
             raise bad(f"returned {field} {value!r:.60}; expected a whole number >= 0")
@@ -375,7 +388,7 @@ def run_rounds(algorithm, env, logger, state: dict | None = None,
     client_macs, server_macs = macs_per_sample(algorithm, env)
     model_macs = TRAIN_FACTOR * forward_macs(env.model, tuple(env.data.input_shape))
     copy_bytes = server_copy_bytes(algorithm, env)
-    work = client_work(algorithm, env) if env.clock.keep is not None else None
+    sizes = work_sizes(algorithm, env) if env.clock.keep is not None else None
     warned_silent = False
     bar = tqdm(range(start_round, cfg.rounds + 1), desc=cfg.name, unit="round",
                disable=not cfg.progress, dynamic_ncols=True)
@@ -387,7 +400,7 @@ def run_rounds(algorithm, env, logger, state: dict | None = None,
             cohort = env.clock.begin_round(
                 env.sampler.sample(env.streams.numpy("participation")))
             if env.clock.keep is not None:
-                cohort = _over_select(algorithm, env, cohort, work)
+                cohort = _over_select(algorithm, env, cohort, sizes, t)
         else:                                    # the server alone trains: nobody takes part
             cohort = env.clock.begin_round(NOBODY)
         result = check_result(algorithm, env,
@@ -405,7 +418,9 @@ def run_rounds(algorithm, env, logger, state: dict | None = None,
                   "round_time_s": time.perf_counter() - t0}
         server = result.samples if result.server_samples is None else result.server_samples
         record["client_macs"] = result.samples * client_macs
-        record["server_macs"] = server * server_macs + result.server_model_samples * model_macs
+        split_macs = (server * server_macs if result.server_macs is None
+                      else result.server_macs)
+        record["server_macs"] = split_macs + result.server_model_samples * model_macs
         record["server_param_bytes"] = call_algorithm(
             cfg.algorithm.name, "server_copies", algorithm.server_copies, env, cohort
         ) * copy_bytes

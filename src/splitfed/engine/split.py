@@ -315,6 +315,20 @@ def per_client_loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(out.flatten(0, 1), y.flatten(), reduction="none").view(c, -1).mean(1)
 
 
+def zeroth_order_cut_bytes(env, directions: int, activation_bytes: int, label_bytes: int,
+                           steps):
+    """``(up, down)`` at the cut for ``steps`` zeroth-order client steps with ``directions``
+    q (MU-SplitFed, GAS): per step the batch's activations h and h+-, 2 q + 1 tensors,
+    and its labels up, and q loss differences down (one scalar per direction, in the
+    dtype of the server side's output, its parameters')."""
+    batch = env.config.train.batch_size
+    server = SplitModel.of(env).server
+    scalar = next((p.element_size() for p in server.parameters() if p.is_floating_point()),
+                  torch.empty(()).element_size())
+    return (steps * batch * ((2 * directions + 1) * activation_bytes + label_bytes),
+            steps * directions * scalar)
+
+
 def participation_probability(env, ids: np.ndarray) -> np.ndarray:
     """q_n of each slot: the bernoulli probabilities, or 1 for the other modes."""
     q = getattr(env.sampler, "q", None)

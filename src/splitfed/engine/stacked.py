@@ -140,14 +140,15 @@ class ForwardCopies:
     leaves), for the clients ``ids`` (one per copy). A pass evaluates every copy, or only
     copy ``slot`` (an asynchronous algorithm serving one client at a time), with the given
     parameters (a perturbation) or the current ones, and charges B x forward MACs per copy
-    to ``role``'s timeline of those clients, or of ``charge_to``. Buffers (BatchNorm
-    statistics) change only in a pass with ``update_stats`` (the unperturbed client pass);
-    every other pass reads a copy of them. Under a ``placement`` (the multi-process
-    runtime's ``env.placement``; None: everything here) copies hosted in other processes
-    are not computed here (engine/placement.py). A pass over every copy runs in calls of
-    about ``chunk_size`` copies (``engine.chunk_size``; None: on a CPU, calls of about
-    ``FORWARD_SAMPLES_PER_CALL`` = 512 samples, one call for fewer; on a GPU one call;
-    never fewer than 8 copies per call), with the values of one call
+    to ``role``'s timeline of those clients, or of ``charge_to`` (``charged`` adds them
+    up). Buffers (BatchNorm statistics) change only in a pass with ``update_stats`` (the
+    unperturbed client pass); every other pass reads a copy of them. Under a
+    ``placement`` (the multi-process runtime's ``env.placement``; None: everything here)
+    copies hosted in other processes are not computed here (engine/placement.py). A pass
+    over every copy runs in calls of about ``chunk_size`` copies (``engine.chunk_size``;
+    None: on a CPU, calls of about ``FORWARD_SAMPLES_PER_CALL`` = 512 samples, one call
+    for fewer; on a GPU one call; never fewer than 8 copies per call), with the values of
+    one call
     (:func:`~splitfed.models.cohort.cohort_forward_chunked`, which keeps passes under
     autograd, the first-order ablations, in one call).
     """
@@ -161,6 +162,9 @@ class ForwardCopies:
         self.names = [k for k, _ in module.named_parameters()]
         self.state = stack_copies({k: start[k] for k in module.state_dict()}, n, ())
         self.buffers = [k for k in self.state if k not in self.names]
+        #: MACs charged to the clock so far, over every copy (what an algorithm reports
+        #: as its server's MACs: :attr:`~splitfed.engine.rounds.RoundResult.server_macs`)
+        self.charged = 0
 
     def params(self, slot: int | None = None) -> list[torch.Tensor]:
         """The parameters of every copy, or views of copy ``slot`` ([1, ...])."""
@@ -178,7 +182,7 @@ class ForwardCopies:
                 update_stats: bool = False) -> torch.Tensor:
         """Outputs on ``x`` ([copies, B, ...]) with ``params`` (default: the current)."""
         who = self._who(slot, charge_to)
-        self.clock.charge(self.role, self.module, who, x)
+        self.charged += self.clock.charge(self.role, self.module, who, x) * len(who)
         params = self.params(slot) if params is None else params
         rows = slice(None) if slot is None else slice(slot, slot + 1)
         bufs = {k: self.state[k][rows] if update_stats else self.state[k][rows].clone()
@@ -205,8 +209,9 @@ class ForwardCopies:
         params = [p.detach().requires_grad_(True) for p in self.params(slot)]
         with torch.enable_grad():
             out = self.forward(x, params, slot=slot, charge_to=charge_to)
-            self.clock.charge(self.role, self.module, self._who(slot, charge_to), x,
-                              passes=TRAIN_FACTOR - 1)
+            who = self._who(slot, charge_to)
+            self.charged += (TRAIN_FACTOR - 1) * len(who) * self.clock.charge(
+                self.role, self.module, who, x, passes=TRAIN_FACTOR - 1)
             if grad_out is None:
                 return torch.autograd.grad(per_client_loss(out, y).sum(), params)
             return torch.autograd.grad(out, params, grad_out)

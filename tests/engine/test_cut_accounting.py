@@ -1,0 +1,202 @@
+"""What a split algorithm's round costs, as predicted and as recorded.
+
+Over-selection ranks the sampled clients by :func:`splitfed.engine.loop.client_work`, whose
+cut traffic is the algorithm's ``cut_bytes``: it must be what the algorithm's round sends
+through the transport (the ledger), client by client. The record's ``server_macs`` must be
+what the server's passes charged the clock."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from helpers import digits_config
+
+from splitfed.engine.clock import SERVER, SERVER_COPY
+from splitfed.engine.flops import forward_macs
+from splitfed.engine.loop import client_work, local_steps_of, run_rounds
+from splitfed.experiment import build_algorithm, build_environment
+from splitfed.metrics import MetricLogger
+from splitfed.models import output_shape, split
+
+B, K, N = 8, 2, 3
+UP_KINDS = ("activations", "labels")
+DOWN_KINDS = ("activation_grads", "scalars")
+
+
+def _config(algorithm: dict, rounds: int = 2, **over):
+    sections = dict(partition={"scheme": "iid", "num_clients": N},
+                    participation={"mode": "full"},
+                    model={"name": "mlp", "hidden": [32, 16], "cut": 1},
+                    train={"batch_size": B, "local_steps": K, "local_epochs": None,
+                           "lr": 0.05})
+    sections.update(over)
+    return digits_config(algorithm=algorithm, rounds=rounds, eval_every=100, **sections)
+
+
+def _run(cfg):
+    """Run ``cfg``; returns (algorithm, env, records of rounds 1.., server MACs the clock
+    was charged in each round)."""
+    env = build_environment(cfg)
+    algorithm = build_algorithm(cfg)
+    charged: dict[int, int] = {}
+    compute, replay = env.clock.compute, env.clock.replay_one
+
+    def tally(role, ids, macs):
+        if role in (SERVER, SERVER_COPY):
+            n = np.atleast_1d(np.asarray(ids)).size
+            total = int(np.sum(np.broadcast_to(np.asarray(macs), (n,)))) if n else int(
+                np.sum(macs))
+            charged[env.ledger.round] = charged.get(env.ledger.round, 0) + total
+        return compute(role, ids, macs)
+
+    def tally_replay(c, events):
+        events = list(events)
+        for event in events:
+            if event[0] == SERVER:
+                charged[env.ledger.round] = charged.get(env.ledger.round, 0) + int(event[1])
+        return replay(c, events)
+    env.clock.compute, env.clock.replay_one = tally, tally_replay
+    logger = MetricLogger(None)
+    run_rounds(algorithm, env, logger)
+    return algorithm, env, logger.records[1:], charged
+
+
+def _recorded(env, t: int, kinds) -> np.ndarray:
+    direction = "up" if kinds is UP_KINDS else "down"
+    return sum(env.ledger.per_client(t, k, direction) for k in kinds)
+
+
+# the split algorithms, with the options that change what crosses the cut
+CASES = {
+    "sl": {"name": "sl"},
+    "sflv1": {"name": "sflv1"},
+    "sflv2": {"name": "sflv2"},
+    "csefsl": {"name": "csefsl"},
+    "csefsl_period2_no_feedback": {"name": "csefsl", "period": 2, "server_feedback": False},
+    "musplitfed": {"name": "musplitfed"},
+    "musplitfed_q2": {"name": "musplitfed", "directions": 2},
+    "musplitfed_first_order_client": {"name": "musplitfed", "client_order": "first"},
+    "gas": {"name": "gas"},
+    "gas_q2": {"name": "gas", "directions": 2},
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_predicted_cut_bytes_are_the_ledgers(case):
+    """Round by round and client by client, the cut bytes that over-selection predicts
+    are those the ledger recorded (activations and labels up; activation gradients and
+    scalars down). With the mlp [32, 16] cut after its first layer, one sample's
+    activation is A = 32 float32 = 128 bytes and its label L = 8 bytes (int64):
+    SL / SFL-V1 / SFL-V2: K B (A + L) up and K B A down; MU-SplitFed (one step) and GAS
+    (K steps): per step B ((2 q + 1) A + L) up and q float32 scalars down; a first-order
+    MU-SplitFed client: B (A + L) up, B A down; CSE-FSL: B (A + L) up and B A down (none
+    without server feedback) in its upload rounds t = 1 + l, 1 + 2 l, ..., nothing in
+    the others."""
+    rounds = 5 if case.startswith("csefsl") else 2
+    algorithm, env, _, _ = _run(_config(CASES[case], rounds=rounds))
+    ids = np.arange(N)
+    steps = local_steps_of(algorithm, env, ids)
+    a, lab = 32 * 4, 8
+    for t in range(1, rounds + 1):
+        _, _, up, down = client_work(algorithm, env, steps, t)
+        np.testing.assert_array_equal(np.broadcast_to(up, (N,)), _recorded(env, t, UP_KINDS))
+        np.testing.assert_array_equal(np.broadcast_to(down, (N,)),
+                                      _recorded(env, t, DOWN_KINDS))
+    opts = CASES[case]
+    q = opts.get("directions", 1)
+    k = int(steps[0])
+    if opts["name"] in ("sl", "sflv1", "sflv2") or opts.get("client_order") == "first":
+        want = (k * B * (a + lab), k * B * a)
+    elif opts["name"] in ("musplitfed", "gas"):
+        want = (k * B * ((2 * q + 1) * a + lab), k * q * 4)
+    else:                       # CSE-FSL: the average round over the run's 5 rounds
+        period, feedback = opts.get("period", 1), opts.get("server_feedback", True)
+        share = ((rounds - 1) // period) / rounds       # l = 1: 4 of 5; l = 2: 2 of 5
+        want = (share * B * (a + lab), share * B * a * feedback)
+        total_up = sum(_recorded(env, t, UP_KINDS) for t in range(1, rounds + 1))
+        total_down = sum(_recorded(env, t, DOWN_KINDS) for t in range(1, rounds + 1))
+        _, _, up, down = client_work(algorithm, env, steps)
+        np.testing.assert_allclose(up, total_up / rounds, rtol=1e-15)
+        np.testing.assert_allclose(down, total_down / rounds, rtol=1e-15)
+    _, _, up, down = client_work(algorithm, env, steps)
+    np.testing.assert_allclose(np.broadcast_to(up, (N,)), want[0], rtol=1e-15)
+    np.testing.assert_allclose(np.broadcast_to(down, (N,)), want[1], rtol=1e-15)
+
+
+def test_over_selection_keeps_the_client_whose_musplitfed_round_is_faster():
+    """Two clients, one kept. Client 0 has an uplink of 1.3e5 B/s and an unlimited
+    downlink, client 1 the reverse with a downlink of 1e5 B/s. A MU-SplitFed client
+    sends three activation tensors and the labels up and receives one 4-byte scalar,
+    so client 1 (model part down at 1e5) is faster than client 0 (model part and
+    3 x 4,096 + 128 bytes up at 1.3e5); priced as first-order SFL (one activation
+    tensor up, its gradient down) client 0 would look faster."""
+    common = dict(model={"name": "mlp", "hidden": [64], "cut": 1},
+                  partition={"scheme": "iid", "num_clients": 2},
+                  train={"batch_size": 16, "local_steps": 1, "local_epochs": None,
+                         "lr": 0.05})
+    clock = {"profile": "fixed", "uplink": [1.3e5, 3e38], "downlink": [3e38, 1e5]}
+    algo = {"name": "musplitfed"}
+    # both clients: the round's slowest is the one whose own round is slower
+    _, _, both, _ = _run(_config(algo, rounds=2, clock=clock,
+                                 participation={"mode": "full"}, **common))
+    assert {r["slowest_client"] for r in both} == {0}
+    cfg = _config(algo, rounds=3, clock={**clock, "over_select": 1},
+                  participation={"mode": "uniform", "clients_per_round": 1}, **common)
+    env = build_environment(cfg)
+    algorithm, kept = build_algorithm(cfg), []
+    round_ = algorithm.round
+
+    def spy(env_, state, t, cohort):
+        kept.append(cohort.ids.tolist())
+        return round_(env_, state, t, cohort)
+    algorithm.round = spy
+    logger = MetricLogger(None)
+    run_rounds(algorithm, env, logger)
+    assert kept == [[1], [1], [1]]
+    assert all(r["dropped"] == 1 for r in logger.records[1:])
+
+
+def _server_forward_macs(env) -> int:
+    client, server = split(env.model, env.cut)
+    return forward_macs(server, output_shape(client, tuple(env.data.input_shape)))
+
+
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_musplitfed_server_macs_are_what_the_clock_charged(adaptive):
+    """A MU-SplitFed server copy takes tau zeroth-order steps of 2 forward passes each
+    and 2 more passes for the client's scalar: 2 tau + 2 forward passes per sample (q =
+    1), with the adaptive tau the round's own, all charged to the clock."""
+    algo = {"name": "musplitfed", "tau": 2}
+    clock = None
+    if adaptive:               # slow clients, a fast server: tau well above 2
+        algo = {"name": "musplitfed", "adaptive_tau": True, "max_tau": 6}
+        clock = {"profile": "fixed", "client_compute": 1e6, "server_compute": 1e9,
+                 "uplink": 1e6, "downlink": 1e6}
+    over = {} if clock is None else {"clock": clock}
+    _, env, records, charged = _run(_config(algo, rounds=2, **over))
+    fs = _server_forward_macs(env)
+    for t, rec in enumerate(records, 1):
+        tau = rec["tau"]
+        assert tau == (6 if adaptive else 2)
+        assert rec["server_macs"] == charged[t] == N * B * (2 * tau + 2) * fs
+
+
+def test_gas_server_macs_are_what_the_clock_charged():
+    """GAS's server answers every upload (2 passes over its B samples) and steps on the
+    buffered and generated activations (2 passes); the record counts both."""
+    _, env, records, charged = _run(_config({"name": "gas"}, rounds=2))
+    for t, rec in enumerate(records, 1):
+        assert rec["server_macs"] == charged[t] > 0
+    fs = _server_forward_macs(env)
+    assert records[0]["server_macs"] > 2 * N * K * B * fs       # answers and steps
+
+
+@pytest.mark.parametrize("case", ["sl", "sflv1", "sflv2", "csefsl"])
+def test_first_order_server_macs_are_what_the_clock_charged(case):
+    """SL, SFL-V1, SFL-V2 and CSE-FSL (in its upload rounds) run a forward and a backward
+    pass of the server side per uploaded sample, as the record counts them."""
+    _, env, records, charged = _run(_config(CASES[case], rounds=2))
+    fs = _server_forward_macs(env)
+    for t, rec in enumerate(records, 1):
+        samples = N * K * B if case != "csefsl" else (N * B if t == 2 else 0)
+        assert rec["server_macs"] == charged.get(t, 0) == 3 * samples * fs
