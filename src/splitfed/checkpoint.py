@@ -12,7 +12,10 @@ holds plain data, tensors and numpy arrays only:
   ``init_state`` builds);
 - ``streams``: every named random stream of the run (numpy and torch generators);
 - ``clock``: the virtual clock (simulated time, its generator, the client profiles);
-- ``ledger``: the communication ledger (bytes by round, kind, direction and client);
+- ``ledger``: the communication ledger (bytes by round, kind, direction and client:
+  per round and transfer, the ids of the clients that sent or received and their
+  bytes, int64 vectors; a list of every client's bytes, as checkpoints held it before,
+  is read too);
 - ``components``: the state of any other engine part that keeps one between rounds
   (the participation sampler, the server's data pool) when it has ``state()``;
 - ``round`` (the last finished round: the learning-rate schedule is a function of it),
@@ -72,6 +75,7 @@ from splitfed.files import (  # noqa: F401 - atomic_write, remove_stale_temp_fil
     remove_stale_temp_files,
 )
 from splitfed.provenance import cpu_capability  # noqa: F401 - re-exported
+from splitfed.transport.base import DOWN, KINDS, UP
 
 CHECKPOINT = "checkpoint.pt"
 FORMAT = 2
@@ -462,13 +466,38 @@ def _check_ledger(ledger: dict, t: int, path) -> None:
         if not _is_int(r) or not 0 <= r <= t or not isinstance(table, dict):
             raise _bad(path, f"ledger.rounds has an entry {str(r)[:20]!r} that is not a "
                              f"round 0..{t}")
-        for key, per_client in table.items():
-            if not isinstance(key, str) or key.count("|") != 1:
+        for key, sent in table.items():
+            if not isinstance(key, str) or key.count("|") != 1 or \
+                    key.split("|")[0] not in KINDS or key.split("|")[1] not in (UP, DOWN):
                 raise _bad(path, f"ledger.rounds[{r}] has a key {str(key)[:40]!r} that is "
                                  "not kind|direction")
-            if not isinstance(per_client, list) or len(per_client) != n or \
-                    not all(_is_int(b) and 0 <= b < 2 ** 63 for b in per_client):
-                raise _bad(path, f"ledger.rounds[{r}][{key!r}] is not {n} byte counts")
+            if isinstance(sent, list):      # every client's bytes, as written before
+                if len(sent) != n or not all(_is_int(b) and 0 <= b < 2 ** 63 for b in sent):
+                    raise _bad(path, f"ledger.rounds[{r}][{key!r}] is not {n} byte counts")
+                continue
+            what = _check_sent(sent, n)
+            if what is not None:
+                raise _bad(path, f"ledger.rounds[{r}][{key!r}] {what}")
+
+
+def _check_sent(sent: Any, n: int) -> str | None:
+    """What is wrong with a ledger entry of ``n`` clients' run (None when nothing):
+    ``{"ids": ..., "bytes": ...}``, int64 vectors of one length, the ids distinct
+    clients 0..n-1 in increasing order, the bytes not negative."""
+    if not isinstance(sent, dict) or set(sent) != {"ids", "bytes"}:
+        return "does not hold the ids and bytes of the clients that sent"
+    ids, nbytes = sent["ids"], sent["bytes"]
+    if not all(isinstance(a, np.ndarray) and a.dtype == np.int64 and a.ndim == 1
+               for a in (ids, nbytes)):
+        return "has ids or bytes that are not vectors of int64"
+    if ids.size != nbytes.size:
+        return f"has {ids.size} ids and {nbytes.size} byte counts"
+    if ids.size > n or (ids.size and (ids[0] < 0 or ids[-1] >= n
+                                      or not (ids[1:] > ids[:-1]).all())):
+        return f"has ids that are not distinct clients 0..{n - 1} in increasing order"
+    if nbytes.size and nbytes.min() < 0:
+        return "has a negative byte count"
+    return None
 
 
 # ------------------------------------------------------------------ restoring
