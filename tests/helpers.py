@@ -239,3 +239,11 @@ def plugin_run(**changes):
     for key, value in changes.items():
         raw[key] = {**raw.get(key, {}), **value} if isinstance(value, dict) else value
     return run_experiment(build_config(raw), write=False)
+
+
+def copy_run(src, dst):
+    """A copy of run directory ``src`` (its files) at ``dst``, created; returns ``dst``."""
+    dst.mkdir(parents=True)
+    for p in src.iterdir():
+        (dst / p.name).write_bytes(p.read_bytes())
+    return dst

@@ -37,7 +37,7 @@ from splitfed.experiment import lock_run_dir, resume_experiment, run_experiment
 from splitfed.locking import LOCK_NAME, holder
 from splitfed.study import run_study, study_from_mapping
 from splitfed.sweep import run_sweep
-from tests.helpers import digits_config, interrupt_round
+from tests.helpers import copy_run, digits_config, interrupt_round
 
 BIN = Path(sys.executable).parent / "splitfed"
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -104,13 +104,6 @@ def stopped(tmp_path_factory) -> Path:
         return interrupted_run(root / "run", mp)
     finally:
         mp.undo()
-
-
-def copy_run(src: Path, dst: Path) -> Path:
-    dst.mkdir(parents=True)
-    for p in src.iterdir():
-        (dst / p.name).write_bytes(p.read_bytes())
-    return dst
 
 
 # ------------------------------------------------------------------ the payload

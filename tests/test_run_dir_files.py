@@ -30,7 +30,7 @@ from splitfed.experiment import RUN_FILES, resume_experiment, run_experiment, wr
 from splitfed.locking import LOCK_NAME, DirLock, holder
 from splitfed.metrics import MetricLogger, read_records, write_csv
 from splitfed.runtime import secure
-from tests.helpers import digits_config
+from tests.helpers import copy_run, digits_config
 
 VICTIM = "do not overwrite\n"
 
@@ -55,13 +55,6 @@ def base(tmp_path_factory) -> Path:
     assert result.status == "completed"
     assert load_checkpoint(run_dir)["round"] == 2
     return run_dir
-
-
-def copy_run(src: Path, dst: Path) -> Path:
-    dst.mkdir(parents=True)
-    for p in src.iterdir():
-        (dst / p.name).write_bytes(p.read_bytes())
-    return dst
 
 
 def extend(run_dir: Path, rounds: int = 3) -> None:

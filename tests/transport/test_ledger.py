@@ -16,7 +16,7 @@ from splitfed.checkpoint import CHECKPOINT, load_checkpoint
 from splitfed.errors import FormatError
 from splitfed.experiment import resume_experiment, run_experiment
 from splitfed.transport.ledger import Ledger
-from tests.helpers import assert_same_run, digits_config, interrupt_round
+from tests.helpers import assert_same_run, copy_run, digits_config, interrupt_round
 
 SFL = [("model", "down"), ("activations", "up"), ("labels", "up"),
        ("activation_grads", "down"), ("model", "up")]
@@ -254,16 +254,9 @@ def stopped(tmp_path_factory) -> Path:
         mp.undo()
 
 
-def _copy(src: Path, dst: Path) -> Path:
-    dst.mkdir(parents=True)
-    for p in src.iterdir():
-        (dst / p.name).write_bytes(p.read_bytes())
-    return dst
-
-
 @pytest.mark.parametrize("how", [*FORGED, "a transfer of no known kind", "a dense list"])
 def test_a_forged_ledger_entry_is_refused_in_one_line(tmp_path, stopped, how):
-    run_dir = _copy(stopped, tmp_path / "run")
+    run_dir = copy_run(stopped, tmp_path / "run")
     ckpt = load_checkpoint(run_dir)
     assert _entry(ckpt)["ids"].size == 3
     if how == "a transfer of no known kind":
