@@ -454,7 +454,7 @@ def test_round_result_is_where_the_docs_say():
     assert rounds.RoundResult is RoundResult
     assert [f.name for f in dataclasses.fields(RoundResult)] == [
         "state", "train_loss", "samples", "server_samples", "metrics",
-        "server_model_samples"]
+        "server_model_samples", "server_macs"]
 
 
 class Failing(FedAvg):
