@@ -449,16 +449,17 @@ def descendants(pid: int) -> list[int]:
 
 
 def stop(procs: list[subprocess.Popen]) -> None:
-    """Kill the processes and everything they started (torchrun's workers)."""
-    below = [d for p in procs if p.poll() is None for d in descendants(p.pid)]
-    for p in procs:
-        if p.poll() is None:
-            p.kill()
-    for pid in below:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
+    """Kill the processes and everything they started (torchrun's workers). All are
+    stopped (SIGSTOP) before any is killed: a rank killed first would reset its links,
+    and a rank still running could print that as its own failure."""
+    alive = [p.pid for p in procs if p.poll() is None]
+    below = [d for pid in alive for d in descendants(pid)]
+    for sig in (signal.SIGSTOP, signal.SIGKILL):
+        for pid in [*alive, *below]:
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
     for p in procs:
         p.wait()
 
