@@ -103,12 +103,8 @@ def load_dataset(name: str, data_dir: str | None = None, *,
     key = dataset_key(name)
     try:
         bundle = call_plugin("dataset", key, "data.name", loader, data_dir, rng, **options)
-    except MemoryError:
-        raise DataError(f"data.name: this machine has not the memory to load "
-                        f"{component('dataset', key)} (from {data_dir or 'its default'}); "
-                        "its files declare more than fits") from None
-    except RuntimeError as e:            # torch's allocator: "can't allocate memory"
-        if "allocate" not in str(e):
+    except (MemoryError, RuntimeError) as e:  # numpy's, or torch's allocator's
+        if isinstance(e, RuntimeError) and "allocate" not in str(e):   # "can't allocate"
             raise
         raise DataError(f"data.name: this machine has not the memory to load "
                         f"{component('dataset', key)} (from {data_dir or 'its default'}); "

@@ -222,14 +222,14 @@ def _probabilities(q, n: int) -> np.ndarray:
                               and any(isinstance(v, bool) for v in q)):
         raise ConfigError(f"q: expected a number or a list of numbers, got {show(q)} (true "
                           "and false are not probabilities)")
-    items = list(q) if isinstance(q, (list, tuple)) else [q]
+    many = isinstance(q, (list, tuple))
+    items = list(q) if many else [q]
     numbers = [as_number(v) for v in items]     # a number's text too (YAML reads 1e-3 so)
     if any(v is None for v in numbers):
         raise ConfigError(f"q: expected a number or a list of numbers, got {show(q)}")
     for i, (v, given) in enumerate(zip(numbers, items)):
-        check_float_range(v, f"q[{i}]" if isinstance(q, (list, tuple)) else "q", given)
-    arr = np.asarray(numbers if isinstance(q, (list, tuple)) else numbers[0],
-                     dtype=np.float64)
+        check_float_range(v, f"q[{i}]" if many else "q", given)
+    arr = np.asarray(numbers if many else numbers[0], dtype=np.float64)
     if arr.ndim > 1 or (arr.ndim == 1 and arr.size != n):
         raise ConfigError(f"q: expected a number or a list of {n} numbers (one per client), "
                           f"got {show(q)}")
