@@ -13,7 +13,7 @@ import torch
 
 from splitfed.data import text
 from splitfed.data.text import BOS, FIRST_WORD, PAD, UNK, WordTokenizer, hf_encode
-from splitfed.errors import DataError
+from splitfed.errors import ConfigError, DataError
 
 WORDS = "the movie is good bad a film plot , . ! superb dull".split()
 
@@ -178,3 +178,44 @@ def test_parquet_read_in_batches_gives_every_row(tmp_path, monkeypatch):
                              "sentence": pa.array([], pa.string())}), tmp_path / "e.parquet")
     texts, labels, size = text._read_parquet(tmp_path / "e.parquet")
     assert texts == [] and labels.tolist() == [] and size == 0
+
+
+def _growing_tokenizer(path, growth: int):
+    """A word-level tokenizer whose normalizer puts ``growth`` characters (" good"
+    repeated) in place of every character."""
+    tokenizers = pytest.importorskip("tokenizers")
+    transformers = pytest.importorskip("transformers")
+    from tokenizers import Regex, models, normalizers, pre_tokenizers
+
+    vocab = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3, "good": 4}
+    t = tokenizers.Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    t.pre_tokenizer = pre_tokenizers.Whitespace()
+    t.normalizer = normalizers.Replace(Regex("."), " good" * (growth // 5))
+    transformers.PreTrainedTokenizerFast(tokenizer_object=t, unk_token="<unk>",
+                                         pad_token="<pad>").save_pretrained(path)
+    return str(path)
+
+
+def test_a_tokenizer_that_multiplies_the_text_is_refused_in_little_memory(tmp_path):
+    # 11 kB of tokenizer.json: each character becomes 2000 tokens, so 200 sentences of
+    # 100 characters would be 40 million tokens (gigabytes) before truncation
+    path = _growing_tokenizer(tmp_path / "tok", 10_000)
+    texts = ["the movie is good " * 5 + "x" * 10] * 200
+    tracemalloc.start()
+    try:
+        with pytest.raises(ConfigError, match=r"^data\.tokenizer: the tokenizer in .* makes "
+                                              r"a sentence of 100 characters more than 16 "
+                                              r"times longer before it splits it \(\d+ "
+                                              r"characters from its first 256\); refused$"):
+            hf_encode(path, texts, 8)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20, peak
+
+
+def test_a_normalizer_that_lengthens_text_a_little_is_accepted(tmp_path):
+    path = _growing_tokenizer(tmp_path / "tok", 10)       # " good good" per character
+    ids = hf_encode(path, ["ab", "a" * 600], 6)
+    assert torch.equal(ids, _whole_texts_ids(path, ["ab", "a" * 600], 6))
+    assert ids[:, 0].tolist() == [[4, 4, 4, 4, 1, 1], [4] * 6]

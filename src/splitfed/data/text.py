@@ -78,6 +78,12 @@ _LAZY_WORDS = 1 << 16
 #: :data:`_CHUNK_CHARS` characters together (plus one text), at a time
 _CHUNK_TEXTS = 1024
 _CHUNK_CHARS = 1 << 22
+#: the most a tokenizer directory's normalizer may lengthen a text (lower-casing and accent
+#: stripping lengthen few characters; NFKC a few rare ones up to 18 times, so a sentence
+#: of nothing else would be refused); the text is measured :data:`_NORMALIZE_SLICE`
+#: characters at a time
+MAX_NORMALIZED_GROWTH = 16
+_NORMALIZE_SLICE = 256
 #: parquet rows decoded at a time while a file's bytes of text are counted
 _PARQUET_BATCH_ROWS = 1024
 
@@ -156,14 +162,18 @@ def hf_encode(tokenizer_dir: str, texts: Sequence[str], max_len: int) -> torch.T
         raise ConfigError(f"data.max_len: {max_len} leaves no room for a sentence: the "
                           f"tokenizer in {path} adds {special} special tokens to each; "
                           f"give at least {special + 1}")
+    normalizer = getattr(getattr(tok, "backend_tokenizer", None), "normalizer", None)
     out = torch.empty((len(texts), 2, max_len), dtype=torch.long)
     try:
         start, chunk, chars = 0, [], 0
         for i, text in enumerate(texts):
+            size = len(text) if isinstance(text, str) else 0
+            if normalizer is not None and size:
+                size = _normalized_size(normalizer, text, path)
             if isinstance(text, str) and len(text) > _prefix_chars(max_len):
                 text = _stable_prefix(tok, text, max_len)
             chunk.append(text)
-            chars += len(text) if isinstance(text, str) else 0
+            chars += size
             if len(chunk) == _CHUNK_TEXTS or chars > _CHUNK_CHARS or i == len(texts) - 1:
                 enc = tok(chunk, padding="max_length", truncation=True, max_length=max_len,
                           return_attention_mask=True, return_tensors="pt")
@@ -171,9 +181,30 @@ def hf_encode(tokenizer_dir: str, texts: Sequence[str], max_len: int) -> torch.T
                                                dim=1)
                 start, chunk, chars = i + 1, [], 0
         return out
+    except ConfigError:
+        raise
     except Exception as e:  # noqa: BLE001 - a tokenizer that loads but cannot encode
         raise ConfigError(f"data.tokenizer: the tokenizer in {path} cannot encode the "
                           f"sentences at data.max_len {max_len}: {describe(e, 200)}") from None
+
+
+def _normalized_size(normalizer, text: str, path: Path) -> int:
+    """The characters of ``text`` after a fast tokenizer's ``normalizer``, which may not
+    make it more than :data:`MAX_NORMALIZED_GROWTH` times longer (a normalizer can replace
+    each character by any text: a small ``tokenizer.json`` could turn a sentence into
+    millions of tokens). Measured slice by slice, so a normalizer that lengthens text is
+    refused before it holds more than one slice's output."""
+    limit = MAX_NORMALIZED_GROWTH * len(text) + _NORMALIZE_SLICE
+    size = 0
+    for at in range(0, len(text), _NORMALIZE_SLICE):
+        size += len(normalizer.normalize_str(text[at:at + _NORMALIZE_SLICE]))
+        if size > limit:
+            raise ConfigError(
+                f"data.tokenizer: the tokenizer in {path} makes a sentence of {len(text)} "
+                f"characters more than {MAX_NORMALIZED_GROWTH} times longer before it "
+                f"splits it ({size} characters from its first {at + _NORMALIZE_SLICE}); "
+                "refused")
+    return size
 
 
 def _prefix_chars(max_len: int) -> int:
