@@ -75,6 +75,20 @@ def test_an_existing_output_is_kept_unless_forced(runs, tmp_path, capsys):
     assert [p.name for p in tmp_path.iterdir()] == ["acc.png"]   # no temporary file left
 
 
+def test_a_dangling_link_as_output_is_named_and_replaced_only_if_forced(runs, tmp_path,
+                                                                        capsys):
+    out = tmp_path / "acc.png"
+    out.symlink_to(tmp_path / "gone" / "x.png")
+    assert main(["plot", str(runs[0]), "-o", str(out)]) == 2
+    assert capsys.readouterr().err == (
+        f"splitfed: error: --out {out}: is a link to a file that does not exist; pass "
+        "--force to replace the link, or choose another --out\n")
+    assert out.is_symlink() and not (tmp_path / "gone").exists()
+    assert main(["plot", str(runs[0]), "-o", str(out), "--force"]) == 0
+    assert not out.is_symlink() and out.read_bytes()[:4] == b"\x89PNG"
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == ["acc.png"]
+
+
 @pytest.fixture
 def bad_inputs(tmp_path):
     files = {"empty.jsonl": "", "torn.jsonl": '{"round": 0, "test_acc": 0.1}\n{"round": 1, "te',

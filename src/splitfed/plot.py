@@ -255,6 +255,9 @@ def check_output(out: str | Path, force: bool) -> Path:
     if out.exists() and not force:
         raise ConfigError(f"--out {out}: the file exists; pass --force to overwrite it, "
                           "or choose another --out")
+    if out.is_symlink() and not force:          # a link to nothing: the link is replaced
+        raise ConfigError(f"--out {out}: is a link to a file that does not exist; pass "
+                          "--force to replace the link, or choose another --out")
     return out
 
 
