@@ -136,6 +136,18 @@ def test_a_run_with_no_record_yet_has_a_row_that_says_so(tmp_path):
         "r", "n/a", "unfinished", "n/a"]
 
 
+@pytest.mark.parametrize("acc,cell", [(1e308, "1e+308"), (-2.5e6, "-2.5e+06"),
+                                      (123456.0, "123456.0000"), (5e-7, "5e-07"),
+                                      (0.0, "0.0000"), (0.5, "0.5000")])
+def test_a_hand_written_accuracy_takes_a_cell_of_a_few_characters(tmp_path, acc, cell):
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(json.dumps({"round": 0, "test_acc": acc}) + "\n")
+    for last in (True, False):
+        body = summary_table(run, last=last).splitlines()[2].split()
+        assert body[4:6] == [cell, cell], body
+
+
 def test_flatten_config_lifts_the_options_of_open_sections():
     raw = {"name": "x", "partition": {"scheme": "dirichlet", "options": {"alpha": 0.5}},
            "model": {"name": "mlp", "options": {"hidden": [64, 32]}},
