@@ -105,7 +105,7 @@ def bad_inputs(tmp_path):
 
 @pytest.mark.parametrize("arg, match", [
     ("missing", "no such metrics file"),
-    ("dir_metrics", "no such metrics file"),
+    ("dir_metrics", "metrics.jsonl: not a regular file"),
     ("config.yaml", "line 1 is not a JSON record"),
     ("empty.jsonl", "no evaluated round"),
     ("torn.jsonl", "line 2 is not a JSON record"),

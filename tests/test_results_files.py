@@ -213,3 +213,29 @@ def test_a_summary_records_its_plugins_digests_as_text(good, tmp_path, capsys):
     (run / "summary.json").write_text(json.dumps(summary))
     capsys.readouterr()
     _one_error(capsys, ["results", str(run), "--last"], "provenance.plugins.my_lab is 3")
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "directory"])
+def test_a_metrics_file_that_is_no_regular_file_is_named_as_such(tmp_path, capsys, kind):
+    from splitfed.cli import main
+
+    run = tmp_path / "r"
+    run.mkdir()
+    metrics = run / "metrics.jsonl"
+    if kind == "fifo":
+        os.mkfifo(metrics)
+    elif kind == "device":
+        metrics.symlink_to("/dev/zero")
+    else:
+        metrics.mkdir()
+    odd = "not a regular file (a directory, a pipe, a socket or a device)"
+    for args, path in ((["results", str(run)], metrics), (["results", str(tmp_path)], metrics),
+                       (["results", str(metrics)], metrics),
+                       (["plot", str(run), "-o", str(tmp_path / "a.png")], metrics)):
+        if kind == "directory" and args[1] == str(metrics):
+            continue                        # a directory: searched for runs, holds none
+        assert main(args) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"splitfed: error: {path}: {odd}; "), err
+        assert err.count("\n") == 1
+    assert not (tmp_path / "a.png").exists()

@@ -37,7 +37,7 @@ from pathlib import Path
 
 from splitfed.configtools import yaml_load
 from splitfed.errors import ConfigError
-from splitfed.files import atomic_write, read_regular
+from splitfed.files import NOT_REGULAR, atomic_write, read_regular
 from splitfed.metrics import divergence, is_finite_number, read_records
 from splitfed.study import curve
 
@@ -48,7 +48,8 @@ def _metrics_file(path: Path) -> Path:
     if path.is_dir():
         path = path / "metrics.jsonl"
     if not path.is_file():
-        raise ConfigError(f"{path}: no such metrics file; give a run directory (with "
+        what = NOT_REGULAR if path.exists() else "no such metrics file"
+        raise ConfigError(f"{path}: {what}; give a run directory (with "
                           "metrics.jsonl) or a metrics.jsonl file")
     return path
 

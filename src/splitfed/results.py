@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from splitfed.errors import ConfigError, FormatError
-from splitfed.files import MAX_SUMMARY_BYTES, escape_controls, read_regular
+from splitfed.files import MAX_SUMMARY_BYTES, NOT_REGULAR, escape_controls, read_regular
 from splitfed.metrics import (csv_text, is_finite_number, loads_strict, read_records,
                               record_summary)
 
@@ -217,8 +217,15 @@ def _runs_under(path: Path, strict: bool) -> list[Path]:
     if (path / "metrics.jsonl").is_file():
         return [path]
     if not path.is_dir():
+        if strict and path.exists():
+            raise ConfigError(f"{path}: {NOT_REGULAR}; give a run directory (with "
+                              "metrics.jsonl), a directory of runs or a metrics.jsonl file")
         return []
-    return sorted({m.parent for m in path.rglob("metrics.jsonl") if m.is_file()})
+    found = sorted(path.rglob("metrics.jsonl"))
+    odd = next((m for m in found if not m.is_file()), None)
+    if strict and odd is not None:      # a pipe or a device would block or never end
+        raise ConfigError(f"{odd}: {NOT_REGULAR}; a run's metrics.jsonl is a file")
+    return sorted({m.parent for m in found if m.is_file()})
 
 
 def _read_summary(path: Path) -> dict:
