@@ -293,6 +293,8 @@ class Failing(FedAvg):
     def round(self, env, state, t, cohort):
         if t == self.options.fail_round and os.environ.get("PARALLEL_TEST_FAIL") == "1":
             raise RuntimeError(f"failing on purpose in round {t}")
+        if t == self.options.fail_round and os.environ.get("PARALLEL_TEST_EXIT") == "1":
+            raise SystemExit(5)
         return super().round(env, state, t, cohort)
 
 
@@ -341,6 +343,7 @@ def _splitfed(argv, cwd, **env):
     environ = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", MPLBACKEND="Agg",
                    PYTHONPATH=str(Path(cwd) / "plugins"), **env)
     environ.pop("PARALLEL_TEST_FAIL", None)
+    environ.pop("PARALLEL_TEST_EXIT", None)
     environ.update(env)
     return subprocess.Popen([sys.executable, "-m", "splitfed", *argv], cwd=cwd, env=environ,
                             text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -384,6 +387,22 @@ def test_a_failing_run_does_not_stop_the_others_and_is_rerun_next_time(lab):
     summary = json.loads((failed / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["resumed_from"] == [1]
     assert (sweep / "results.md").is_file() and (sweep / "sweep.md").is_file()
+
+
+@pytest.mark.parametrize("jobs", ["1"])      # in this process (a worker reports the same)
+def test_a_plugin_that_exits_fails_its_run_only(lab, jobs):
+    _config(lab, algorithm={"name": "test_failing"})
+    argv = ["sweep", "small.yaml", "algorithm.fail_round=2,4", "--plugin",
+            "parallel_test_plugin", "--out-dir", "out", "--jobs", jobs]  # 4: never (3 rounds)
+    code, out, err = _run(argv, lab, PARALLEL_TEST_EXIT="1")
+    sweep = lab / "out" / "small-sweep"
+    assert code == 2, err
+    assert err.splitlines()[-1] == ("  run 'algorithm.fail_round=2' (seed 3): the run called "
+                                    "exit (SystemExit: 5)"), err
+    done = sweep / "runs" / "algorithm.fail_round-4-s3"
+    assert json.loads((done / "summary.json").read_text())["status"] == "completed"
+    assert not (sweep / "runs" / "algorithm.fail_round-2-s3" / "summary.json").exists()
+    assert not (sweep / LOCK_NAME).exists()
 
 
 def test_a_killed_worker_loses_only_its_run_which_the_next_invocation_finishes(lab):

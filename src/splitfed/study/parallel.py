@@ -188,7 +188,8 @@ def run_point(task: PointTask) -> PointResult:
 
     The parent has checked that the directory holds nothing but a run of this config.
     Failures are returned, not raised (``error``: the message of a splitfed error, else
-    ``<type>: <message>`` with the traceback printed on stderr); Ctrl-C raises
+    ``<type>: <message>`` with the traceback printed on stderr; a ``SystemExit`` a
+    plugin raises is a failure of its run too, in this process as in a worker); Ctrl-C raises
     :class:`~splitfed.errors.RunInterrupted`."""
     import torch
 
@@ -229,6 +230,17 @@ def run_point(task: PointTask) -> PointResult:
         traceback.print_exc()
         sys.stderr.flush()
         return PointResult(task.index, error=f"{type(e).__name__}: {e}")
+    except SystemExit as e:        # a plugin's sys.exit(): the run fails, not the study
+        print(f"splitfed: run {task.label!r} (seed {task.seed}) failed:", file=sys.stderr)
+        traceback.print_exc()
+        sys.stderr.flush()
+        return PointResult(task.index, error=f"the run called exit (SystemExit: "
+                                            f"{_describe_code(e.code)})")
+
+
+def _describe_code(code) -> str:
+    """A ``SystemExit`` code for a message: the number, or the text cut short."""
+    return str(code) if isinstance(code, int) else repr(code)[:80]
 
 
 def _experiment():
