@@ -21,7 +21,7 @@ import json
 import os
 import stat
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -118,6 +118,16 @@ def read_regular(path: str | Path, what: str, max_bytes: int, *,
     file that grows or lies about its size cannot exhaust memory). Those refusals raise
     ``error`` with one line ``<what>: <reason>[; <hint>]``; ``what`` names the file.
     The file not existing or not being readable raises the :class:`OSError` as is."""
+    return b"".join(iter_regular(path, what, max_bytes, error=error, hint=hint))
+
+
+def iter_regular(path: str | Path, what: str, max_bytes: int, *,
+                 error: type[Exception] = FormatError, hint: str = "",
+                 chunk: int = 1 << 20) -> Iterator[bytes]:
+    """The bytes of ``path`` as :func:`read_regular` reads them, with its checks and
+    errors, in pieces of at most ``chunk`` bytes: a reader holds one piece at a time,
+    not the file. The checks run when the first piece is asked for; a file that grows
+    beyond ``max_bytes`` while it is read raises when the excess is reached."""
     def refuse(reason: str) -> Exception:
         return error(f"{what}: {reason}" + (f"; {hint}" if hint else ""))
 
@@ -130,16 +140,15 @@ def read_regular(path: str | Path, what: str, max_bytes: int, *,
             raise refuse(NOT_REGULAR)
         if st.st_size > max_bytes:
             raise refuse(f"{st.st_size} bytes, more than the {max_bytes} allowed")
-        chunks, left = [], max_bytes + 1
+        left = max_bytes + 1
         while left > 0:
-            chunk = os.read(fd, min(left, 1 << 20))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
-        if left <= 0:
-            raise refuse(f"more than the {max_bytes} bytes allowed")
-        return b"".join(chunks)
+            piece = os.read(fd, min(left, chunk))
+            if not piece:
+                return
+            left -= len(piece)
+            if left <= 0:
+                raise refuse(f"more than the {max_bytes} bytes allowed")
+            yield piece
     finally:
         os.close(fd)
 

@@ -19,6 +19,7 @@ csv`` or :func:`splitfed.results.load_runs` give it on demand (:func:`write_csv`
 
 from __future__ import annotations
 
+import codecs
 import csv
 import errno
 import io
@@ -26,12 +27,12 @@ import json
 import math
 import numbers
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from splitfed.errors import FormatError
-from splitfed.files import MAX_JSON_DEPTH, atomic_write, read_regular
+from splitfed.files import MAX_JSON_DEPTH, atomic_write, iter_regular
 
 #: the largest ``metrics.jsonl`` read back (far above any real run's records)
 MAX_METRICS_BYTES = 1 << 30
@@ -272,52 +273,163 @@ def read_records(path: str | Path) -> list[dict]:
     object (:func:`loads_strict`: no key twice, no number beyond the range of a float)
     with an integer ``round`` 0..MAX_COUNT greater than the previous line's, byte
     counts (:func:`is_count_key`) that are integers 0..MAX_COUNT, and numbers (not
-    booleans) in the fields of :data:`NUMBER_KEYS`. Non-finite numbers
-    written as ``NaN``/``Infinity`` come back as floats (:func:`decode_record`).
+    booleans) in the fields of :data:`NUMBER_KEYS`, each line at most
+    :data:`MAX_RECORD_BYTES` long. Non-finite numbers written as ``NaN``/``Infinity``
+    come back as floats (:func:`decode_record`).
 
     Raises :class:`FormatError` naming the file and line when it is not such a file
     (torn, truncated, foreign, edited), or naming the file when it is not a regular file
     (a pipe, a device) or is larger than :data:`MAX_METRICS_BYTES`; :class:`OSError`
-    when it cannot be read.
+    when it cannot be read. :func:`iter_records` gives the same records one at a time.
     """
+    return list(iter_records(path))
 
+
+#: the longest line of ``metrics.jsonl`` read back: a record is a flat object of numbers
+#: (a few hundred bytes; one with a metric for each of 10,000 clients is under 1 MiB),
+#: and parsing a line takes many times its length in memory
+MAX_RECORD_BYTES = 1 << 22
+
+
+def iter_records(path: str | Path) -> Iterator[dict]:
+    """The records of :func:`read_records`, checked the same way and with the same
+    errors, read as a stream: memory holds one piece of the file (1 MiB) and one line
+    (at most :data:`MAX_RECORD_BYTES`), whatever the file's size. The file is checked
+    when the first record is asked for. A fault is raised where it is found, once the
+    rest of the file has been read for the faults :func:`read_records` names first (a
+    file larger than allowed, bytes that are not UTF-8), so every reader names the same
+    one; the records given before it are of a file that is then refused."""
     path = Path(path)
+    lines = _lines(iter_regular(path, str(path), MAX_METRICS_BYTES))
+    previous: int | None = None
+    for n, (start, raw, bad) in enumerate(lines, 1):
+        if bad is None and raw is not None:
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                bad = start + e.start
+        if bad is not None:
+            _drain(lines, None)                   # only a larger file is named first
+            raise _not_utf8(path, bad)
+        try:
+            if raw is None:
+                raise FormatError(f"{path}: line {n} is longer than the {MAX_RECORD_BYTES} "
+                                  "bytes a record may have; not a metrics file as splitfed "
+                                  "writes it")
+            record = _line_record(path, n, line, previous)
+        except FormatError:
+            _drain(lines, path)                   # a larger file, bytes not UTF-8 first
+            raise
+        if record is not None:
+            previous = record["round"]
+            yield record
+
+
+def _not_utf8(path: Path, at: int) -> FormatError:
+    return FormatError(f"{path}: not a metrics file (not UTF-8 text at byte {at})")
+
+
+def _lines(chunks: Iterator[bytes]) -> Iterator[tuple[int, bytes | None, int | None]]:
+    """The lines of a file read in ``chunks``, separated by ``\\n`` only (as
+    ``str.split("\\n")``: the piece after the last ``\\n`` is a line, maybe empty):
+    ``(offset of the line's first byte, its bytes without the newline, None)``. A line
+    longer than :data:`MAX_RECORD_BYTES` is not kept: it comes as ``(offset, None, the
+    offset of its first byte that is not UTF-8, or None)``."""
+    pending, start = bytearray(), 0
+    long_utf8 = None          # a too long line's decoder, and its first bad byte
+    bad: int | None = None
+    seen = 0                  # bytes of the file before the current chunk
+    for chunk in chunks:
+        pos = 0
+        while pos < len(chunk):
+            end = chunk.find(b"\n", pos)
+            stop = len(chunk) if end < 0 else end
+            if long_utf8 is not None:
+                if bad is None:
+                    bad = _feed(long_utf8, chunk[pos:stop], seen + pos)
+            else:
+                pending += chunk[pos:stop]
+                if len(pending) > MAX_RECORD_BYTES:     # keep no more of it
+                    long_utf8 = codecs.getincrementaldecoder("utf-8")()
+                    bad = _feed(long_utf8, bytes(pending), start)
+                    pending = bytearray()
+            if end < 0:
+                break
+            yield _line(start, seen + end, pending, long_utf8, bad)
+            pending, long_utf8, bad = bytearray(), None, None
+            start = seen + end + 1
+            pos = end + 1
+        seen += len(chunk)
+    yield _line(start, seen, pending, long_utf8, bad)
+
+
+def _line(start: int, end: int, pending: bytearray, long_utf8, bad: int | None):
+    """What :func:`_lines` gives for the line from ``start`` to ``end`` (its newline)."""
+    if long_utf8 is None:
+        return start, bytes(pending), None
+    if bad is None:                           # a character cut by the end of the line
+        bad = _feed(long_utf8, b"", end, final=True)
+    return start, None, bad
+
+
+def _feed(decoder, data: bytes, offset: int, final: bool = False) -> int | None:
+    """Feed ``data`` (at ``offset`` in the file) to an incremental UTF-8 decoder; the
+    offset of the first byte that is not UTF-8, None when there is none so far."""
+    held = decoder.getstate()[0]
     try:
-        text = read_regular(path, str(path), MAX_METRICS_BYTES).decode("utf-8")
+        decoder.decode(data, final)
     except UnicodeDecodeError as e:
-        raise FormatError(f"{path}: not a metrics file (not UTF-8 text at byte "
-                          f"{e.start})") from None
-    records: list[dict] = []
-    for n, line in enumerate(text.split("\n"), 1):
-        if not line.strip():
+        return offset - len(held) + e.start
+    return None
+
+
+def _drain(lines: Iterator, path: Path | None) -> None:
+    """Read the rest of the file (for its size check) and, given ``path``, raise the
+    first byte that is not UTF-8 in it."""
+    for start, raw, bad in lines:
+        if path is None:
+            continue
+        if bad is not None:
+            raise _not_utf8(path, bad)
+        if raw is None:
             continue
         try:
-            record, too_big = _parse(line)
-        except _Refused as e:
-            raise FormatError(f"{path}: line {n}: {e}; not a metrics file as splitfed "
-                              "writes it") from None
-        except ValueError as e:
-            raise FormatError(f"{path}: line {n} is not a JSON record ({e}); the file is "
-                              "torn or not a metrics file") from None
-        if not isinstance(record, dict):
-            raise FormatError(f"{path}: line {n} is not a JSON object; not a metrics file")
-        why = _check_record(record, too_big)
-        if why is not None:
-            raise FormatError(f"{path}: line {n}{why}; not a metrics file")
-        if records and record["round"] <= records[-1]["round"]:
-            raise FormatError(f"{path}: line {n} is of round {record['round']}, after round "
-                              f"{records[-1]['round']}; rounds must increase (a record "
-                              "repeated or out of order: the file was edited or joined)")
-        record = decode_record(record)
-        wrong = next((k for k in NUMBER_KEYS if k in record
-                      and (isinstance(record[k], bool)
-                           or not isinstance(record[k], (int, float)))), None)
-        if wrong is not None:
-            shown = str(record[wrong])[:40]
-            raise FormatError(f"{path}: line {n} has {wrong} = {shown!r}, not a number; not a "
-                              "metrics file as splitfed writes it")
-        records.append(record)
-    return records
+            raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise _not_utf8(path, start + e.start) from None
+
+
+def _line_record(path: Path, n: int, line: str, previous: int | None) -> dict | None:
+    """Line ``n`` of a metrics file as a record, checked (:func:`read_records`); None for
+    a blank line."""
+    if not line.strip():
+        return None
+    try:
+        record, too_big = _parse(line)
+    except _Refused as e:
+        raise FormatError(f"{path}: line {n}: {e}; not a metrics file as splitfed "
+                          "writes it") from None
+    except ValueError as e:
+        raise FormatError(f"{path}: line {n} is not a JSON record ({e}); the file is "
+                          "torn or not a metrics file") from None
+    if not isinstance(record, dict):
+        raise FormatError(f"{path}: line {n} is not a JSON object; not a metrics file")
+    why = _check_record(record, too_big)
+    if why is not None:
+        raise FormatError(f"{path}: line {n}{why}; not a metrics file")
+    if previous is not None and record["round"] <= previous:
+        raise FormatError(f"{path}: line {n} is of round {record['round']}, after round "
+                          f"{previous}; rounds must increase (a record "
+                          "repeated or out of order: the file was edited or joined)")
+    record = decode_record(record)
+    wrong = next((k for k in NUMBER_KEYS if k in record
+                  and (isinstance(record[k], bool)
+                       or not isinstance(record[k], (int, float)))), None)
+    if wrong is not None:
+        shown = str(record[wrong])[:40]
+        raise FormatError(f"{path}: line {n} has {wrong} = {shown!r}, not a number; not a "
+                          "metrics file as splitfed writes it")
+    return record
 
 
 def write_csv(records: list[dict], path: Path) -> None:
