@@ -514,6 +514,48 @@ def record_summary(records: list[dict], status: str | None = None) -> dict:
             "final_test_acc": final, "best_test_acc": max(accs) if accs else None}
 
 
+class RunningSummary:
+    """:func:`record_summary` of records given one at a time (:meth:`add`) in the order
+    of their rounds, as :func:`iter_records` gives them, in constant memory: a reader
+    of a long ``metrics.jsonl`` keeps no record. ``best`` is, after each record, the best
+    finite test accuracy of the records so far that came before the first non-finite
+    one (the best so far of a run whose records show its divergence)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.last_round = None
+        self.nonfinite_round: int | None = None    # divergence() of the records so far
+        self.best: float | None = None
+        self.best_before_last: float | None = None
+        self._final = None                          # last_value(records, "test_acc")
+
+    def add(self, record: dict) -> None:
+        self.count += 1
+        self.best_before_last = self.best
+        if self.nonfinite_round is None:
+            if any(_non_finite(record.get(k)) for k in DIVERGENCE_KEYS):
+                self.nonfinite_round = int(record["round"])
+            elif is_finite_number(record.get("test_acc")):
+                acc = float(record["test_acc"])
+                self.best = acc if self.best is None else max(self.best, acc)
+        if "round" in record:
+            self.last_round = record["round"]
+        if "test_acc" in record:
+            self._final = record["test_acc"]
+
+    def summary(self, status: str | None = None) -> dict:
+        """:func:`record_summary` of the records added, for a run of ``status``."""
+        diverged, best = self.nonfinite_round, self.best
+        if diverged is None and status == "diverged" and self.count:
+            diverged, best = int(self.last_round), self.best_before_last   # the last round
+        if diverged is not None:
+            final = math.nan
+        else:
+            final = None if self._final is None else float(self._final)
+        return {"rounds": self.last_round, "diverged_round": diverged,
+                "final_test_acc": final, "best_test_acc": best}
+
+
 def diverged_round(records: list[dict], status: str | None = None) -> int | None:
     """The round the run diverged at: :func:`divergence`, or, when ``status`` is
     ``diverged`` and no record shows a non-finite value, the last round; else None."""

@@ -27,19 +27,22 @@ lists are JSON text, ``[64, 32]``), and the provenance of ``summary.json``
 
 from __future__ import annotations
 
+import csv
 import glob
+import io
 import json
 import math
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from array import array
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from splitfed.errors import ConfigError, FormatError
 from splitfed.files import MAX_SUMMARY_BYTES, NOT_REGULAR, escape_controls, read_regular
-from splitfed.metrics import (csv_text, is_finite_number, loads_strict, read_records,
-                              record_summary)
+from splitfed.metrics import (RunningSummary, is_finite_number, iter_records,
+                              loads_strict, record_summary)
 
 #: sections whose ``options`` mapping holds the chosen component's options
 OPEN_SECTIONS = ("data", "partition", "model", "algorithm", "clock")
@@ -84,8 +87,7 @@ class Run:
 
     @property
     def status(self) -> str:
-        status = self.summary.get("status")
-        return status if isinstance(status, str) else "unfinished"
+        return _status(self.summary)
 
     @property
     def numbers(self) -> dict:
@@ -94,20 +96,32 @@ class Run:
 
     def columns(self) -> dict:
         """The run's columns besides the record's: status, config, provenance."""
-        out: dict[str, Any] = {"run": self.name, "run_dir": str(self.run_dir),
-                               "status": self.status,
-                               "diverged_round": self.numbers["diverged_round"],
-                               "wall_time_s": self.summary.get("wall_time_s")}
-        out.update(self.config)
-        prov = self.summary.get("provenance")
-        if isinstance(prov, Mapping):
-            for key, column in PROVENANCE_COLUMNS.items():
-                if key in prov:
-                    out[column] = prov[key]
-        for key in ("threads", "cpu_capability"):        # the run's own, not the resume's
-            if key in self.summary:
-                out[key] = self.summary[key]
-        return out
+        return _run_columns(self.run_dir, self.status, self.numbers["diverged_round"],
+                            self.config, self.summary)
+
+
+def _status(summary: dict) -> str:
+    status = summary.get("status")
+    return status if isinstance(status, str) else "unfinished"
+
+
+def _run_columns(run_dir: Path, status: str, diverged: int | None, config: dict,
+                 summary: dict) -> dict:
+    """:meth:`Run.columns` of a run: its status, the round it diverged at, its
+    flattened config and the provenance of its summary."""
+    out: dict[str, Any] = {"run": run_dir.name, "run_dir": str(run_dir), "status": status,
+                           "diverged_round": diverged,
+                           "wall_time_s": summary.get("wall_time_s")}
+    out.update(config)
+    prov = summary.get("provenance")
+    if isinstance(prov, Mapping):
+        for key, column in PROVENANCE_COLUMNS.items():
+            if key in prov:
+                out[column] = prov[key]
+    for key in ("threads", "cpu_capability"):            # the run's own, not the resume's
+        if key in summary:
+            out[key] = summary[key]
+    return out
 
 
 # ---------------------------------------------------------------------------- config
@@ -315,43 +329,239 @@ def _read_config(path: Path) -> dict:
 
 
 def read_runs(paths) -> list[Run]:
-    """Every run of ``paths`` read back: records, flattened config, summary."""
+    """Every run of ``paths`` read back: records, flattened config, summary. It holds
+    every record as a dict (many times the size of ``metrics.jsonl``): the tables and
+    rows of this module read the records as a stream instead."""
     runs = []
     for d in run_dirs(paths):
-        try:
-            records = read_records(d / "metrics.jsonl")
-        except OSError as e:
-            raise ConfigError(f"cannot read {d / 'metrics.jsonl'} "
-                              f"({e.strerror or e})") from None
+        records = list(_records(d, lambda record: None))
         runs.append(Run(d, records, _read_config(d / "config.yaml"),
                         _read_summary(d / "summary.json")))
     return runs
 
 
+def _records(run_dir: Path, each: Callable[[dict], None]) -> Iterator[dict]:
+    """The records of the run's ``metrics.jsonl`` (:func:`splitfed.metrics.iter_records`),
+    each given to ``each`` as well; ConfigError when the file cannot be read."""
+    path = run_dir / "metrics.jsonl"
+    try:
+        for record in iter_records(path):
+            each(record)
+            yield record
+    except OSError as e:
+        raise ConfigError(f"cannot read {path} ({e.strerror or e})") from None
+
+
+def _scan(run_dir: Path, each: Callable[[dict], None]) -> tuple[dict, dict, dict]:
+    """Read a run as :func:`read_runs` does, in the same order (records, config,
+    summary), keeping no record: each is given to ``each``. Returns the flattened config,
+    the summary and :func:`splitfed.metrics.record_summary` of the records."""
+    tally = RunningSummary()
+
+    def add(record: dict) -> None:
+        tally.add(record)
+        each(record)
+
+    for _ in _records(run_dir, add):
+        pass
+    config = _read_config(run_dir / "config.yaml")
+    summary = _read_summary(run_dir / "summary.json")
+    return config, summary, tally.summary(_status(summary))
+
+
+# ----------------------------------------------------------------- compact storage
+
+
+class _Values:
+    """A sequence of JSON values in about 9 bytes each (a Python float or int takes 32
+    with its pointer): the kind of each in one byte, numbers in an array of doubles (an
+    int when it is one a double holds exactly), anything else (text, a bool-free
+    rarity such as a list or an int beyond 2**53) in a dict by position."""
+
+    _FLOAT, _INT, _NONE, _TRUE, _FALSE, _OTHER = range(6)
+    _EXACT = 1 << 53
+
+    __slots__ = ("kinds", "numbers", "others")
+
+    def __init__(self) -> None:
+        self.kinds = array("b")
+        self.numbers = array("d")
+        self.others: dict[int, Any] = {}
+
+    def __len__(self) -> int:
+        return len(self.kinds)
+
+    def append(self, value) -> None:
+        number = 0.0
+        if value is None:
+            kind = self._NONE
+        elif value is True or value is False:
+            kind = self._TRUE if value else self._FALSE
+        elif type(value) is float:
+            kind, number = self._FLOAT, value
+        elif type(value) is int and -self._EXACT <= value <= self._EXACT:
+            kind, number = self._INT, float(value)
+        else:
+            kind = self._OTHER
+            self.others[len(self.kinds)] = value
+        self.kinds.append(kind)
+        self.numbers.append(number)
+
+    def set(self, i: int, value) -> None:
+        """Replace the value at ``i`` (for the last row of a run, once it is read)."""
+        self.others.pop(i, None)
+        n = len(self.kinds)
+        self.append(value)
+        self.kinds[i], self.numbers[i] = self.kinds[n], self.numbers[n]
+        if n in self.others:
+            self.others[i] = self.others.pop(n)
+        del self.kinds[n], self.numbers[n]
+
+    def __getitem__(self, i: int):
+        kind = self.kinds[i]
+        if kind == self._FLOAT:
+            v = self.numbers[i]
+            return math.nan if v != v else v      # every NaN math.nan, as read_records
+        if kind == self._INT:
+            return int(self.numbers[i])
+        if kind == self._NONE:
+            return None
+        if kind == self._TRUE:
+            return True
+        if kind == self._FALSE:
+            return False
+        return self.others[i]
+
+
+class _Packed:
+    """The records of a run, packed: their values in one :class:`_Values` (about 9 bytes
+    a field), their keys as one tuple per distinct sequence of keys (the records of a
+    run share a few), and 12 bytes a record for where its values begin and which keys
+    it has. ``self[i]`` is record ``i`` again, equal to the one read (keys in order)."""
+
+    def __init__(self) -> None:
+        self.values = _Values()
+        self.starts = array("Q")
+        self.shapes = array("I")
+        self.keys: list[tuple] = []
+        self._shape: dict[tuple, int] = {}
+        self._names: dict[str, str] = {}
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def append(self, record: dict) -> tuple | None:
+        """Keep ``record``; returns its keys when no record before had the same ones."""
+        keys = tuple(record)
+        shape = self._shape.get(keys)
+        new = None
+        if shape is None:
+            shape = self._shape[keys] = len(self.keys)
+            keys = tuple(self._names.setdefault(k, k) for k in keys)   # one copy of a name
+            self.keys.append(keys)
+            new = keys
+        self.starts.append(len(self.values))
+        self.shapes.append(shape)
+        for value in record.values():
+            self.values.append(value)
+        return new
+
+    def __getitem__(self, i: int) -> dict:
+        start, values = self.starts[i], self.values
+        return {k: values[start + j] for j, k in enumerate(self.keys[self.shapes[i]])}
+
+
+class Rows(Sequence):
+    """Rows of dicts built when they are asked for from compact storage: what
+    :func:`load_rows` and :func:`summary_rows` return. A read-only sequence (``len``,
+    indexing, slices, iteration, ``==`` with a list of the same dicts); ``list(rows)``
+    makes it a list of dicts, many times the size of the records."""
+
+    def __init__(self) -> None:
+        self._parts: list[tuple[int, Callable[[int], dict]]] = []
+        self._ends: list[int] = []
+
+    def _add(self, n: int, row: Callable[[int], dict]) -> None:
+        self._parts.append((n, row))
+        self._ends.append((self._ends[-1] if self._ends else 0) + n)
+
+    def __len__(self) -> int:
+        return self._ends[-1] if self._ends else 0
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError("row index out of range")
+        i %= n
+        from bisect import bisect_right
+        part = bisect_right(self._ends, i)
+        return self._parts[part][1](i - (self._ends[part - 1] if part else 0))
+
+    def __iter__(self) -> Iterator[dict]:
+        for n, row in self._parts:
+            for i in range(n):
+                yield row(i)
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, (str, bytes)):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Rows({len(self)} rows)"
+
+
 # ------------------------------------------------------------------------------ rows
 
 
-def load_rows(paths, *, last: bool = False) -> list[dict]:
+def load_rows(paths, *, last: bool = False) -> Rows:
     """One dict per round per run (only each run's last round when ``last``), with the
-    columns of the module doc."""
+    columns of the module doc, as a :class:`Rows` sequence. The records are read as a
+    stream and kept packed (about 9 bytes a field and 12 a record, below the size of
+    ``metrics.jsonl``: a field takes at least 4 bytes there, most 15 to 30); a row's
+    dict is built when it is asked for. With ``last`` only each run's last record is
+    kept."""
     return _rows(paths, last)[0]
 
 
-def _rows(paths, last: bool) -> tuple[list[dict], list[str]]:
+def _row(name: str, record: dict, extra: dict) -> dict:
+    row = {"run": name, **record, **{k: v for k, v in extra.items() if k not in record}}
+    row.update({"run": name, **{k: extra[k] for k in _OWN if k in extra}})
+    return row
+
+
+def _rows(paths, last: bool) -> tuple[Rows, list[str]]:
     """The rows and their columns: ``run``, the records' fields (in the order first
     seen), then the run's columns (status, config, provenance)."""
-    rows, fields, extras = [], {}, {}
-    for run in read_runs(paths):
-        extra = {k: _cell(v) for k, v in run.columns().items()}
+    rows, fields, extras = Rows(), {}, {}
+    for d in run_dirs(paths):
+        packed = _Packed()
+        kept: list[dict] = []
+
+        def keep(record: dict, packed=packed, kept=kept) -> None:
+            if last:
+                kept[:] = [record]
+            else:
+                keys = packed.append(record)
+                if keys is not None:
+                    fields.update(dict.fromkeys(keys))
+
+        config, summary, numbers = _scan(d, keep)
+        extra = {k: _cell(v) for k, v in _run_columns(
+            d, _status(summary), numbers["diverged_round"], config, summary).items()}
         name = extra.pop("run")
-        records = run.records[-1:] if last else run.records
-        for record in records or [{}]:       # a run with no record yet: a row of its own
-            fields.update(dict.fromkeys(record))
-            extras.update(dict.fromkeys(k for k in extra if k not in record))
-            row = {"run": name, **record,
-                   **{k: v for k, v in extra.items() if k not in record}}
-            row.update({"run": name, **{k: extra[k] for k in _OWN if k in extra}})
-            rows.append(row)
+        extras.update(dict.fromkeys(extra))        # those of no record are columns
+        if last or not len(packed):
+            for record in kept:
+                fields.update(dict.fromkeys(record))
+            records = kept or [{}]                 # a run with no record yet: a row of its own
+            rows._add(len(records), lambda i, r=records, n=name, e=extra: _row(n, r[i], e))
+        else:
+            rows._add(len(packed), lambda i, p=packed, n=name, e=extra: _row(n, p[i], e))
     columns = ["run", *(k for k in fields if k != "run"),
                *(k for k in extras if k not in fields)]
     return rows, columns
@@ -365,13 +575,16 @@ def load_runs(paths, *, last: bool = False):
     """A pandas DataFrame of :func:`load_rows`: one row per round per run (each run's
     last round only when ``last``). Needs pandas (``pip install 'splitfed[data]'``).
     ``load_runs(...).to_csv(path)`` writes what ``metrics.csv`` used to hold, for many
-    runs at once."""
+    runs at once. Memory: the packed rows of :func:`load_rows`, the DataFrame, and while
+    it is built a tuple and an object pointer per cell (no dict per row)."""
     try:
         import pandas as pd
     except ImportError:
         raise ConfigError(f"load_runs needs pandas: {DATA_EXTRA}") from None
     rows, columns = _rows(paths, last)
-    return pd.DataFrame.from_records(rows, columns=columns)
+    nan = float("nan")        # what a missing key of a dict row becomes in from_records
+    return pd.DataFrame.from_records([tuple(row.get(k, nan) for k in columns)
+                                      for row in rows], columns=columns)
 
 
 # ----------------------------------------------------------------------------- tables
@@ -403,7 +616,7 @@ def _acc(value) -> str:
     return f"{value:.4f}" if value == 0 or 1e-4 <= abs(value) < 1e6 else f"{value:.4g}"
 
 
-def summary_rows(paths, last: bool = True) -> list[dict]:
+def summary_rows(paths, last: bool = True) -> list[dict] | Rows:
     """The rows of :func:`summary_table` as typed values. With ``last``, one row per run:
     ``run``, ``algorithm``, ``status``, ``diverged_round``, ``round`` (the last),
     ``final_test_acc`` (NaN for a diverged run), ``best_test_acc`` (the best before the
@@ -411,37 +624,64 @@ def summary_rows(paths, last: bool = True) -> list[dict]:
     cumulative). Otherwise one row per round of each run, with ``test_acc`` (evaluated
     at that round, None when not) instead of ``final_test_acc``, and the best accuracy,
     bytes and time up to that round. A run with no record yet (an empty
-    ``metrics.jsonl``) has one row, its ``round`` and accuracies None."""
-    out = []
-    for run in read_runs(paths):
-        algorithm = run.config.get("algorithm.name", run.summary.get("algorithm"))
-        numbers = run.numbers
-        diverged = numbers["diverged_round"]
-        total, best = 0, None
-        for i, record in enumerate(run.records):
+    ``metrics.jsonl``) has one row, its ``round`` and accuracies None.
+
+    The records are read as a stream. With ``last`` a list, and memory holds one record
+    and a few numbers per run, whatever the size of ``metrics.jsonl``; otherwise a
+    :class:`Rows` sequence whose dicts are built when asked for, from five packed
+    numbers a round (about 45 bytes: less than a record's line)."""
+    out: list[dict] = []
+    rows = Rows()
+    for d in run_dirs(paths):
+        kept: list[dict] = []
+        table = [_Values() for _ in range(5)]   # round, test_acc, best, bytes, sim time
+        tally = RunningSummary()
+        total = 0
+
+        def each(record: dict, kept=kept, table=table, tally=tally) -> None:
+            nonlocal total
             total += _bytes(record)
-            acc = record.get("test_acc")
-            if is_finite_number(acc) and (diverged is None or record["round"] < diverged):
-                best = float(acc) if best is None else max(best, float(acc))
-            if last and i < len(run.records) - 1:
-                continue
+            tally.add(record)      # its best: of the rounds before a non-finite one so far
             sim = 0.0 if record["round"] == 0 else record.get("sim_time_s")
-            row = {"run": run.name, "algorithm": algorithm, "status": run.status,
-                   "diverged_round": diverged, "round": record["round"]}
+            sim = float(sim) if is_finite_number(sim) else None
             if last:
-                row["final_test_acc"] = numbers["final_test_acc"]
-            else:
-                row["test_acc"] = acc if isinstance(acc, (int, float)) else None
-            row.update({"best_test_acc": best, "bytes": total,
-                        "sim_time_s": float(sim) if is_finite_number(sim) else None})
-            out.append(row)
-        if not run.records:                  # nothing recorded yet: a row that says so
-            row = {"run": run.name, "algorithm": algorithm, "status": run.status,
-                   "diverged_round": None, "round": None}
+                kept[:] = [record, total, sim]
+                return
+            acc = record.get("test_acc")
+            for column, value in zip(table, (record["round"], acc if isinstance(
+                    acc, (int, float)) else None, tally.best, total, sim)):
+                column.append(value)
+
+        config, summary, numbers = _scan(d, each)
+        # the records (so the best accuracy of each round) were read before the summary
+        # that says whether the run diverged at its last round: of such a run, the last
+        # round's best is the best before it (RunningSummary.summary)
+        status, diverged = _status(summary), numbers["diverged_round"]
+        n = len(table[0])
+        if n and tally.nonfinite_round is None and diverged is not None:
+            table[2].set(n - 1, numbers["best_test_acc"])
+        head = {"run": d.name, "algorithm": config.get("algorithm.name",
+                                                         summary.get("algorithm")),
+                "status": status, "diverged_round": diverged}
+        if kept:
+            record, total_bytes, sim = kept
+            out.append({**head, "round": record["round"],
+                        "final_test_acc": numbers["final_test_acc"],
+                        "best_test_acc": numbers["best_test_acc"], "bytes": total_bytes,
+                        "sim_time_s": sim})
+        elif n:
+            rows._add(n, lambda i, h=head, t=table: {
+                **h, "round": t[0][i], "test_acc": t[1][i], "best_test_acc": t[2][i],
+                "bytes": t[3][i], "sim_time_s": t[4][i]})
+        if not tally.count:                       # nothing recorded yet: a row that says so
+            row = {**head, "diverged_round": None, "round": None}
             row["final_test_acc" if last else "test_acc"] = None
             row.update({"best_test_acc": None, "bytes": 0, "sim_time_s": None})
-            out.append(row)
-    return out
+            if last:
+                out.append(row)
+            else:
+                rows._add(1, lambda i, r=row: dict(r))
+    return out if last else rows
 
 
 def summary_table(paths, last: bool = True) -> str:
@@ -450,22 +690,47 @@ def summary_table(paths, last: bool = True) -> str:
     (final ``nan`` for a diverged run, best: before it diverged), MB sent (up + down,
     10^6 bytes) and simulated time (s); with ``last=False`` one row per round of each run
     (the test accuracy evaluated at that round, the best so far, the cumulative MB and
-    time)."""
-    rows = summary_rows(paths, last)
-    head = ["run", "algorithm", "status", "rounds" if last else "round",
-            "final acc" if last else "test acc", "best acc", "MB", "sim time (s)"]
-    body = []
+    time). Memory: that of :func:`summary_rows` and the text."""
+    return "\n".join(_table_lines(summary_rows(paths, last), last))
+
+
+_HEAD_LAST = ["run", "algorithm", "status", "rounds", "final acc", "best acc", "MB",
+              "sim time (s)"]
+_HEAD_ROUNDS = ["run", "algorithm", "status", "round", "test acc", "best acc", "MB",
+                "sim time (s)"]
+
+
+def _cells(rows: Iterable[dict], last: bool) -> Iterator[list[str]]:
     for r in rows:
         status = r["status"]
         if r["diverged_round"] is not None:
             status = f"{status} (round {r['diverged_round']})"
         acc = r["final_test_acc"] if last else r["test_acc"]
-        body.append([r["run"], str(r["algorithm"] or "n/a"), status,
-                     "n/a" if r["round"] is None else str(r["round"]),
-                     ("" if acc is None and not last else _acc(acc)),
-                     _acc(r["best_test_acc"]), f"{r['bytes'] / 1e6:.2f}",
-                     "n/a" if r["sim_time_s"] is None else _seconds(r["sim_time_s"])])
-    return _text_table(head, body)
+        yield [escape_controls(c) for c in (   # text from files: one line
+            r["run"], str(r["algorithm"] or "n/a"), status,
+            "n/a" if r["round"] is None else str(r["round"]),
+            ("" if acc is None and not last else _acc(acc)),
+            _acc(r["best_test_acc"]), f"{r['bytes'] / 1e6:.2f}",
+            "n/a" if r["sim_time_s"] is None else _seconds(r["sim_time_s"]))]
+
+
+def _table_lines(rows: Sequence[dict], last: bool) -> Iterator[str]:
+    """The lines of the table of ``rows``: the cells are made twice (for the widths of
+    the columns, then for the lines), so that no more than a line is held at a time."""
+    head = _HEAD_LAST if last else _HEAD_ROUNDS
+    widths = [len(h) for h in head]
+    for cells in _cells(rows, last):
+        widths = [max(w, len(c)) for w, c in zip(widths, cells)]
+    right = {3, 4, 5, 6, 7}
+
+    def line(cells):
+        return "  ".join(c.rjust(w) if i in right else c.ljust(w)
+                         for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+
+    yield line(head)
+    yield line(["-" * w for w in widths])
+    for cells in _cells(rows, last):
+        yield line(cells)
 
 
 def _csv_cell(value):
@@ -479,20 +744,6 @@ def _csv_cell(value):
     return value
 
 
-def _text_table(head: list[str], body: list[list[str]]) -> str:
-    body = [[escape_controls(c) for c in row] for row in body]   # text from files: one line
-    widths = [max(len(h), *(len(row[i]) for row in body)) if body else len(h)
-              for i, h in enumerate(head)]
-    right = {3, 4, 5, 6, 7}
-
-    def line(cells):
-        return "  ".join(c.rjust(w) if i in right else c.ljust(w)
-                         for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
-
-    return "\n".join([line(head), line(["-" * w for w in widths])]
-                     + [line(row) for row in body])
-
-
 def print_table(paths: str | Path | Sequence[str | Path], fmt: str = "table",
                 last: bool = False, file=None) -> None:
     """What ``splitfed results`` prints: ``fmt="table"``: :func:`summary_table` (one row
@@ -502,12 +753,28 @@ def print_table(paths: str | Path | Sequence[str | Path], fmt: str = "table",
     if fmt not in FORMATS:
         raise ConfigError(f"--format: {fmt!r} is not a format; allowed: "
                           + ", ".join(FORMATS))
-    out = sys.stdout if file is None else file
     if fmt == "csv":
         rows, columns = _rows(paths, last)
-        head = {k: _csv_cell(str(k)) for k in columns}     # column names are text from
-        out.write(csv_text([{head[k]: _csv_cell(v) for k, v in r.items() if k in head}
-                            for r in rows], list(head.values())))      # files too
+        lines: Iterable[str] = _csv_lines(rows, columns)
     else:
-        out.write(summary_table(paths, last=last) + "\n")
+        lines = (line + "\n" for line in _table_lines(summary_rows(paths, last), last))
+    out = sys.stdout if file is None else file
+    for text in lines:                # every file is read before the first line is written
+        out.write(text)
     out.flush()
+
+
+def _csv_lines(rows: Rows, columns: list[str]) -> Iterator[str]:
+    """``rows`` as CSV text (:func:`splitfed.metrics.csv_text`: a header, then each row),
+    in pieces of a few thousand rows."""
+    head = {k: _csv_cell(str(k)) for k in columns}     # column names are text from files
+    buf = io.StringIO(newline="")
+    writer = csv.DictWriter(buf, fieldnames=list(head.values()), extrasaction="ignore")
+    writer.writeheader()
+    for i, r in enumerate(rows, 1):
+        writer.writerow({head[k]: _csv_cell(v) for k, v in r.items() if k in head})
+        if i % 4096 == 0:
+            yield buf.getvalue()
+            buf.seek(0)
+            buf.truncate()
+    yield buf.getvalue()
