@@ -32,14 +32,14 @@ from __future__ import annotations
 
 import math
 import re
+from array import array
 from collections.abc import Sequence
 from pathlib import Path
 
 from splitfed.configtools import yaml_load
 from splitfed.errors import ConfigError
 from splitfed.files import NOT_REGULAR, atomic_write, read_regular
-from splitfed.metrics import divergence, is_finite_number, read_records
-from splitfed.study import curve
+from splitfed.metrics import divergence, is_finite_number, iter_records
 
 AXES = ("round", "time", "bytes")
 
@@ -85,7 +85,11 @@ def _drawable(text: str) -> str:
 
 def load_curves(runs: Sequence[str | Path], labels: Sequence[str] | None = None
                 ) -> list[dict]:
-    """One curve per run (:func:`splitfed.study.curve`) with its ``label``."""
+    """One curve per run (:func:`splitfed.study.curve`) with its ``label``. The records
+    are read as a stream (:func:`splitfed.metrics.iter_records`) and only the points
+    drawn are kept: five numbers per evaluated round (about 170 bytes, as Python lists
+    and the simulated and measured time until the end says which is drawn), whatever
+    else ``metrics.jsonl`` holds."""
     if not runs:
         raise ConfigError("runs: give at least one run directory")
     if labels is not None and len(labels) != len(runs):
@@ -99,11 +103,13 @@ def load_curves(runs: Sequence[str | Path], labels: Sequence[str] | None = None
     out = []
     for i, run in enumerate(runs):
         metrics = _metrics_file(Path(run))
+        points = _Points()
         try:
-            records = read_records(metrics)   # FormatError names the file and line
+            for record in iter_records(metrics):   # FormatError names the file and line
+                points.add(record)
         except OSError as e:
             raise ConfigError(f"cannot read {metrics} ({e.strerror or e})") from None
-        c = _curve(records)
+        c = points.curve()
         if not c["round"] and c["diverged_round"] is None:
             raise ConfigError(f"{metrics}: no evaluated round (no test_acc) to plot")
         c["label"] = _drawable(labels[i] if labels is not None else _default_label(metrics))
@@ -140,24 +146,74 @@ def _curve(records: list[dict]) -> dict:
     """:func:`splitfed.study.curve` of the records, with ``diverged_round`` and, for a
     diverged run, the points before that round only and ``diverged_at``: the marker's
     position on each axis (``round``, ``time_s``, ``bytes``, ``test_acc``)."""
-    diverged = divergence(records)
-    c = curve(records)
-    c["diverged_round"], c["diverged_at"] = diverged, None
-    keep = [i for i, (r, a) in enumerate(zip(c["round"], c["test_acc"]))
-            if (diverged is None or r < diverged) and is_finite_number(a)]
-    for key in ("round", "test_acc", "bytes", "time_s"):
-        c[key] = [c[key][i] for i in keep]
-    if diverged is None:
+    points = _Points()
+    for record in records:
+        points.add(record)
+    return points.curve()
+
+
+def _num(value) -> float | None:
+    """A finite number as a float; None for anything else (as :func:`splitfed.study.curve`
+    reads a record)."""
+    return float(value) if is_finite_number(value) else None
+
+
+class _Points:
+    """:func:`_curve` of records given one at a time (:meth:`add`), keeping only the
+    points it draws: :func:`splitfed.study.curve` sums simulated time when every round
+    after round 0 records it, else the measured time, which is known at the last
+    record, so both sums are kept (as arrays of doubles) until then."""
+
+    def __init__(self) -> None:
+        self.round: list[int] = []
+        self.test_acc: list[float] = []
+        self.bytes: list[int] = []
+        self.sim, self.wall = array("d"), array("d")
+        self.rounds = False                 # a record of a round after round 0
+        self.all_sim = True                 # every one of them with sim_round_s
+        self.total_bytes, self.total_sim, self.total_wall = 0, 0.0, 0.0
+        self.diverged: int | None = None
+        self.at: dict | None = None
+        self.at_acc = None
+
+    def add(self, r: dict) -> None:
+        if r.get("round", 0) > 0:
+            self.rounds = True
+            self.all_sim = self.all_sim and _num(r.get("sim_round_s")) is not None
+        if self.diverged is not None:       # the points stop at the divergence
+            return
+        self.total_bytes += (int(_num(r.get("bytes_up")) or 0)
+                             + int(_num(r.get("bytes_down")) or 0))
+        self.total_sim += _num(r.get("sim_round_s")) or 0.0
+        self.total_wall += _num(r.get("round_time_s")) or 0.0
+        diverged = divergence([r])
+        if diverged is not None:            # the marker: curve() of the records to here
+            self.diverged = diverged
+            total = self.total_sim if self.rounds and self.all_sim else self.total_wall
+            self.at = {"round": int(r["round"]), "time_s": float(f"{total:.12g}"),
+                       "bytes": self.total_bytes}
+            self.at_acc = r.get("test_acc")
+            return
+        acc = _num(r.get("test_acc"))
+        if acc is not None:
+            self.round.append(int(r["round"]))
+            self.test_acc.append(acc)
+            self.bytes.append(self.total_bytes)
+            self.sim.append(float(f"{self.total_sim:.12g}"))    # 12 significant digits
+            self.wall.append(float(f"{self.total_wall:.12g}"))
+
+    def curve(self) -> dict:
+        sim = self.rounds and self.all_sim
+        c = {"round": self.round, "test_acc": self.test_acc, "bytes": self.bytes,
+             "time_s": (self.sim if sim else self.wall).tolist(),
+             "time_kind": "simulated" if sim else "wall",
+             "diverged_round": self.diverged, "diverged_at": None}
+        self.sim = self.wall = array("d")
+        if self.at is not None:
+            acc = c["test_acc"][-1] if c["test_acc"] else self.at_acc
+            acc = float(acc) if is_finite_number(acc) else 0.0
+            c["diverged_at"] = {**self.at, "test_acc": acc}
         return c
-    at = next(i for i, r in enumerate(records) if r["round"] == diverged)
-    acc = c["test_acc"][-1] if c["test_acc"] else records[at].get("test_acc")
-    acc = float(acc) if is_finite_number(acc) else 0.0
-    marked = [{k: v for k, v in r.items() if k != "test_acc"} for r in records[:at + 1]]
-    marked[-1]["test_acc"] = acc          # curve() gives the round's time and bytes
-    m = curve(marked)
-    c["diverged_at"] = {"round": m["round"][-1], "time_s": m["time_s"][-1],
-                        "bytes": m["bytes"][-1], "test_acc": acc}
-    return c
 
 
 def plot_runs(runs: Sequence[str | Path], out: str | Path, *,
