@@ -140,9 +140,13 @@ def iter_regular(path: str | Path, what: str, max_bytes: int, *,
             raise refuse(NOT_REGULAR)
         if st.st_size > max_bytes:
             raise refuse(f"{st.st_size} bytes, more than the {max_bytes} allowed")
-        left = max_bytes + 1
+        left, got = max_bytes + 1, 0
         while left > 0:
-            piece = os.read(fd, min(left, chunk))
+            # os.read allocates what it is asked for: ask for what the file holds (then
+            # a little, for what was appended since), not a whole chunk for a small file
+            want = st.st_size - got + 1 if got < st.st_size else 1 << 16
+            piece = os.read(fd, min(left, chunk, want))
+            got += len(piece)
             if not piece:
                 return
             left -= len(piece)

@@ -291,16 +291,20 @@ def read_records(path: str | Path) -> list[dict]:
 MAX_RECORD_BYTES = 1 << 22
 
 
+#: the bytes of metrics.jsonl read at a time
+_PIECE = 1 << 16
+
+
 def iter_records(path: str | Path) -> Iterator[dict]:
     """The records of :func:`read_records`, checked the same way and with the same
-    errors, read as a stream: memory holds one piece of the file (1 MiB) and one line
+    errors, read as a stream: memory holds one piece of the file (64 KiB) and one line
     (at most :data:`MAX_RECORD_BYTES`), whatever the file's size. The file is checked
     when the first record is asked for. A fault is raised where it is found, once the
     rest of the file has been read for the faults :func:`read_records` names first (a
     file larger than allowed, bytes that are not UTF-8), so every reader names the same
     one; the records given before it are of a file that is then refused."""
     path = Path(path)
-    lines = _lines(iter_regular(path, str(path), MAX_METRICS_BYTES))
+    lines = _lines(iter_regular(path, str(path), MAX_METRICS_BYTES, chunk=_PIECE))
     previous: int | None = None
     for n, (start, raw, bad) in enumerate(lines, 1):
         if bad is None and raw is not None:
