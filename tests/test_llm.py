@@ -166,6 +166,16 @@ def test_algorithms_run_on_the_split_transformer(algorithm):
     assert all(np.isfinite(r["train_loss"]) for r in res.records[1:])
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float64"])
+@pytest.mark.parametrize("aux", ["linear", "mlp"])
+def test_csefsl_trains_its_head_in_the_models_dtype(dtype, aux):
+    res = run_experiment(text_config({"name": "csefsl", "aux": aux},
+                                     model={**TINY, "cut": 1, "dtype": dtype}), write=False)
+    assert res.status == "completed"
+    assert all(np.isfinite(r["train_loss"]) for r in res.records[1:])
+    assert {str(v.dtype) for v in res.state["aux"].values()} == {f"torch.{dtype}"}
+
+
 def test_token_ids_beyond_the_vocabulary_anywhere_in_the_data_are_refused_first():
     from splitfed.errors import ConfigError
 

@@ -179,14 +179,18 @@ class CSEFSL(Algorithm):
                 0 * steps + share * b * down)
 
     def head(self, env, client: nn.Module) -> nn.Module:
-        """The auxiliary head on ``client``'s output, initialised from the run seed."""
+        """The auxiliary head on ``client``'s output, initialised from the run seed (in
+        float32), in the dtype of the client part's parameters (a model of
+        ``model.dtype`` bfloat16 gives bfloat16 activations)."""
+        dtype = next((p.dtype for p in client.parameters() if p.is_floating_point()),
+                     torch.get_default_dtype())
         if env.device.type != "cpu":              # the head's dry run builds CPU inputs
             client = copy.deepcopy(client).cpu()
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(derive_seed(env.streams.seed, "aux"))
             head = build_aux_head(client, env.data.input_shape, env.data.num_classes,
                                   kind=self.options.aux, hidden=self.options.aux_hidden)
-        return head.to(env.device)
+        return head.to(device=env.device, dtype=dtype)
 
     def init_state(self, env) -> dict:
         head = self.head(env, SplitModel.of(env).client)
