@@ -187,3 +187,14 @@ def test_parameter_counts():
     vgg = build_model("vgg11", (3, 32, 32), 10)
     client, _ = split(vgg)
     assert 0.09 < _num(client) / _num(vgg) < 0.11  # paper 003: ~10% on the client
+
+
+@pytest.mark.parametrize("name, shape", [("lenet5", (60,)), ("alexnet", (2, 12)),
+                                         ("vgg11", (3, 32)), ("resnet18", (60,)),
+                                         ("mobilenetv2", (2, 10)), ("opt", (1, 8, 8)),
+                                         ("opt", (3, 10))])
+def test_a_model_given_data_of_another_shape_names_both_fields(name, shape):
+    with pytest.raises(ConfigError) as e:
+        build_model(name, shape, 10)
+    assert str(e.value).startswith("model.name: "), e.value
+    assert f"data.name gives samples of shape {shape}" in str(e.value)

@@ -134,7 +134,8 @@ def image_shape(model: str, input_shape) -> tuple[int, int, int]:
     """``input_shape`` as (channels, height, width); ConfigError if it is not an image."""
     shape = tuple(int(s) for s in input_shape)
     if len(shape) != 3 or min(shape) < 1:
-        raise ConfigError(f"{model} needs an image input_shape (channels, H, W), got {shape}")
+        raise ConfigError(f"model.name: {model} needs images, input_shape (channels, H, W); "
+                          f"data.name gives samples of shape {shape}")
     return shape
 
 

@@ -355,8 +355,9 @@ def _size_limit_broken(values: dict, num_classes: int, seq_len: int) -> tuple[st
 def _check_shape(input_shape) -> int:
     shape = tuple(int(s) for s in input_shape)
     if len(shape) != 2 or shape[0] != 2 or shape[1] < 1:
-        raise ConfigError(f"transformer classifiers take token ids and an attention mask, "
-                          f"input_shape (2, L); got {shape}")
+        raise ConfigError(f"model.name: transformer classifiers take token ids and an "
+                          f"attention mask, input_shape (2, L); data.name gives samples of "
+                          f"shape {shape}")
     return shape[1]
 
 
