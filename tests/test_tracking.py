@@ -138,6 +138,27 @@ def test_an_interrupted_run_closes_its_trackers_and_a_resume_continues_them(tmp_
     assert all(by_step[r["round"]] == r["test_acc"] for r in records)
 
 
+def test_a_run_resumed_before_its_first_checkpoint_keeps_one_mlflow_run(tmp_path,
+                                                                         monkeypatch):
+    cfg = digits_config(rounds=3, checkpoint_every=10,
+                        tracking={"mlflow": True, "mlflow_uri": (tmp_path / "s").as_uri()})
+    run_dir = tmp_path / "r"
+    interrupt_round(monkeypatch, "fedavg", 2)               # no checkpoint yet
+    with pytest.raises(RunInterrupted):
+        run_experiment(cfg, run_dir=run_dir)
+    monkeypatch.undo()
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    _, first = mlflow_run(run_dir)
+    assert resume_experiment(run_dir).status == "completed"   # again from round 0
+    client, run = mlflow_run(run_dir)
+    assert run.info.run_id != first.info.run_id and run.info.status == "FINISHED"
+    experiment = client.get_experiment_by_name(cfg.name).experiment_id
+    assert [r.info.run_id for r in client.search_runs([experiment])] == [run.info.run_id]
+    assert client.get_run(first.info.run_id).info.lifecycle_stage == "deleted"
+    history = client.get_metric_history(run.info.run_id, "test_acc")
+    assert sorted(m.step for m in history) == [0, 1, 2, 3]
+
+
 def test_a_shared_mlflow_store_and_experiment(tmp_path):
     uri = (tmp_path / "store").as_uri()
     for lr in (0.1, 0.2):

@@ -102,3 +102,51 @@ def test_the_default_store_in_the_run_directory_is_not_opened_beforehand(tmp_pat
     cfg = digits_config(out_dir=str(tmp_path / "runs"), tracking={"mlflow": True})
     preflight(cfg)
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_sweep_opens_each_store_once_before_its_directory(tmp_path, capsys,
+                                                             monkeypatch):
+    import splitfed.tracking as tracking
+
+    opened = []
+    real = tracking.preflight
+
+    def counting(cfg):
+        opened.append(cfg.tracking.mlflow_uri)
+        return real(cfg)
+
+    monkeypatch.setattr(tracking, "preflight", counting)
+    uri = f"http://127.0.0.1:{closed_port()}"
+    code = main(["sweep", "quick_digits", "rounds=1", "train.lr=0.01,0.1,0.2",
+                 "tracking.mlflow=true", f"tracking.mlflow_uri={uri}",
+                 "--out-dir", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith("splitfed: error: run 'train.lr=0.01': tracking.mlflow_uri: "
+                          f"cannot open the MLflow store '{uri}'"), err
+    assert opened == [uri]
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_credentials_in_a_store_uri_stay_out_of_messages_and_provenance(tmp_path):
+    from splitfed.provenance import provenance, redact
+
+    assert redact("http://me:s3cret@h:5000/x and https://tok@h https://h/a@b") == (
+        "http://***@h:5000/x and https://***@h https://h/a@b")
+    uri = f"http://me:s3cret@127.0.0.1:{closed_port()}"
+    with pytest.raises(ConfigError) as err:
+        run_experiment(mlflow_config(tmp_path, uri))
+    assert "s3cret" not in str(err.value) and "http://***@127.0.0.1:" in str(err.value)
+    command = provenance(["splitfed", "run", "x", f"tracking.mlflow_uri={uri}"])["command"]
+    assert command == f"splitfed run x tracking.mlflow_uri={redact(uri)}"
+
+
+def test_a_database_store_without_sqlalchemy_names_what_to_install(tmp_path, monkeypatch):
+    import splitfed.tracking as tracking
+
+    monkeypatch.setattr(tracking, "_installed", lambda module: module != "sqlalchemy")
+    with pytest.raises(ConfigError, match=r"^tracking.mlflow_uri: a sqlite: store needs "
+                                          r"sqlalchemy, .*: pip install sqlalchemy \(or "
+                                          r"the full mlflow package\)$"):
+        run_experiment(mlflow_config(tmp_path, f"sqlite:///{tmp_path}/m.db"))
+    assert not (tmp_path / "runs").exists()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import platform
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -159,8 +160,20 @@ def cpu_capability() -> str:
         return "unknown"
 
 
+#: a URI's user information (``scheme://user:password@``), which :func:`redact` hides
+_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)[^/@\s'\"]+@")
+
+
+def redact(text: str) -> str:
+    """``text`` with the user and password of each URI in it written ``***``
+    (``http://me:token@host`` -> ``http://***@host``): what a command line or a config
+    value says about a store, without its credentials."""
+    return _USERINFO.sub(r"\1***@", text)
+
+
 def provenance(command: list[str] | None = None) -> dict:
-    """The provenance record (see the module doc); ``command`` defaults to ``sys.argv``."""
+    """The provenance record (see the module doc); ``command`` defaults to ``sys.argv``,
+    its URIs' credentials hidden (:func:`redact`)."""
     commit, dirty = git_commit()
     argv = sys.argv if command is None else command
     return {"splitfed": splitfed.__version__, "commit": commit, "dirty": dirty,
@@ -168,4 +181,4 @@ def provenance(command: list[str] | None = None) -> dict:
             "python": platform.python_version(), "torch": torch.__version__,
             "numpy": np.__version__, "threads": torch.get_num_threads(),
             "cpu_capability": cpu_capability(), "platform": platform.platform(),
-            "command": " ".join([Path(argv[0]).name, *argv[1:]]) if argv else None}
+            "command": redact(" ".join([Path(argv[0]).name, *argv[1:]])) if argv else None}

@@ -38,6 +38,7 @@ from typing import Any
 
 from splitfed.config import MAX_SEED, MIN_SEED
 from splitfed.errors import ConfigError
+from splitfed.provenance import redact
 from splitfed.grid import parse_axes  # noqa: F401 - part of this module's interface
 from splitfed.study import (StudyResult, execute_study, open_study, publish,
                             read_records, run_numbers, study_from_mapping, value_text,
@@ -201,7 +202,7 @@ def _command(config, items, name, seeds, out_dir, group_by, plugins=None,
         parts += ["--publish", str(publish_to)]
     for option in parallel_options(jobs, threads, executor, address):
         parts += option
-    return " ".join(shlex.quote(str(p)) for p in parts)
+    return redact(" ".join(shlex.quote(str(p)) for p in parts))
 
 
 def sweep_rows(result: StudyResult, axes: dict[str, list[Any]]) -> list[dict]:

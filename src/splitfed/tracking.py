@@ -29,7 +29,9 @@ A resumed run continues its trackers: TensorBoard discards the events of the rou
 the checkpoint (``purge_step``), and MLflow logs into the same run (its id is kept in
 ``<run_dir>/tracking.json``; MLflow cannot delete values, so the rounds between the
 checkpoint and the interruption appear twice in its metric histories, with the same
-values when the run is resumed with its thread count).
+values when the run is resumed with its thread count). A run resumed before its first
+checkpoint starts again from round 0: its earlier MLflow run is deleted (MLflow keeps a
+deleted run until ``mlflow gc``) and a new one is made.
 
 A package that is not installed is refused when the config is validated
 (:func:`check_installed`: ``pip install 'splitfed[tensorboard]'``, ``'splitfed[mlflow]'``),
@@ -101,6 +103,9 @@ def check_installed(tracking) -> None:
 STORE_SCHEMES = ("file", "http", "https", "sqlite", "postgresql", "mysql", "mssql",
                  "databricks", "databricks-uc", "uc")
 STORE_ENTRY_POINTS = "mlflow.tracking_store"
+#: the schemes of MLflow's database stores, and the packages they need beyond mlflow-skinny
+DATABASE_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")
+DATABASE_MODULES = ("sqlalchemy", "alembic")
 
 
 def uri_scheme(uri: str) -> str:
@@ -127,7 +132,7 @@ def check_uri(tracking) -> None:
     extra = sorted({e.name for e in entry_points(group=STORE_ENTRY_POINTS)})
     if scheme in extra:
         return
-    raise ConfigError(f"mlflow_uri: {uri!r} has the scheme {scheme!r}, for which "
+    raise ConfigError(f"mlflow_uri: {_redact(uri)!r} has the scheme {scheme!r}, for which "
                       f"MLflow has no store; expected a path or one of "
                       f"{', '.join(f'{s}:' for s in (*STORE_SCHEMES, *extra))}")
 
@@ -143,6 +148,12 @@ def preflight(cfg) -> None:
         return
     if _file_store(uri):
         os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+    missing = [m for m in DATABASE_MODULES if not _installed(m)]
+    if uri_scheme(uri) in DATABASE_SCHEMES and missing:
+        raise ConfigError(f"tracking.mlflow_uri: a {uri_scheme(uri)}: store needs "
+                          f"{' and '.join(missing)}, which the mlflow-skinny of "
+                          f"'splitfed[mlflow]' leaves out: pip install "
+                          f"{' '.join(missing)} (or the full mlflow package)")
     limits = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "20"}
     saved = {k: os.environ.get(k) for k in limits}
     try:
@@ -153,8 +164,8 @@ def preflight(cfg) -> None:
         MlflowClient(tracking_uri=uri).get_experiment_by_name(
             cfg.tracking.experiment or cfg.name)
     except Exception as e:  # noqa: BLE001 - whatever the store raises: one line
-        raise ConfigError(f"tracking.mlflow_uri: cannot open the MLflow store {uri!r}: "
-                          f"{_first_line(e)}") from None
+        raise ConfigError(f"tracking.mlflow_uri: cannot open the MLflow store "
+                          f"{_redact(uri)!r}: {_redact(_first_line(e))}") from None
     finally:
         for key, value in saved.items():
             if value is None:
@@ -163,6 +174,16 @@ def preflight(cfg) -> None:
 
 def _file_store(uri: str) -> bool:
     return uri_scheme(uri) in ("", "file")
+
+
+def _redact(text: str) -> str:
+    """``text`` without the credentials of the URIs in it
+    (:func:`splitfed.provenance.redact`): error messages and MLflow's params show the
+    store, not its password (give that in ``MLFLOW_TRACKING_PASSWORD`` or
+    ``MLFLOW_TRACKING_TOKEN`` rather than in the URI)."""
+    from splitfed.provenance import redact
+
+    return redact(text)
 
 
 def _first_line(e: BaseException) -> str:
@@ -298,17 +319,25 @@ class MLflowSink(_Sink):
 
         try:
             self.client = MlflowClient(tracking_uri=self.uri)
-            self.run_id = self._resumed_run() if start_round > 1 else None
+            earlier = self._recorded_run()
+            self.run_id = None
+            if earlier is not None and start_round > 1:       # resumed: log into it
+                self.client.update_run(earlier, status="RUNNING")
+                self.run_id = earlier
+            elif earlier is not None:     # started again from round 0: the old run goes
+                self.client.delete_run(earlier)
             if self.run_id is None:
                 self.run_id = self._new_run(cfg)
         except SplitfedError:
             raise
         except Exception as e:  # noqa: BLE001 - whatever the store raises: one line
             raise ConfigError(f"tracking.mlflow_uri: cannot open the MLflow store "
-                              f"{self.uri!r}: {_first_line(e)}") from None
+                              f"{_redact(self.uri)!r}: {_redact(_first_line(e))}"
+                              ) from None
 
-    def _resumed_run(self) -> str | None:
-        """The MLflow run of an earlier session of this run, set running again."""
+    def _recorded_run(self) -> str | None:
+        """The MLflow run of an earlier session of this run (``tracking.json``) when it
+        is in this store."""
         try:
             saved = loads_json(read_regular(self.run_dir / TRACKING_FILE, TRACKING_FILE,
                                             MAX_TRACKING_BYTES))
@@ -321,7 +350,6 @@ class MLflowSink(_Sink):
             self.client.get_run(run_id)
         except Exception:  # noqa: BLE001 - gone (another store, deleted): a new run
             return None
-        self.client.update_run(run_id, status="RUNNING")
         return run_id
 
     def _new_run(self, cfg) -> str:
@@ -352,7 +380,7 @@ class MLflowSink(_Sink):
             tags["mlflow.source.git.commit"] = prov["commit"]
         run = self.client.create_run(experiment_id, tags=tags, run_name=self.run_dir.name)
         run_id = run.info.run_id
-        params = [Param(mlflow_key(k), _param_text(v))
+        params = [Param(mlflow_key(k), _redact(_param_text(v)))
                   for k, v in flatten_config(to_dict(cfg)).items()]
         for i in range(0, len(params), self.BATCH):
             self.client.log_batch(run_id, params=params[i:i + self.BATCH])

@@ -97,6 +97,9 @@ def run_study(study: str | Path | Mapping | Study, *, out_dir: str | Path | None
             command += " --publish " + shlex.quote(str(publish_to))
         command += "".join(" " + shlex.join(o) for o in
                            parallel_options(jobs, threads, executor, address))
+        from splitfed.provenance import redact
+
+        command = redact(command)
         study = load_study(study, out_dir=out_dir, plugins=plugins, overrides=overrides)
     if publish_to is not None:
         check_publish(publish_to, study.name)
@@ -280,16 +283,35 @@ def check_runs(runs: list[StudyRun]) -> None:
     """Build each run as :func:`~splitfed.experiment.run_experiment` builds it before
     writing anything (algorithm, data, partition, model and cut, sampler, clock,
     the algorithm's checks), each distinct config once, runs of the same data set one
-    after another (they share it, loaded once); the first failure raises its error
-    with the run's label (and seed) in front. Nothing is written. When it takes long, a
-    line on stderr every :data:`CHECK_PROGRESS_S` seconds says how many are checked."""
+    after another (they share it, loaded once), and each MLflow store that a run's
+    ``tracking.mlflow_uri`` names opened once (:func:`splitfed.tracking.preflight`); the
+    first failure raises its error with the run's label (and seed) in front. Nothing is
+    written. When it takes long, a line on stderr every :data:`CHECK_PROGRESS_S` seconds
+    says how many are checked."""
     from splitfed.experiment import (build_algorithm, build_environment,
                                      check_algorithm_env, data_key)
+    from splitfed.tracking import preflight
 
     seen: set[str] = set()
     seeds = {r.label: 0 for r in runs}
     for r in runs:
         seeds[r.label] += 1
+
+    def named(run: StudyRun, e: SplitfedError) -> None:   # the run's label in front
+        where = f"run {run.label!r}" + (f" (seed {run.seed})" if seeds[run.label] > 1
+                                        else "")
+        e.args = (f"{where}: {e}",)
+
+    stores: set[str] = set()          # each MLflow store a run logs to, opened once
+    for run in runs:
+        t = run.config.tracking
+        if t.mlflow and t.mlflow_uri is not None and t.mlflow_uri not in stores:
+            stores.add(t.mlflow_uri)
+            try:
+                preflight(run.config)
+            except SplitfedError as e:
+                named(run, e)
+                raise
     data: dict = {}                      # runs that load the same data set in a row share it
     order = sorted(runs, key=lambda r: data_key(r.config))   # a stable sort
     start = last = time.monotonic()
@@ -312,9 +334,7 @@ def check_runs(runs: list[StudyRun]) -> None:
         except RunInterrupted:
             raise
         except SplitfedError as e:
-            where = f"run {run.label!r}" + (f" (seed {run.seed})" if seeds[run.label] > 1
-                                            else "")
-            e.args = (f"{where}: {e}",)
+            named(run, e)
             raise
         del env, algorithm
 
