@@ -39,9 +39,11 @@ def test_provenance_names_the_command():
         "splitfed run x.yaml rounds=2"
 
 
-def test_the_commit_is_read_when_the_run_starts_not_when_it_ends(tmp_path, monkeypatch):
+def test_the_code_version_is_read_when_the_run_starts_not_when_it_ends(tmp_path,
+                                                                        monkeypatch):
     """A checkout that changes while a run (or a study's worker) runs does not change the
-    code version the run records: it is read as the run starts."""
+    code version the run records (its commit, its files' digest): it is read as the run
+    starts."""
     import splitfed.provenance as prov
 
     real = subprocess.run
@@ -60,10 +62,14 @@ def test_the_commit_is_read_when_the_run_starts_not_when_it_ends(tmp_path, monke
 
         def __call__(self, *args, **kwargs):
             head["commit"] = "b" * 40
+            head["files"] = "edited"
             return self.inner(*args, **kwargs)
 
+    head["files"] = "imported"
     monkeypatch.setattr(prov.subprocess, "run", fake)
+    monkeypatch.setattr(prov, "tree_digest", lambda root, *a: head["files"])
     prov.git_commit.cache_clear()
+    prov.source_digest.cache_clear()
     try:
         import splitfed.experiment as experiment
 
@@ -75,8 +81,10 @@ def test_the_commit_is_read_when_the_run_starts_not_when_it_ends(tmp_path, monke
         summary = json.loads((tmp_path / "run" / "summary.json").read_text())
         assert head["commit"] == "b" * 40                 # it did move on
         assert summary["provenance"]["commit"] == "a" * 40
+        assert summary["provenance"]["source"] == "imported"   # the files the run imported
     finally:
         prov.git_commit.cache_clear()
+        prov.source_digest.cache_clear()
 
 
 def test_the_source_digest_is_the_package_files():

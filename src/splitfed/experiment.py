@@ -45,7 +45,7 @@ from splitfed.locking import LOCK_NAME, DirLock
 from splitfed.metrics import MetricLogger, decode_record, record_summary
 from splitfed.models import build_model, resolve_cut
 from splitfed.origins import call_algorithm
-from splitfed.provenance import git_commit, provenance
+from splitfed.provenance import provenance
 from splitfed.rng import RandomStreams, derive_seed
 from splitfed.tracking import open_trackers, preflight
 from splitfed.transport import InProcessTransport, Ledger
@@ -802,8 +802,10 @@ def _execute(cfg: RunConfig, algorithm, env: Environment, run_dir: Path | None, 
     atomically), ``metrics.jsonl`` holds whole records."""
     started = started or {"threads": torch.get_num_threads(),
                           "cpu_capability": cpu_capability(), "resumed_threads": []}
-    git_commit()    # the code version, read as the run starts (once per process: the code
-    # a process runs is what it imported, however the checkout changes while it runs)
+    # the code version (commit, digests of the package and the plugins), read as the run
+    # starts: the code a process runs is what it imported, however the checkout changes
+    # while it runs (git_commit and source_digest are read once per process)
+    code = provenance()
     try:
         logger = MetricLogger(run_dir)
         logger.records = list(records or [])
@@ -855,7 +857,7 @@ def _execute(cfg: RunConfig, algorithm, env: Environment, run_dir: Path | None, 
                        "threads": started["threads"],
                        "cpu_capability": started["cpu_capability"],
                        "resumed_threads": list(started["resumed_threads"]),
-                       "provenance": provenance()}
+                       "provenance": code}
             write_summary(run_dir, summary, finished=finished is not None)
     except KeyboardInterrupt:
         raise RunInterrupted(run_dir) from None

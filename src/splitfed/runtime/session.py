@@ -301,6 +301,7 @@ def _run(links, cfg, algorithm, env, control, run_dir: Path, options, ckpt, *, s
                               threads=started["threads"], cpu=started["cpu"],
                               resumed_threads=started["resumed_threads"],
                               config=config_data(cfg))
+    code = provenance()                       # the code this process runs, as it starts
     status = "failed"
     try:
         if finished:
@@ -319,7 +320,7 @@ def _run(links, cfg, algorithm, env, control, run_dir: Path, options, ckpt, *, s
                "wall_time_s": round(wall, 3), "resumed_from": resumed,
                "threads": started["threads"], "cpu_capability": started["cpu"],
                "resumed_threads": list(started["resumed_threads"]),
-               "provenance": provenance(), "processes": links.world_size,
+               "provenance": code, "processes": links.world_size,
                "lost_ranks": {str(r): why for r, why in sorted(links.lost.items())},
                **logger.wire_totals()}
     write_summary(run_dir, summary, finished=finished)
