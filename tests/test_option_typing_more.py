@@ -12,9 +12,10 @@ server-only training, a server batch larger than the server's data. Every refusa
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import pytest
+import torch
 
 from splitfed.cli import main
 from tests.helpers import dry_run as run
@@ -224,3 +225,21 @@ def test_an_option_type_a_config_cannot_give_is_a_plugin_error_naming_it():
     with pytest.raises(PluginError, match=r"^algorithm.obj: its declared type <class 'object'> "
                                           r"is not one a config value can have"):
         from_dict(Odd, {"obj": 5}, path="algorithm")
+
+
+def _builder(input_shape, num_classes, *, thing: object = None, t: torch.Tensor = None,
+             m: Mapping = None, d: dict = None, free=None):
+    """A model builder as a plugin writes it (its annotations resolve in this module)."""
+
+
+def test_a_component_option_of_a_type_a_config_cannot_give_is_a_plugin_error():
+    from splitfed.errors import PluginError
+
+    builder = _builder
+    assert typed_options(builder, {}, "model") == {}
+    assert typed_options(builder, {"m": {"a": 1}, "d": {}, "free": [1]}, "model") == {
+        "m": {"a": 1}, "d": {}, "free": [1]}
+    for key, tp in (("thing", "<class 'object'>"), ("t", "<class 'torch.Tensor'>")):
+        with pytest.raises(PluginError, match=rf"^model\.{key}: its declared type {tp} is "
+                                              r"not one a config value can have"):
+            typed_options(builder, {key: 3}, "model")

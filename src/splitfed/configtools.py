@@ -166,8 +166,10 @@ def typed_options(fn: Callable, options: dict[str, Any], section: str) -> dict[s
       list whose every element is as above (the list is passed on as given).
 
     A finite float anywhere in any other value must still be 0 or within float32's
-    range. Keys that are not parameters of ``fn`` are passed on unchanged for the
-    component to refuse."""
+    range. An option annotated with a class no config value is an instance of
+    (``object``, ``torch.Tensor``) is a :class:`~splitfed.errors.PluginError` naming it
+    when it is set. Keys that are not parameters of ``fn`` are passed on unchanged for
+    the component to refuse."""
     try:
         params = inspect.signature(fn).parameters
     except (TypeError, ValueError):
@@ -215,8 +217,15 @@ def _typed_option(hint: Any, value: Any, key: str) -> Any:
         for i, v in enumerate(value):
             _typed_option(item, v, f"{key}[{i}]")
         return value
+    if (isinstance(hint, type) and hint is not inspect.Parameter.empty
+            and (hint is object or not any(issubclass(t, hint) for t in _YAML_TYPES))):
+        raise _untyped(key, hint)
     _check_floats(Any, value, key)
     return value
+
+
+#: the types of the values a config file holds
+_YAML_TYPES = (bool, int, float, str, list, dict, type(None))
 
 
 def _typed_kind(hint: Any) -> bool:
@@ -310,9 +319,13 @@ def _convert(tp: Any, value: Any, key: str) -> Any:
         return _CONTAINERS[origin or tp](tp, value, key)
     if tp in _SCALARS:
         return _SCALARS[tp](value, key)
-    raise PluginError(f"{key}: its declared type {tp!r} is not one a config value can have "
-                      "(bool, int, float, str, a Literal, a list, tuple or dict of these, a "
-                      "dataclass, or a Union with None); change the option's annotation")
+    raise _untyped(key, tp)
+
+
+def _untyped(key: str, tp: Any) -> PluginError:
+    return PluginError(f"{key}: its declared type {tp!r} is not one a config value can have "
+                       "(bool, int, float, str, a Literal, a list, tuple or dict of these, a "
+                       "dataclass, or a Union with None); change the option's annotation")
 
 
 def _type_error(key: str, expected: str, value: Any) -> ConfigError:
