@@ -31,7 +31,7 @@ from splitfed.checkpoint import (CHECKPOINT, Checkpointer, atomic_write, check_c
 from splitfed.config import RunConfig, build_config
 from splitfed.exact import ceil_times
 from splitfed.configtools import dump_text, from_dict, load_yaml, to_dict, yaml_round_trip
-from splitfed.data import load_dataset
+from splitfed.data import check_dataset_options, load_dataset
 from splitfed.data.partition import PARTITIONERS, natural, partition, partition_summary
 from splitfed.data.server_data import build_server_data
 from splitfed.engine.clock import VirtualClock
@@ -132,6 +132,7 @@ def load_data(cfg: RunConfig, streams: RandomStreams, device: torch.device,
     key = data_key(cfg, device) if cache is not None else None
     if cache is not None and key in cache:
         return cache[key]
+    check_dataset_options(d.name, d.options)     # before a key could clash with rng=
     bundle = load_dataset(d.name, d.data_dir, rng=streams.numpy("data"),
                           limit_train=d.limit_train, limit_test=d.limit_test, **d.options)
     for split in (bundle.train, bundle.test):

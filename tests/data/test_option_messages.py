@@ -56,3 +56,15 @@ def test_cifar100_label_mode_and_vocab_size_name_their_keys(tmp_path):
         load_dataset("cifar100", str(tmp_path), label_mode="foo")
     with pytest.raises(ConfigError, match=r"^data\.vocab_size: must be > "):
         WordTokenizer(["a b"], vocab_size=1)
+
+
+@pytest.mark.parametrize("argv", [["--dry-run"], []])
+def test_a_data_option_named_like_the_loaders_generator_is_unknown(tmp_path, capsys, argv):
+    from splitfed.cli import main
+
+    code = main(["run", "quick_digits", "rounds=1", "data.rng=5",
+                 f"out_dir={tmp_path / 'runs'}", *argv])
+    assert code == 2
+    assert capsys.readouterr().err == ("splitfed: error: data: unknown option(s) rng for "
+                                       "dataset 'digits'; allowed: none\n")
+    assert not (tmp_path / "runs").exists()

@@ -65,6 +65,18 @@ def dataset_options(name: str) -> dict[str, object]:
     return {p.name: p.default for p in params}
 
 
+def check_dataset_options(name: str, options) -> None:
+    """ConfigError naming the keys of ``options`` that data set ``name``'s loader does not
+    take (``rng`` among them: :func:`load_dataset` passes it)."""
+    allowed = dataset_options(name)
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        raise ConfigError(
+            f"data: unknown option(s) {', '.join(unknown)} for dataset {name!r}; "
+            f"allowed: {', '.join(allowed) or 'none'}"
+        )
+
+
 def dataset_key(name: str) -> str:
     """A data set's registry key: ``name`` lower-cased, ``-`` read as ``_``."""
     return str(name).lower().replace("-", "_")
@@ -91,13 +103,7 @@ def load_dataset(name: str, data_dir: str | None = None, *,
     ConfigError naming ``data.<option>``; missing or corrupt files raise DataError.
     """
     loader = _loader(name)
-    allowed = dataset_options(name)
-    unknown = sorted(set(options) - set(allowed))
-    if unknown:
-        raise ConfigError(
-            f"data: unknown option(s) {', '.join(unknown)} for dataset {name!r}; "
-            f"allowed: {', '.join(allowed) or 'none'}"
-        )
+    check_dataset_options(name, options)
     options = typed_options(loader, options, "data")
     rng = np.random.default_rng(0) if rng is None else rng
     key = dataset_key(name)
