@@ -137,8 +137,9 @@ def bad_model(scratch):
 def test_a_failing_builder_is_named_as_failing(bad_model, mode, what):
     with pytest.raises(ConfigError) as info:
         build_model("zz_model", (1, 8, 8), 10, mode=mode)
-    assert str(info.value) == (f"model.name: the builder of model 'zz_model' (plugin {HERE}) "
-                               f"{what}")
+    expected = f"model.name: the builder of model 'zz_model' (plugin {HERE}) {what}"
+    assert re.fullmatch(re.escape(expected) + r" \(at .*test_plugin_errors\.py:\d+\)",
+                        str(info.value)), str(info.value)        # where in the builder
 
 
 def test_a_builder_must_return_a_block_model(bad_model, capsys):
@@ -750,7 +751,7 @@ def test_options_that_are_an_instance_are_refused_when_registered(scratch):
 def test_the_plugin_frame_skips_generated_code():
     """An error raised in generated code (a dataclass's __init__ is compiled from a
     string) is placed at the plugin's line that called it."""
-    from splitfed.origins import _plugin_frame
+    from splitfed.origins import plugin_frame
 
     def plugin_code():
         exec(compile("raise ValueError('bad value')", "<string>", "exec"))
@@ -758,7 +759,7 @@ def test_the_plugin_frame_skips_generated_code():
     try:
         plugin_code()
     except ValueError as e:
-        where = _plugin_frame(e)
+        where = plugin_frame(e)
     line = next(i for i, text in enumerate(open(__file__), 1)
                 if 'exec(compile("raise ValueError' in text)
     assert where == f"{__file__}:{line}"

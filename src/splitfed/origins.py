@@ -57,12 +57,12 @@ def _call(kind: str, name: str, field: str, during: str, fn, *args, **kwargs):
     except SplitfedError:
         raise
     except Exception as e:  # noqa: BLE001 - the plugin's own failure, reported as such
-        at = _plugin_frame(e)
+        at = plugin_frame(e)
         raise PluginError(f"{field}: {component(kind, name)} failed{during}: "
                           + describe(e) + (f" (at {at})" if at else "")) from e
 
 
-def _plugin_frame(e: BaseException) -> str | None:
+def plugin_frame(e: BaseException) -> str | None:
     """``file:line`` of the innermost frame of ``e``'s traceback in code that is neither
     splitfed's nor torch's, numpy's or Python's own: where in the plugin it happened (a
     plugin installed into site-packages too, which may lie inside Python's own

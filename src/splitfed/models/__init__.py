@@ -35,7 +35,7 @@ from splitfed.models.cohort import cohort_forward, stack_states, unstack_state
 from splitfed.models.lenet import lenet5
 from splitfed.models.mlp import mlp
 from splitfed.models.mobilenet import mobilenetv2
-from splitfed.origins import component
+from splitfed.origins import component, origin, plugin_frame
 from splitfed.models.resnet import resnet18
 from splitfed.models.transformer import opt
 from splitfed.models.vgg import vgg11
@@ -94,9 +94,12 @@ def _in_dry_run(e: BaseException) -> bool:
 
 
 def _builder_failed(name: str, options: dict, e: BaseException) -> ConfigError:
+    """The one-line error of a builder that raised ``e``; a plugin's ends with where in
+    its code it happened, as its other components' failures do."""
     given = f" (options {options})" if options else ""
+    at = plugin_frame(e) if origin("model", name) is not None else None
     return ConfigError(f"model.name: the builder of {_component(name)} failed{given}: "
-                       f"{describe(e)}")
+                       f"{describe(e)}" + (f" (at {at})" if at else ""))
 
 
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, **options) -> BlockModel:
