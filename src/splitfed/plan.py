@@ -8,8 +8,8 @@ checks that the run directory could be created, without creating it. Nothing is 
 and nothing is written. :func:`format_plan` prints what the run would do: the algorithm and its
 transforms, the data set, the clients' data sizes, the participants, local steps and
 training samples of a round, the model's parameters (each side of the cut for split
-algorithms), the multiply-accumulates per sample, the bytes a round moves, the rounds
-and where the run would write.
+algorithms), the multiply-accumulates per sample and the clients' of a round, the bytes
+a round moves, the rounds and where the run would write.
 
 The bytes are those the model implies (as :func:`splitfed.engine.loop.client_work`
 computes them for over-selection): each participant downloads and uploads the
@@ -20,7 +20,10 @@ dtype, and label up and their gradient down; MU-SplitFed and GAS: 2 q + 1 activa
 tensors and the labels up and q scalars down per step; CSE-FSL: one batch in its upload
 rounds), on average over the run's rounds and the participation's clients. Messages
 the model does not imply (SCAFFOLD's control variates, for one) are counted by the
-ledger of a real run.
+ledger of a real run. The clients' compute of a round is the algorithm's ``client_macs``
+(one forward and one backward pass per training sample, or what its clients compute
+instead: MU-SplitFed's and GAS's 2 q + 1 forward passes, CSE-FSL's auxiliary heads),
+on average over the rounds and the participation's clients as the bytes are.
 """
 
 from __future__ import annotations
@@ -201,8 +204,9 @@ def _model(algorithm, env) -> dict:
                    client_parameters=_params(client), server_parameters=_params(server))
     if algorithm.federated:
         steps = local_steps_of(algorithm, env, np.arange(len(env.data_sizes)))
-        _, model_bytes, up, down = client_work(algorithm, env, steps)
+        macs, model_bytes, up, down = client_work(algorithm, env, steps)
         share = _round_share(env)
+        out["client_macs_per_round"] = float((share * macs).sum())
         out["bytes"] = {"model": int(model_bytes), "cut_up": float((share * up).sum()),
                         "cut_down": float((share * down).sum())}
     return out
@@ -280,8 +284,12 @@ def format_plan(plan: dict, config: str | None = None) -> str:
                     f"{m['server_parameters']:,}")
     rows.append(("model", model))
     macs = m["macs_per_sample"]
-    rows.append(("compute", f"MACs per training sample (forward and backward): client "
-                            f"{macs['client']:,}, server {macs['server']:,}"))
+    text = (f"MACs per training sample (forward and backward): client {macs['client']:,}, "
+            f"server {macs['server']:,}")
+    if "client_macs_per_round" in m:
+        text += (f"; all clients of a round: {round(m['client_macs_per_round']):,} "
+                 f"(what {a['name']}'s clients compute)")
+    rows.append(("compute", text))
     if "bytes" in m:
         b = m["bytes"]
         what = "its part of the model" if m["cut"] is not None else "the model"

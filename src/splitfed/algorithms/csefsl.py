@@ -46,7 +46,10 @@ Decisions (docs/design.md and this file):
   Evaluation uses x_C composed with x_S, never the head; ``aux_test_acc`` reports the
   head's own accuracy on every evaluated round in which clients trained.
 - Accounting: one server copy (``server_copies`` = 1, the base default); the server's
-  MACs count only the uploaded samples (``server_samples``).
+  MACs count only the uploaded samples (``server_samples``); the clients' MACs
+  (``client_macs``) are what their parts and heads charged the clock: a forward and a
+  backward pass of both per local sample, less the head's backward pass on the first
+  step of an upload round with ``server_feedback``.
 - Batched: client parts and heads are stacked per chunk. Rounds without uploads train
   one chunk at a time; in upload rounds every chunk's first-step graph waits for the
   sequential server pass.
@@ -61,6 +64,7 @@ Decisions (docs/design.md and this file):
 from __future__ import annotations
 
 import copy
+import weakref
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
@@ -71,13 +75,18 @@ from torch import nn
 from splitfed.engine.aggregate import DeltaAccumulator
 from splitfed.engine.algorithm import Algorithm
 from splitfed.engine.evaluate import evaluate
+from splitfed.engine.flops import TRAIN_FACTOR, forward_macs
 from splitfed.engine.loop import evaluates
 from splitfed.engine.placement import client_values
 from splitfed.engine.rounds import Round
 from splitfed.engine.split import (SplitModel, per_client_loss, return_gradients, send_activations,
                                    server_opt_template, server_step, sgd)
+from splitfed.models import output_shape
 from splitfed.models.aux import build_aux_head
 from splitfed.rng import derive_seed
+
+#: forward MACs of one sample through the auxiliary head, per client part and head shape
+_HEAD_MACS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 @dataclass
@@ -178,6 +187,34 @@ class CSEFSL(Algorithm):
         return (0 * steps + share * b * (activation_bytes + label_bytes),
                 0 * steps + share * b * down)
 
+    def client_macs(self, env, macs_per_sample, steps, t=None):
+        """Every local step is a forward and a backward pass of the client part and of
+        the auxiliary head on its batch; in an upload round with ``server_feedback`` the
+        first step backpropagates the server's gradient through the client part instead,
+        and the head only evaluates its loss (one forward pass, no backward). ``t`` None:
+        the average over the run's rounds ((rounds - 1) // period of them upload)."""
+        b = env.config.train.batch_size
+        head = self.head_macs(env)
+        if not self.options.server_feedback:
+            share = 0
+        elif t is None:
+            share = ((env.config.rounds - 1) // self.options.period) / env.config.rounds
+        else:
+            share = int(self.uploads(t))
+        return (steps * b * (macs_per_sample + TRAIN_FACTOR * head)
+                - share * b * (TRAIN_FACTOR - 1) * head)
+
+    def head_macs(self, env) -> int:
+        """Forward MACs of one sample through the auxiliary head (:meth:`head`)."""
+        client = SplitModel.of(env).client
+        key = (self.options.aux, self.options.aux_hidden, env.data.num_classes,
+               tuple(env.data.input_shape))
+        per = _HEAD_MACS.setdefault(client, {})
+        if key not in per:
+            cut = tuple(output_shape(client, tuple(env.data.input_shape)))
+            per[key] = forward_macs(self.head(env, client), cut)
+        return per[key]
+
     def head(self, env, client: nn.Module) -> nn.Module:
         """The auxiliary head on ``client``'s output, initialised from the run seed (in
         float32), in the dtype of the client part's parameters (a model of
@@ -226,9 +263,10 @@ class CSEFSL(Algorithm):
                 grads = {i: return_gradients(env, c.ids[:len(g)], g)
                          for i, (c, g) in enumerate(zip(chunks, g_h))}
         aux_acc = DeltaAccumulator(state["aux"], renormalise=env.clock.renormalise)
-        lr = env.lr(t)
+        lr, charged = env.lr(t), 0
         for i, chunk in enumerate(chunks):        # lazily built: one chunk in memory
             chunk.train(env, lr, grads.get(i), rnd.hook)
+            charged += chunk.client.charged + chunk.aux.charged
             client_up = env.transport.upload("model", chunk.ids, chunk.client.final())
             aux_up = env.transport.upload("model", chunk.ids, chunk.aux.final())
             keep = env.clock.on_time(chunk.ids)
@@ -239,7 +277,8 @@ class CSEFSL(Algorithm):
             aux_acc.add(rnd.weights[torch.from_numpy(chunk.slots)], aux_up, keep=keep)
         uploaded = cohort.size if self.uploads(t) else 0
         result = rnd.finish(state={**new, "model": server_state, "aux": aux_acc.result()},
-                            server_samples=uploaded * tr.batch_size, metrics=metrics)
+                            server_samples=uploaded * tr.batch_size, metrics=metrics,
+                            client_macs=charged)
         if evaluates(env.config, t):
             result.metrics.update(self._aux_eval(env, parts, head, result.state))
         return result

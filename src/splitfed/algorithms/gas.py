@@ -58,7 +58,8 @@ Simulated time (docs/clock.md): client passes on the clients' timelines; the ser
 answers (2 q passes over the client's batch) and steps (2 q passes over the real and
 generated activations) on the shared server lane, each starting when the lane is free and
 the triggering upload has arrived; the record's ``server_macs`` counts both (a
-first-order server step: a forward and a backward pass). With a round deadline, late
+first-order server step: a forward and a backward pass), and its ``client_macs`` the
+clients' 2 q + 1 forward passes per sample of every step. With a round deadline, late
 clients' models are left out of the aggregation; the server keeps what it learnt from
 their activations. The learned model depends on the speeds (the event order does),
 unlike the synchronous algorithms': ``asynchronous = True``.
@@ -77,7 +78,8 @@ from splitfed.engine import zo
 from splitfed.engine.algorithm import Algorithm
 from splitfed.engine.clock import CLIENT, SERVER, EventQueue
 from splitfed.engine.rounds import Round
-from splitfed.engine.split import SplitModel, per_client_loss, zeroth_order_cut_bytes
+from splitfed.engine.split import (SplitModel, per_client_loss, zeroth_order_client_macs,
+                                   zeroth_order_cut_bytes)
 from splitfed.engine.stacked import ForwardCopies
 from splitfed.errors import ConfigError
 from splitfed.models import output_shape
@@ -208,6 +210,11 @@ class GAS(Algorithm):
         labels, and receives q scalars."""
         return zeroth_order_cut_bytes(env, self.options.directions, activation_bytes,
                                       label_bytes, steps)
+
+    def client_macs(self, env, macs_per_sample, steps, t=None):
+        """Every local step runs 2 q + 1 forward passes of the batch (h, and h+- of each
+        direction) and no backward pass."""
+        return zeroth_order_client_macs(env, self.options.directions, macs_per_sample, steps)
 
     def check(self, env) -> None:
         """``covariance: full`` fits in :data:`MAX_COVARIANCE_BYTES` at the cut (a
@@ -351,6 +358,7 @@ class GAS(Algorithm):
                                  "server_steps": server_steps},
                           train_loss=float(np.mean(losses)) if losses else float("nan"),
                           server_samples=server_samples, server_macs=server.charged,
+                          client_macs=client.charged,
                           metrics={"server_steps": server_steps - int(state["server_steps"])})
 
     def _server_step(self, env, server: ForwardCopies, stats: dict, buffer, step: int, cid: int,

@@ -51,7 +51,9 @@ Simulated time (docs/clock.md): every forward pass is charged (B x forward MACs 
 a first-order ablation's backward 2 x more), the clients' on their timelines and the
 server copies' on per-client server lanes; the ZO update itself costs no MACs. The
 record's ``server_macs`` counts the server copies' passes: 2 tau q + 2 q per sample with
-zeroth-order sides (with the adaptive tau, the round's). With a round deadline a client
+zeroth-order sides (with the adaptive tau, the round's); its ``client_macs`` the clients':
+2 q + 1 forward passes per sample with a zeroth-order client, 1 + 3 (h, then a forward
+and a backward pass for the gradient) with a first-order one. With a round deadline a client
 whose model arrives late is left out of both aggregations.
 """
 
@@ -69,7 +71,7 @@ from splitfed.engine.clock import CLIENT, SERVER_COPY
 from splitfed.engine.flops import TRAIN_FACTOR
 from splitfed.engine.rounds import Round
 from splitfed.engine.split import (SplitModel, per_client_loss, return_gradients,
-                                   zeroth_order_cut_bytes)
+                                   zeroth_order_client_macs, zeroth_order_cut_bytes)
 from splitfed.engine.stacked import ForwardCopies
 from splitfed.rng import derive_seed
 
@@ -122,6 +124,17 @@ class MUSplitFed(Algorithm):
                                           label_bytes, steps)
         return super().cut_bytes(env, activation_bytes, label_bytes, steps, t)
 
+    def client_macs(self, env, macs_per_sample, steps, t=None):
+        """A zeroth-order client runs 2 q + 1 forward passes of its batch (h, and h+- of
+        each direction) and no backward pass; a first-order one (``client_order: first``)
+        runs the forward pass for h, then a forward and a backward pass for the gradient
+        of its step (1 + ``TRAIN_FACTOR`` forward passes)."""
+        if self.options.client_order == "zeroth":
+            return zeroth_order_client_macs(env, self.options.directions, macs_per_sample,
+                                            steps)
+        forward = macs_per_sample // TRAIN_FACTOR
+        return steps * env.config.train.batch_size * (1 + TRAIN_FACTOR) * forward
+
     def _seeds(self, base: int, side: str, step: int) -> list[int]:
         return [derive_seed(base, f"{side}/{step}/{j}") for j in range(self.options.directions)]
 
@@ -163,7 +176,8 @@ class MUSplitFed(Algorithm):
         rnd.aggregate_against(state["model"])       # client copies and server copies
         rnd.add(np.arange(n), {**up, **server.state})
         return rnd.finish(train_loss=float(losses.mean()), samples=n * tr.batch_size,
-                          server_macs=server.charged, metrics={"tau": tau})
+                          server_macs=server.charged, client_macs=client.charged,
+                          metrics={"tau": tau})
 
     def _adaptive_tau(self, env, ids, server_module, h) -> int:
         """Paper 001 eq. (12): tau = t_straggler / t_server, rounded down, in [1, max_tau].

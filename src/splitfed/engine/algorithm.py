@@ -28,6 +28,9 @@ server-side model the main server holds during a round; the loop reports
 ``cut_bytes(env, activation_bytes, label_bytes, steps, t)`` says what a client sends
 and receives at the cut in a round, for over-selection's prediction and ``--dry-run``'s
 traffic; the default is first-order split learning's (SL, SFL-V1, SFL-V2).
+``client_macs(env, macs_per_sample, steps, t)`` says what a client computes in a round,
+for the same prediction and ``--dry-run``'s compute; the default is one forward and one
+backward pass per training sample.
 
 Constructors hold hyperparameters only (learned state lives in ``state``), which keeps
 sweeps, cloning and checkpoints trivial.
@@ -234,6 +237,21 @@ class Algorithm:
             return 0, 0
         samples = steps * env.config.train.batch_size
         return samples * (activation_bytes + label_bytes), samples * activation_bytes
+
+    def client_macs(self, env, macs_per_sample: int, steps, t=None):
+        """The MACs one client computes in round ``t`` when it takes ``steps`` local steps
+        of ``train.batch_size`` samples (``steps`` a number or an array, one per client;
+        the result alike); ``t`` None: a round on average over the run's rounds.
+        Over-selection predicts each sampled client's round with it and ``--dry-run``
+        prints the compute of a round; it must equal what the algorithm's round charges
+        the clock for that client (role ``client``), on average where it varies from
+        round to round. ``macs_per_sample``: a forward and a backward pass of one training
+        sample through the client's part of the model (``TRAIN_FACTOR`` forward passes;
+        the whole model unsplit).
+
+        Default: one forward and one backward pass per training sample (FL, SL, SFL-V1,
+        SFL-V2)."""
+        return steps * env.config.train.batch_size * macs_per_sample
 
 
 def describe(algorithm, env=None) -> str:

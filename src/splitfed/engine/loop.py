@@ -5,8 +5,9 @@ Each round: sample the participants, let the algorithm run its round (it returns
 round's bytes from the ledger, turn the samples it trained on into client and server
 multiply-accumulates (``server_samples``, when an algorithm's server trains on fewer or
 more samples than its clients; None: the same as ``samples``; ``server_model_samples``:
-samples on which the server trains the whole model, on its own data; ``server_macs``:
-the MACs of the server side when the algorithm counts them itself), record the
+samples on which the server trains the whole model, on its own data; ``server_macs``
+and ``client_macs``: the MACs of the server side and of the clients when the algorithm
+counts them itself), record the
 server-side model memory (``server_param_bytes``: ``algorithm.server_copies`` copies of
 the server part), evaluate every ``eval_every`` rounds, every round of the last
 ``eval_last`` rounds, at round 0 and at the last round (:func:`evaluates`), log one
@@ -131,13 +132,15 @@ def client_work(algorithm, env, steps, t: int | None = None, sizes=None) -> tupl
     """What a client's round costs it when it takes ``steps`` local steps (a number or
     an array, one per client) in round ``t`` (None: a round on average), for
     over-selection's prediction (:meth:`~splitfed.engine.clock.VirtualClock.keep_fastest`)
-    and ``--dry-run``'s plan: (MACs of its K x B training samples, bytes of its model
-    part each way, bytes up and down at the cut: the algorithm's ``cut_bytes``).
-    ``sizes``: :func:`work_sizes`, when the caller keeps them."""
+    and ``--dry-run``'s plan: (MACs it computes: the algorithm's ``client_macs``, bytes
+    of its model part each way, bytes up and down at the cut: the algorithm's
+    ``cut_bytes``). ``sizes``: :func:`work_sizes`, when the caller keeps them."""
     macs, model, acts, label = work_sizes(algorithm, env) if sizes is None else sizes
-    up, down = call_algorithm(env.config.algorithm.name, "cut_bytes", algorithm.cut_bytes,
+    name = env.config.algorithm.name
+    up, down = call_algorithm(name, "cut_bytes", algorithm.cut_bytes,
                               env, acts, label, steps, t)
-    return steps * env.config.train.batch_size * macs, model, up, down
+    computed = call_algorithm(name, "client_macs", algorithm.client_macs, env, macs, steps, t)
+    return computed, model, up, down
 
 
 def local_steps_of(algorithm, env, ids: np.ndarray) -> np.ndarray:
@@ -313,9 +316,10 @@ def check_result(algorithm, env, result, t: int, declared: tuple = ()) -> RoundR
         raise bad(f"returned train_loss {result.train_loss!r:.60} "
                   f"({type(result.train_loss).__name__}); expected None or a real number "
                   "(float(loss))")
-    for field in ("samples", "server_samples", "server_model_samples", "server_macs"):
+    for field in ("samples", "server_samples", "server_model_samples", "server_macs",
+                  "client_macs"):
         value = getattr(result, field)
-        if value is None and field in ("server_samples", "server_macs"):
+        if value is None and field in ("server_samples", "server_macs", "client_macs"):
             continue
         if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 0:
             raise bad(f"returned {field} {value!r:.60}; expected a whole number >= 0")
@@ -417,7 +421,8 @@ def run_rounds(algorithm, env, logger, state: dict | None = None,
                   **env.ledger.round_totals(t), **env.clock.end_round(),
                   "round_time_s": time.perf_counter() - t0}
         server = result.samples if result.server_samples is None else result.server_samples
-        record["client_macs"] = result.samples * client_macs
+        record["client_macs"] = (result.samples * client_macs if result.client_macs is None
+                                 else result.client_macs)
         split_macs = (server * server_macs if result.server_macs is None
                       else result.server_macs)
         record["server_macs"] = split_macs + result.server_model_samples * model_macs

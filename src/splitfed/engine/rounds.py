@@ -22,8 +22,9 @@ model (``server_samples``, None: the same as the clients') and of the whole mode
 server (``server_model_samples``: server data; they become the MAC counts), the
 multiply-accumulates of the server-side model when the algorithm counts them itself
 (``server_macs``: a server that does other work per sample than a forward and a backward
-pass, such as MU-SplitFed's forward-only zeroth-order steps) and any further metrics,
-logged as they are. The round loop checks every result
+pass, such as MU-SplitFed's forward-only zeroth-order steps), those of the clients
+likewise (``client_macs``: zeroth-order clients, CSE-FSL's auxiliary heads) and any
+further metrics, logged as they are. The round loop checks every result
 (:func:`splitfed.engine.loop.check_result`): the state keeps the keys ``init_state``
 declared, ``train_loss`` is None or a real number, the metrics are numbers (or None).
 To add to a result after ``rnd.finish()``, replace its fields with
@@ -61,6 +62,10 @@ class RoundResult:
     #: algorithm counts them itself (what its server's passes charged the clock); None:
     #: ``server_samples`` x a forward and a backward pass of the server side
     server_macs: int | None = None
+    #: MACs of the clients in the round (all of them), when the algorithm counts them
+    #: itself (what their passes charged the clock); None: ``samples`` x a forward and a
+    #: backward pass of the clients' part
+    client_macs: int | None = None
 
     def record(self) -> dict[str, float]:
         """The metrics the loop logs for the round (samples become MACs there)."""
@@ -188,11 +193,13 @@ class Round:
 
     def finish(self, *, state: dict | None = None, train_loss: float | None = None,
                samples: int | None = None, server_samples: int | None = None,
-               metrics: dict | None = None, server_macs: int | None = None) -> RoundResult:
+               metrics: dict | None = None, server_macs: int | None = None,
+               client_macs: int | None = None) -> RoundResult:
         """The epilogue: the server steps on the aggregate (none but server training in
         an empty round), the transforms' new states, the result. ``state``: further
         entries of the new state (other model parts go under ``state["model"]``);
-        ``server_macs``: :attr:`RoundResult.server_macs`."""
+        ``server_macs`` and ``client_macs``: :attr:`RoundResult.server_macs` and
+        :attr:`RoundResult.client_macs`."""
         algo, env = self.algorithm, self.env
         if not self.empty and self.acc is None:
             from splitfed.engine.algorithm import describe
@@ -225,11 +232,11 @@ class Round:
         whole = ctx.server_samples + (self.grad.server_samples if self.grad is not None else 0)
         if self.empty:
             return RoundResult(new, train_loss, samples or 0, server_samples, extra, whole,
-                               server_macs)
+                               server_macs, client_macs)
         client = self.samples + (self.grad.samples if self.grad is not None else 0)
         return RoundResult(new, float(self.losses.mean()) if train_loss is None else train_loss,
                            client if samples is None else samples, server_samples, extra,
-                           whole, server_macs)
+                           whole, server_macs, client_macs)
 
     def _step(self, step, ctx, model):
         ctx.state = self.states.get(step.key)

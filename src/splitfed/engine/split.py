@@ -329,6 +329,15 @@ def zeroth_order_cut_bytes(env, directions: int, activation_bytes: int, label_by
             steps * directions * scalar)
 
 
+def zeroth_order_client_macs(env, directions: int, macs_per_sample: int, steps):
+    """The MACs of ``steps`` zeroth-order client steps with ``directions`` q (MU-SplitFed,
+    GAS): per step the batch's forward passes for h and h+- of each direction, 2 q + 1
+    of them, and no backward pass (``macs_per_sample``: a forward and a backward pass of
+    one sample through the client's part, ``TRAIN_FACTOR`` forward passes)."""
+    forward = macs_per_sample // TRAIN_FACTOR
+    return steps * env.config.train.batch_size * (2 * directions + 1) * forward
+
+
 def participation_probability(env, ids: np.ndarray) -> np.ndarray:
     """q_n of each slot: the bernoulli probabilities, or 1 for the other modes."""
     q = getattr(env.sampler, "q", None)

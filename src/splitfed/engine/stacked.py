@@ -14,6 +14,7 @@ With a ``clock`` and the copies' client ``ids``, every forward charges B x forwa
 per active copy and every step 2 x forward MACs (the backward pass) to the simulated
 timeline of its ``role``: the clients' own devices (``"client"``) or the per-client
 server lanes of server-side copies (``"server_copy"``); see :mod:`splitfed.engine.clock`.
+``charged`` adds up what was charged, over every copy.
 
 A ``StackedModel`` computes all its copies in this process. Where the run's environment
 has a placement (the multi-process runtime, :mod:`splitfed.engine.placement`), stacked
@@ -67,6 +68,9 @@ class StackedModel:
         self.clock = clock if ids is not None else None
         self.ids, self.role = ids, role
         self._macs = 0
+        #: MACs charged to the clock so far, over every copy (what an algorithm reports
+        #: as its clients' MACs: :attr:`~splitfed.engine.rounds.RoundResult.client_macs`)
+        self.charged = 0
         # frozen parameters (requires_grad False, e.g. a LoRA base) are carried, not trained
         self.param_names = [k for k, p in module.named_parameters() if p.requires_grad]
         keys = module.state_dict().keys()
@@ -82,6 +86,7 @@ class StackedModel:
         self._views = {k: (t if a == self.n else t[:a]) for k, t in self.state.items()}
         if self.clock is not None:
             self._macs = self.clock.charge(self.role, self.module, self.ids[:a], x)
+            self.charged += a * self._macs
         return cohort_forward(self.module, self._views, x, training=training)
 
     def step(self, outputs: torch.Tensor, grad_outputs: torch.Tensor | None = None, *,
@@ -104,6 +109,7 @@ class StackedModel:
         self.opt.step(params, p_grads, lr)
         if self.clock is not None:
             self.clock.compute(self.role, self.ids[:a], (TRAIN_FACTOR - 1) * self._macs)
+            self.charged += a * (TRAIN_FACTOR - 1) * self._macs
         self._views = None
         return extra
 

@@ -103,6 +103,7 @@ class PartialStackedModel(StackedModel):
         if self.full_clock is not None:
             self._full_macs = self.full_clock.charge(self.role, self.module,
                                                      self.full_ids[:a], x)
+            self.charged += a * self._full_macs
         la = int((self.rows < a).sum())         # local copies still working: a prefix
         self._a, self._la = a, la
         if la == 0:
@@ -116,6 +117,7 @@ class PartialStackedModel(StackedModel):
         if self.full_clock is not None:
             self.full_clock.compute(self.role, self.full_ids[:self._a],
                                     (TRAIN_FACTOR - 1) * self._full_macs)
+            self.charged += self._a * (TRAIN_FACTOR - 1) * self._full_macs
         if self._la == 0:
             return [torch.zeros_like(e) for e in extra_inputs]
         local_ids = None if ids is None else np.asarray(ids)[self.rows[:self._la]]
