@@ -2,8 +2,10 @@
 
 Over-selection ranks the sampled clients by :func:`splitfed.engine.loop.client_work`, whose
 cut traffic is the algorithm's ``cut_bytes``: it must be what the algorithm's round sends
-through the transport (the ledger), client by client. The record's ``server_macs`` must be
-what the server's passes charged the clock."""
+through the transport (the ledger), client by client; whose compute is the algorithm's
+``client_macs``: it must be what the clients' passes charged the clock, client by client.
+The record's ``server_macs`` and ``client_macs`` must be what the server's and the
+clients' passes charged the clock."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import numpy as np
 import pytest
 from helpers import digits_config
 
-from splitfed.engine.clock import SERVER, SERVER_COPY
+from splitfed.engine.clock import CLIENT, SERVER, SERVER_COPY
 from splitfed.engine.flops import forward_macs
 from splitfed.engine.loop import client_work, local_steps_of, run_rounds
 from splitfed.experiment import build_algorithm, build_environment
@@ -35,18 +37,26 @@ def _config(algorithm: dict, rounds: int = 2, **over):
 
 def _run(cfg):
     """Run ``cfg``; returns (algorithm, env, records of rounds 1.., server MACs the clock
-    was charged in each round)."""
+    was charged in each round, client MACs it was charged in each round: an array with
+    one entry per client)."""
     env = build_environment(cfg)
     algorithm = build_algorithm(cfg)
     charged: dict[int, int] = {}
+    clients: dict[int, np.ndarray] = {}
     compute, replay = env.clock.compute, env.clock.replay_one
 
+    def client(c, macs):
+        per = clients.setdefault(env.ledger.round, np.zeros(env.num_clients, np.int64))
+        np.add.at(per, c, macs)
+
     def tally(role, ids, macs):
+        n = np.atleast_1d(np.asarray(ids)).size
         if role in (SERVER, SERVER_COPY):
-            n = np.atleast_1d(np.asarray(ids)).size
             total = int(np.sum(np.broadcast_to(np.asarray(macs), (n,)))) if n else int(
                 np.sum(macs))
             charged[env.ledger.round] = charged.get(env.ledger.round, 0) + total
+        elif role == CLIENT:
+            client(np.atleast_1d(np.asarray(ids)), np.broadcast_to(np.asarray(macs), (n,)))
         return compute(role, ids, macs)
 
     def tally_replay(c, events):
@@ -54,11 +64,13 @@ def _run(cfg):
         for event in events:
             if event[0] == SERVER:
                 charged[env.ledger.round] = charged.get(env.ledger.round, 0) + int(event[1])
+            elif event[0] == CLIENT:
+                client(np.array([c]), np.array([int(event[1])]))
         return replay(c, events)
     env.clock.compute, env.clock.replay_one = tally, tally_replay
     logger = MetricLogger(None)
     run_rounds(algorithm, env, logger)
-    return algorithm, env, logger.records[1:], charged
+    return algorithm, env, logger.records[1:], charged, clients
 
 
 def _recorded(env, t: int, kinds) -> np.ndarray:
@@ -76,8 +88,12 @@ CASES = {
     "musplitfed": {"name": "musplitfed"},
     "musplitfed_q2": {"name": "musplitfed", "directions": 2},
     "musplitfed_first_order_client": {"name": "musplitfed", "client_order": "first"},
+    "musplitfed_q3_in_place": {"name": "musplitfed", "directions": 3, "in_place": True},
     "gas": {"name": "gas"},
     "gas_q2": {"name": "gas", "directions": 2},
+    "gas_q2_first_order_server": {"name": "gas", "directions": 2, "server_order": "first"},
+    "csefsl_mlp_head_period2": {"name": "csefsl", "period": 2, "aux": "mlp",
+                                "aux_hidden": 8},
 }
 
 
@@ -93,7 +109,7 @@ def test_predicted_cut_bytes_are_the_ledgers(case):
     without server feedback) in its upload rounds t = 1 + l, 1 + 2 l, ..., nothing in
     the others."""
     rounds = 5 if case.startswith("csefsl") else 2
-    algorithm, env, _, _ = _run(_config(CASES[case], rounds=rounds))
+    algorithm, env, _, _, _ = _run(_config(CASES[case], rounds=rounds))
     ids = np.arange(N)
     steps = local_steps_of(algorithm, env, ids)
     a, lab = 32 * 4, 8
@@ -123,6 +139,99 @@ def test_predicted_cut_bytes_are_the_ledgers(case):
     np.testing.assert_allclose(np.broadcast_to(down, (N,)), want[1], rtol=1e-15)
 
 
+def _client_forward_macs(env) -> int:
+    client, _ = split(env.model, env.cut)
+    return forward_macs(client, tuple(env.data.input_shape))
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_predicted_client_macs_are_what_the_clock_charged(case):
+    """Round by round and client by client, the client MACs that over-selection predicts
+    are those the clients' passes charged the clock, and the record's ``client_macs`` is
+    their total. With the mlp [32, 16] cut after its first layer, one sample's forward
+    pass through the client part is f_c = 64 x 32 MACs and through CSE-FSL's head f_a =
+    32 x 10 (linear) or 32 x 8 + 8 x 10 (mlp, 8 hidden units): SL / SFL-V1 / SFL-V2: K B
+    3 f_c (a forward and a backward pass); MU-SplitFed (one step) and GAS (K steps): per
+    step B (2 q + 1) f_c (h and h+- of each direction, forward only); a first-order
+    MU-SplitFed client: B (1 + 3) f_c (h, then a forward and a backward pass for its
+    gradient); CSE-FSL: K B 3 (f_c + f_a), less the head's backward pass B 2 f_a on the
+    first step of an upload round with server feedback (t = 1 + l, 1 + 2 l, ...)."""
+    rounds = 5 if case.startswith("csefsl") else 2
+    algorithm, env, records, _, clients = _run(_config(CASES[case], rounds=rounds))
+    ids = np.arange(N)
+    steps = local_steps_of(algorithm, env, ids)
+    for t, rec in enumerate(records, 1):
+        macs = client_work(algorithm, env, steps, t)[0]
+        np.testing.assert_array_equal(np.broadcast_to(macs, (N,)), clients[t])
+        assert rec["client_macs"] == int(clients[t].sum()) > 0
+    opts = CASES[case]
+    q, k, fc = opts.get("directions", 1), int(steps[0]), _client_forward_macs(env)
+    if opts["name"] in ("sl", "sflv1", "sflv2"):
+        want = [k * B * 3 * fc] * rounds
+    elif opts.get("client_order") == "first":
+        want = [k * B * 4 * fc] * rounds
+    elif opts["name"] in ("musplitfed", "gas"):
+        want = [k * B * (2 * q + 1) * fc] * rounds
+    else:
+        fa = 32 * 8 + 8 * 10 if opts.get("aux") == "mlp" else 32 * 10
+        period, feedback = opts.get("period", 1), opts.get("server_feedback", True)
+        want = [k * B * 3 * (fc + fa)
+                - feedback * (t > 1 and (t - 1) % period == 0) * B * 2 * fa
+                for t in range(1, rounds + 1)]
+    assert [int(c[0]) for _, c in sorted(clients.items())] == want
+    # the average round (the plan's), here over the run's rounds
+    np.testing.assert_allclose(np.broadcast_to(client_work(algorithm, env, steps)[0], (N,)),
+                               sum(clients.values()) / rounds, rtol=1e-15)
+
+
+@pytest.mark.parametrize("name", ["fedavg", "fedprox", "scaffold", "fedopt", "fedlora"])
+def test_fl_client_macs_are_one_forward_and_backward_pass_per_sample(name):
+    """An FL client's round is K B forward and backward passes of the model it trains,
+    predicted, charged and recorded alike."""
+    over = {} if name != "fedlora" else {"model": {"name": "mlp", "hidden": [32, 16]}}
+    algorithm, env, records, _, clients = _run(_config({"name": name}, rounds=2, **over))
+    steps = local_steps_of(algorithm, env, np.arange(N))
+    whole = 3 * forward_macs(env.model, tuple(env.data.input_shape))
+    for t, rec in enumerate(records, 1):
+        macs = client_work(algorithm, env, steps, t)[0]
+        np.testing.assert_array_equal(macs, steps * B * whole)
+        np.testing.assert_array_equal(macs, clients[t])
+        assert rec["client_macs"] == N * K * B * whole
+
+
+def test_over_selection_keeps_the_client_whose_zeroth_order_compute_is_faster():
+    """Two clients, one kept, MU-SplitFed with q = 4: each computes 2 q + 1 = 9 forward
+    passes of its batch, 9 x 16 x 4,096 = 589,824 MACs. Client 0 computes 393,216 MACs/s
+    over unlimited links (1.5 s); client 1 computes without limit and sends its model
+    part and 9 activation tensors and the labels, 53,632 bytes, at 53,632 B/s (1 s).
+    Priced as one forward and one backward pass (196,608 MACs, 0.5 s) client 0 would
+    look faster."""
+    common = dict(model={"name": "mlp", "hidden": [64], "cut": 1},
+                  partition={"scheme": "iid", "num_clients": 2},
+                  train={"batch_size": 16, "local_steps": 1, "local_epochs": None,
+                         "lr": 0.05})
+    clock = {"profile": "fixed", "client_compute": [393216.0, 3e38],
+             "uplink": [3e38, 53632.0], "downlink": 3e38, "server_compute": 3e38}
+    algo = {"name": "musplitfed", "directions": 4}
+    _, env, both, _, clients = _run(_config(algo, rounds=2, clock=clock,
+                                            participation={"mode": "full"}, **common))
+    assert {r["slowest_client"] for r in both} == {0}
+    assert clients[1].tolist() == [9 * 16 * 4096] * 2
+    cfg = _config(algo, rounds=3, clock={**clock, "over_select": 1},
+                  participation={"mode": "uniform", "clients_per_round": 1}, **common)
+    env = build_environment(cfg)
+    algorithm, kept = build_algorithm(cfg), []
+    round_ = algorithm.round
+
+    def spy(env_, state, t, cohort):
+        kept.append(cohort.ids.tolist())
+        return round_(env_, state, t, cohort)
+    algorithm.round = spy
+    logger = MetricLogger(None)
+    run_rounds(algorithm, env, logger)
+    assert kept == [[1], [1], [1]]
+
+
 def test_over_selection_keeps_the_client_whose_musplitfed_round_is_faster():
     """Two clients, one kept. Client 0 has an uplink of 1.3e5 B/s and an unlimited
     downlink, client 1 the reverse with a downlink of 1e5 B/s. A MU-SplitFed client
@@ -137,7 +246,7 @@ def test_over_selection_keeps_the_client_whose_musplitfed_round_is_faster():
     clock = {"profile": "fixed", "uplink": [1.3e5, 3e38], "downlink": [3e38, 1e5]}
     algo = {"name": "musplitfed"}
     # both clients: the round's slowest is the one whose own round is slower
-    _, _, both, _ = _run(_config(algo, rounds=2, clock=clock,
+    _, _, both, _, _ = _run(_config(algo, rounds=2, clock=clock,
                                  participation={"mode": "full"}, **common))
     assert {r["slowest_client"] for r in both} == {0}
     cfg = _config(algo, rounds=3, clock={**clock, "over_select": 1},
@@ -173,7 +282,7 @@ def test_musplitfed_server_macs_are_what_the_clock_charged(adaptive):
         clock = {"profile": "fixed", "client_compute": 1e6, "server_compute": 1e9,
                  "uplink": 1e6, "downlink": 1e6}
     over = {} if clock is None else {"clock": clock}
-    _, env, records, charged = _run(_config(algo, rounds=2, **over))
+    _, env, records, charged, _ = _run(_config(algo, rounds=2, **over))
     fs = _server_forward_macs(env)
     for t, rec in enumerate(records, 1):
         tau = rec["tau"]
@@ -184,7 +293,7 @@ def test_musplitfed_server_macs_are_what_the_clock_charged(adaptive):
 def test_gas_server_macs_are_what_the_clock_charged():
     """GAS's server answers every upload (2 passes over its B samples) and steps on the
     buffered and generated activations (2 passes); the record counts both."""
-    _, env, records, charged = _run(_config({"name": "gas"}, rounds=2))
+    _, env, records, charged, _ = _run(_config({"name": "gas"}, rounds=2))
     for t, rec in enumerate(records, 1):
         assert rec["server_macs"] == charged[t] > 0
     fs = _server_forward_macs(env)
@@ -195,7 +304,7 @@ def test_gas_server_macs_are_what_the_clock_charged():
 def test_first_order_server_macs_are_what_the_clock_charged(case):
     """SL, SFL-V1, SFL-V2 and CSE-FSL (in its upload rounds) run a forward and a backward
     pass of the server side per uploaded sample, as the record counts them."""
-    _, env, records, charged = _run(_config(CASES[case], rounds=2))
+    _, env, records, charged, _ = _run(_config(CASES[case], rounds=2))
     fs = _server_forward_macs(env)
     for t, rec in enumerate(records, 1):
         samples = N * K * B if case != "csefsl" else (N * B if t == 2 else 0)
