@@ -95,6 +95,23 @@ def test_an_algorithm_that_fixes_its_local_steps_plans_with_them(here, capsys):
         == [90, 90, 90, 90]                         # ceil(359 or 360 / 8) = 45, 2 epochs
 
 
+def test_the_plan_counts_what_the_clients_of_a_round_compute(here, capsys):
+    """The compute of a round's clients is the algorithm's client_macs: K B forward and
+    backward passes of FedAvg's model (64 x 8 + 8 x 10 MACs forward per sample), 2 q + 1
+    forward passes per sample of a MU-SplitFed client's part (64 x 8) with q = 2."""
+    assert main(["run", "tiny.yaml", "--dry-run"]) == 0
+    assert "all clients of a round: 56,832 (what fedavg's clients compute)" in \
+        capsys.readouterr().out                                 # 2 x 2 x 8 x 3 x 592
+    cfg = build_config({"name": "t", "algorithm": {"name": "musplitfed", "directions": 2},
+                        "data": {"name": "digits"},
+                        "model": {"name": "mlp", "hidden": [8, 8], "cut": 1},
+                        "partition": {"scheme": "iid", "num_clients": 4},
+                        "participation": {"mode": "uniform", "clients_per_round": 2},
+                        "train": {"batch_size": 8, "local_steps": 2, "local_epochs": None},
+                        "out_dir": str(here / "runs")})
+    assert build_plan(cfg)["model"]["client_macs_per_round"] == 2 * 1 * 8 * 5 * 64 * 8
+
+
 @pytest.mark.parametrize("override, match", [
     ("model.cut=99", "model.cut=99 is not valid for mlp"),
     ("train.batch_size=5000", "train.batch_size: 5000 exceeds the 1438 training samples"),

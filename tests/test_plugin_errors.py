@@ -289,6 +289,7 @@ class BadRounds(FedAvg):
             "wire": lambda: dataclasses.replace(res, metrics={"wire_down": 8}),
             "huge": lambda: dataclasses.replace(res, metrics={"norm_sq": 10**400}),
             "samples": lambda: dataclasses.replace(res, samples=1.5),
+            "clientmacs": lambda: dataclasses.replace(res, client_macs=-1),
             "nan": lambda: dataclasses.replace(res, train_loss=float("nan")),
             "numpy": lambda: dataclasses.replace(res, train_loss=np.float32(0.5), metrics={
                 "norm": np.float64(2.0), "steps": np.int64(3), "none": None}),
@@ -324,6 +325,7 @@ def bad_rounds(scratch):
     ("huge", "returned the metric 'norm_sq' = 1000000000000000000000000000000000000000, "
              "beyond the range of a float"),
     ("samples", "returned samples 1.5; expected a whole number >= 0"),
+    ("clientmacs", "returned client_macs -1; expected a whole number >= 0"),
     ("nosend", "Round.finish() was called in round 1 for a cohort of 3 client(s) before "
                "Round.send()"),
 ])
@@ -455,7 +457,7 @@ def test_round_result_is_where_the_docs_say():
     assert rounds.RoundResult is RoundResult
     assert [f.name for f in dataclasses.fields(RoundResult)] == [
         "state", "train_loss", "samples", "server_samples", "metrics",
-        "server_model_samples", "server_macs"]
+        "server_model_samples", "server_macs", "client_macs"]
 
 
 class Failing(FedAvg):

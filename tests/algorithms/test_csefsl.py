@@ -245,7 +245,7 @@ def test_with_replacement_and_mlp_head_run():
 def test_server_storage_and_server_macs():
     """server_param_bytes: one server copy for CSE-FSL, SFL-V2, SL and GAS, one per
     participating client for SFL-V1 and MU-SplitFed, none for FedAvg; CSE-FSL's server
-    trains on uploads only."""
+    trains on uploads only, its clients train their part and their auxiliary head."""
     participation = {"mode": "uniform", "clients_per_round": 3}
     env = build_environment(cfg_for())
     _, server = split(env.model, env.cut)
@@ -261,4 +261,7 @@ def test_server_storage_and_server_macs():
     records = run_experiment(cfg, write=False).records
     assert records[1]["server_macs"] == 0                     # round 1: no uploads
     assert records[2]["server_macs"] == 3 * 8 * server_per_sample   # one batch per client
-    assert records[2]["client_macs"] == 3 * 2 * 8 * client_per_sample
+    head = 32 * 10                          # the linear auxiliary head on 32 cut values
+    assert records[1]["client_macs"] == 3 * 2 * 8 * (client_per_sample + 3 * head)
+    # an upload round: the first step backpropagates the server's gradient, not the head's
+    assert records[2]["client_macs"] == 3 * 8 * (2 * (client_per_sample + 3 * head) - 2 * head)
