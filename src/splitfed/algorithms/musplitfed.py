@@ -51,10 +51,10 @@ Simulated time (docs/clock.md): every forward pass is charged (B x forward MACs 
 a first-order ablation's backward 2 x more), the clients' on their timelines and the
 server copies' on per-client server lanes; the ZO update itself costs no MACs. The
 record's ``server_macs`` counts the server copies' passes: 2 tau q + 2 q per sample with
-zeroth-order sides (with the adaptive tau, the round's); its ``client_macs`` the clients':
-2 q + 1 forward passes per sample with a zeroth-order client, 1 + 3 (h, then a forward
-and a backward pass for the gradient) with a first-order one. With a round deadline a client
-whose model arrives late is left out of both aggregations.
+zeroth-order sides (with the adaptive tau, the round's); its ``client_macs`` the
+clients': 2 q + 1 forward passes per sample with a zeroth-order client, 1 + 3 (h, then
+a forward and a backward pass for the gradient) with a first-order one. With a round
+deadline a client whose model arrives late is left out of both aggregations.
 """
 
 from __future__ import annotations

@@ -7,14 +7,14 @@ multiply-accumulates (``server_samples``, when an algorithm's server trains on f
 more samples than its clients; None: the same as ``samples``; ``server_model_samples``:
 samples on which the server trains the whole model, on its own data; ``server_macs``
 and ``client_macs``: the MACs of the server side and of the clients when the algorithm
-counts them itself), record the
-server-side model memory (``server_param_bytes``: ``algorithm.server_copies`` copies of
-the server part), evaluate every ``eval_every`` rounds, every round of the last
-``eval_last`` rounds, at round 0 and at the last round (:func:`evaluates`), log one
-record. The run diverges (:func:`splitfed.metrics.divergence`) at the first round whose
-training loss, or whose evaluated test loss or accuracy, is not finite: the record of
-that round is logged (a non-finite training loss skips the evaluation) and the run stops
-with status ``diverged``.
+counts them itself), record the server-side model memory (``server_param_bytes``:
+``algorithm.server_copies`` copies of the server part), evaluate every ``eval_every``
+rounds, every round of the last ``eval_last`` rounds, at round 0 and at the last round
+(:func:`evaluates`), log one record. The run diverges
+(:func:`splitfed.metrics.divergence`) at the first round whose training loss, or whose
+evaluated test loss or accuracy, is not finite: the record of that round is logged (a
+non-finite training loss skips the evaluation) and the run stops with status
+``diverged``.
 
 Progress: with ``progress: true`` a progress bar (tqdm); with ``progress: false`` and
 ``progress_lines`` (what :func:`splitfed.experiment.run_experiment` passes for a run that
@@ -137,8 +137,8 @@ def client_work(algorithm, env, steps, t: int | None = None, sizes=None) -> tupl
     ``cut_bytes``). ``sizes``: :func:`work_sizes`, when the caller keeps them."""
     macs, model, acts, label = work_sizes(algorithm, env) if sizes is None else sizes
     name = env.config.algorithm.name
-    up, down = call_algorithm(name, "cut_bytes", algorithm.cut_bytes,
-                              env, acts, label, steps, t)
+    up, down = call_algorithm(name, "cut_bytes", algorithm.cut_bytes, env, acts, label,
+                              steps, t)
     computed = call_algorithm(name, "client_macs", algorithm.client_macs, env, macs, steps, t)
     return computed, model, up, down
 
