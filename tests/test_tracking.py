@@ -159,6 +159,32 @@ def test_a_run_resumed_before_its_first_checkpoint_keeps_one_mlflow_run(tmp_path
     assert sorted(m.step for m in history) == [0, 1, 2, 3]
 
 
+def test_a_sweep_that_runs_an_interrupted_run_again_keeps_one_mlflow_run(tmp_path,
+                                                                         monkeypatch):
+    from splitfed.configtools import dump_yaml
+    from splitfed.sweep import run_sweep
+
+    uri = (tmp_path / "store").as_uri()
+    cfg = str(tmp_path / "lab.yaml")
+    dump_yaml(digits_config(rounds=3, checkpoint_every=10, tracking={
+        "mlflow": True, "mlflow_uri": uri, "experiment": "lab"}), cfg)
+    grid = ["train.lr=0.1,0.2"]
+    interrupt_round(monkeypatch, "fedavg", 2)       # the first run, before a checkpoint
+    with pytest.raises(RunInterrupted):
+        run_sweep(cfg, grid, out_dir=tmp_path / "out", quiet=True, jobs=1)
+    monkeypatch.undo()
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name("lab").experiment_id
+    (first,) = client.search_runs([experiment])
+    assert first.info.status == "KILLED"
+    run_sweep(cfg, grid, out_dir=tmp_path / "out", quiet=True, jobs=1)
+    runs = client.search_runs([experiment])               # the new ones only
+    assert len(runs) == 2 and {r.info.status for r in runs} == {"FINISHED"}
+    assert first.info.run_id not in {r.info.run_id for r in runs}
+    assert client.get_run(first.info.run_id).info.lifecycle_stage == "deleted"
+
+
 def test_a_shared_mlflow_store_and_experiment(tmp_path):
     uri = (tmp_path / "store").as_uri()
     for lr in (0.1, 0.2):

@@ -215,6 +215,35 @@ def open_trackers(cfg, run_dir: str | Path, start_round: int = 1) -> list:
     return sinks
 
 
+def discard_recorded_run(run_dir: str | Path) -> None:
+    """Delete the MLflow run that ``run_dir/tracking.json`` records when its store lies
+    outside ``run_dir``: a study clears the directory of a run interrupted before its
+    first checkpoint and runs it again from round 0, and the interrupted attempt's run
+    would stay in a shared store beside the new one (a store inside the directory goes
+    with it). MLflow keeps a deleted run until ``mlflow gc``. A store that cannot be
+    reached is left as it is."""
+    run_dir = Path(run_dir)
+    try:
+        saved = loads_json(read_regular(run_dir / TRACKING_FILE, TRACKING_FILE,
+                                        MAX_TRACKING_BYTES))["mlflow"]
+        uri, run_id = saved["uri"], saved["run_id"]
+    except (OSError, ValueError, KeyError, TypeError, FormatError):
+        return
+    if not isinstance(uri, str) or not isinstance(run_id, str) or uri == (
+            run_dir.resolve() / MLRUNS_DIR).as_uri() or not _installed("mlflow"):
+        return
+    try:
+        if _file_store(uri):
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        from mlflow.tracking import MlflowClient
+
+        MlflowClient(tracking_uri=uri).delete_run(run_id)
+    except Exception as e:  # noqa: BLE001 - gone already, or the store is away
+        print(f"splitfed: warning: mlflow: the run {run_id[:40]} of the interrupted attempt "
+              f"stays in {_redact(uri)!r} ({_redact(_first_line(e))})", file=sys.stderr,
+              flush=True)
+
+
 def numeric(record: dict) -> dict[str, float]:
     """The record's numbers (ints and floats, not bools), ``round`` left out."""
     return {k: float(v) for k, v in record.items()

@@ -184,7 +184,8 @@ def run_point(task: PointTask) -> PointResult:
     - a directory holding a checkpoint is resumed from it (an interrupted run, or one
       whose worker died earlier in this study);
     - anything else left in the directory (a run interrupted before its first checkpoint)
-      is cleared and the run starts from round 0.
+      is cleared and the run starts from round 0; the MLflow run it recorded in a store
+      outside the directory is deleted (:func:`splitfed.tracking.discard_recorded_run`).
 
     The parent has checked that the directory holds nothing but a run of this config.
     Failures are returned, not raised (``error``: the message of a splitfed error, else
@@ -196,6 +197,7 @@ def run_point(task: PointTask) -> PointResult:
     from splitfed.checkpoint import CHECKPOINT
     from splitfed.registry import load_entry_points, load_plugins
     from splitfed.study.reuse import FINISHED, read_json
+    from splitfed.tracking import discard_recorded_run
 
     try:
         load_entry_points()
@@ -209,6 +211,8 @@ def run_point(task: PointTask) -> PointResult:
         else:
             if d.is_dir() and any(p.name != LOCK_NAME for p in d.iterdir()):
                 check_free(d, "run directory")       # never clear a run being written
+                if not finished:                     # an interrupted attempt's MLflow
+                    discard_recorded_run(d)          # run in a shared store goes too
                 shutil.rmtree(d)
             cfg = dataclasses.replace(task.config, progress=task.progress)
             result = run_experiment(cfg, run_dir=d)
