@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
@@ -28,11 +29,48 @@ from splitfed.engine.flops import TRAIN_FACTOR
 from splitfed.engine.placement import Placement, placeholder
 from splitfed.engine.participation import Cohort
 from splitfed.engine.stacked import StackedModel
+from splitfed.errors import FormatError, SplitfedError
 from splitfed.transport.distributed import SERVER_RANK, Links
 
 
 class StopRun(Exception):
     """Rank 0 ended the run (finished, diverged or failed)."""
+
+
+def _whole(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+#: the fields of rank 0's message at a round's start, and what each must be
+ROUND_FIELDS = {
+    "round": ("a whole number", _whole),
+    "ids": ("a list of client ids", lambda v: isinstance(v, list) and all(map(_whole, v))),
+    "lost": ("a mapping of ranks to reasons", lambda v: isinstance(v, dict) and all(
+        _whole(k) and isinstance(r, str) for k, r in v.items())),
+    "now": ("a finite number", lambda v: isinstance(v, (int, float)) and not isinstance(
+        v, bool) and math.isfinite(v)),
+}
+
+
+def control_message(msg, fields: dict) -> dict:
+    """Rank 0's control message ``msg`` checked before a client rank acts on it: a
+    mapping with a text ``stop`` (raises :class:`StopRun`), else with each of ``fields``
+    (name: (what it is, check)); FormatError naming what is wrong (a message is signed
+    by the run's secret, so this catches a rank 0 of other code, not an attacker)."""
+    if not isinstance(msg, dict):
+        raise FormatError(f"rank 0 sent a control message that is not a mapping "
+                          f"({type(msg).__name__}); all ranks must run the same splitfed "
+                          "version")
+    if "stop" in msg:
+        if not isinstance(msg["stop"], str):
+            raise FormatError("rank 0 sent a stop message without a reason; all ranks must "
+                              "run the same splitfed version")
+        raise StopRun(msg["stop"])
+    for name, (what, check) in fields.items():
+        if name not in msg or not check(msg[name]):
+            raise FormatError(f"rank 0 sent a control message whose {name!r} is not "
+                              f"{what}; all ranks must run the same splitfed version")
+    return msg
 
 
 def host_ranks(num_clients: int, world_size: int) -> np.ndarray:
@@ -231,9 +269,7 @@ class RoundControl:
     def sample(self, rng) -> Cohort:
         clock = self.env.clock
         if not self.links.is_server:
-            msg = self.links.recv_object(SERVER_RANK)
-            if msg.get("stop"):
-                raise StopRun(msg["stop"])
+            msg = control_message(self.links.recv_object(SERVER_RANK), ROUND_FIELDS)
             self.links.lost.update(msg["lost"])
         cohort, lost = self._without_lost(self.inner.sample(rng))
         if self.links.is_server:
@@ -242,7 +278,7 @@ class RoundControl:
             for r in self.links.live_clients():
                 self.links.send_object(r, msg)
         elif msg["ids"] != cohort.ids.tolist() or msg["round"] != self.env.ledger.round:
-            raise RuntimeError(f"rank {self.links.rank} is out of step with rank 0 at round "
+            raise SplitfedError(f"out of step with rank 0 at round "
                                f"{msg['round']} (cohort {msg['ids']} here "
                                f"{cohort.ids.tolist()}); all ranks must run the same "
                                "splitfed version and config")

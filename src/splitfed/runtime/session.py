@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import sys
 import time
 from dataclasses import dataclass
@@ -56,7 +57,7 @@ from splitfed.experiment import (RunResult, check_empty, new_run_dir,
 from splitfed.metrics import MetricLogger, record_summary
 from splitfed.provenance import provenance
 from splitfed.runtime.placement import (RankPlacement, RoundControl, RuntimeClock, StopRun,
-                                        host_ranks)
+                                        control_message, host_ranks)
 from splitfed.tracking import open_trackers
 from splitfed.transport.distributed import SERVER_RANK, DistributedTransport, Links
 
@@ -336,11 +337,21 @@ def _clients_status(status: str, links: Links, clock: RuntimeClock, resumed) -> 
     return "clients_lost" if clock.clients_trained or resumed else "no_client_trained"
 
 
+#: the fields of rank 0's first message to a client rank
+HELLO_FIELDS = {
+    "config": ("a mapping", lambda v: isinstance(v, dict)),
+    "delay_scale": ("null or a finite number", lambda v: v is None or (
+        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v))),
+    "resume": ("a checkpoint or null", lambda v: v is None or isinstance(v, dict)),
+}
+
+
 def host(links: Links) -> str:
     """A client rank: follow rank 0's run until it stops; returns the stop reason."""
-    hello = links.recv_object(SERVER_RANK)
-    if "stop" in hello:                     # rank 0 failed before the run started
-        return hello["stop"]
+    try:                                    # a stop: rank 0 failed before the run started
+        hello = control_message(links.recv_object(SERVER_RANK), HELLO_FIELDS)
+    except StopRun as stop:
+        return str(stop)
     cfg = dataclasses.replace(build_config(hello["config"]), progress=False)
     algorithm = build_algorithm(cfg)
     env = build_environment(cfg)
@@ -354,7 +365,7 @@ def host(links: Links) -> str:
         if state is None:
             state = algorithm.init_state(env)
         run_rounds(algorithm, env, MetricLogger(None), state, start)
-        msg = links.recv_object(SERVER_RANK)
-        return msg.get("stop", "completed")
+        control_message(links.recv_object(SERVER_RANK), {})
+        return "completed"
     except StopRun as stop:
         return str(stop)

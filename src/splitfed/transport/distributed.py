@@ -57,6 +57,11 @@ SERVER_RANK = 0
 #: largest control message a rank accepts (bytes)
 MAX_MESSAGE = 1 << 30
 _TAG = 32
+#: each tensor goes as its bytes and a trailer of 8 (its byte count, little-endian):
+#: gloo fills a posted buffer from a shorter message without a word, leaving its tail as
+#: it was, so the receiver posts a zeroed buffer of the expected size plus the trailer
+#: and checks the count at its end (a short message leaves zeros there)
+_TRAILER = 8
 _FOREVER = timedelta(days=3650)
 
 
@@ -85,6 +90,30 @@ class _Waiter:
         done, box = threading.Event(), []
         self._jobs.put((work, done, box))
         return done, box
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _frame(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s bytes followed by their count (:data:`_TRAILER`), as one uint8 tensor."""
+    data = t.detach().contiguous().reshape(-1).view(torch.uint8)
+    count = torch.from_numpy(np.array([data.numel()], dtype="<i8").view(np.uint8))
+    return torch.cat([data, count])
+
+
+def _unframe(frame: torch.Tensor, t: torch.Tensor) -> str | None:
+    """Copy the payload of a received ``frame`` into ``t``; what is wrong with the
+    message instead (its byte count not ``t``'s: a shorter message leaves the zeros the
+    buffer was made of where the count belongs), None when it fits."""
+    n = _nbytes(t)
+    got = int(np.frombuffer(frame[n:].numpy().tobytes(), dtype="<i8")[0])
+    if got != n:
+        return f"it sent a message of another size than the {n} bytes expected"
+    if n:
+        t.copy_(frame[:n].view(t.dtype).reshape(t.shape))
+    return None
 
 
 class Links:
@@ -124,31 +153,46 @@ class Links:
 
     def exchange(self, sends=(), recvs=()) -> set[int]:
         """Post ``(peer, tensor)`` sends and receives, wait for all; returns the peers
-        whose transfers failed (on rank 0; a client rank raises :class:`ServerLost`)."""
-        works, failed = [], set()
+        whose transfers failed (on rank 0; a client rank raises :class:`ServerLost`).
+        Each tensor travels with its byte count (:data:`_TRAILER`): a message of another
+        length than the receiving tensor's is a failed transfer, whose peer rank 0
+        drops, and the tensor is left as it was. (A message longer than the posted
+        buffer is beyond this: gloo aborts the receiving process.)"""
+        works, failed, framed = [], set(), []
         for op, pairs in ((dist.isend, sends), (dist.irecv, recvs)):
             for peer, t in pairs:
                 if not self.alive(peer) or peer in failed:
                     failed.add(peer)
                     continue
+                frame = _frame(t) if op is dist.isend else torch.zeros(
+                    _nbytes(t) + _TRAILER, dtype=torch.uint8)
                 try:
-                    works.append((peer, op(t, peer)))
+                    works.append((peer, op(frame, peer)))
                 except RuntimeError as e:
                     self._fail(peer, e, failed)
+                    continue
+                if op is dist.irecv:
+                    framed.append((peer, t, frame))
         if not self.is_server:
             for peer, w in works:
                 try:
                     w.wait()
                 except RuntimeError as e:
                     self._fail(peer, e, failed)
-            return failed
-        pending = [(peer, *self._waiter.submit(w)) for peer, w in works]
-        deadline = time.monotonic() + self.timeout_s
-        for peer, done, box in pending:
-            if not done.wait(max(0.0, deadline - time.monotonic())):
-                self._fail(peer, None, failed)
-            elif box:
-                self._fail(peer, box[0], failed)
+        else:
+            pending = [(peer, *self._waiter.submit(w)) for peer, w in works]
+            deadline = time.monotonic() + self.timeout_s
+            for peer, done, box in pending:
+                if not done.wait(max(0.0, deadline - time.monotonic())):
+                    self._fail(peer, None, failed)
+                elif box:
+                    self._fail(peer, box[0], failed)
+        for peer, t, frame in framed:
+            if peer in failed:
+                continue
+            wrong = _unframe(frame, t)
+            if wrong is not None:
+                self._fail(peer, RuntimeError(wrong), failed)
         return failed
 
     def _fail(self, peer: int, error, failed: set) -> None:
