@@ -80,3 +80,17 @@ def test_sweep_seeds_must_be_distinct_integers():
         sweep_study("quick_digits", ["train.lr=0.1,0.2"], seeds=[1.5])
     mapping = sweep_study("quick_digits", ["train.lr=0.1,0.2"], seeds=[MIN_SEED, MAX_SEED])
     assert mapping["seeds"] == [MIN_SEED, MAX_SEED]
+
+
+def test_every_seed_of_the_range_has_its_own_streams():
+    import numpy as np
+
+    from splitfed.rng import _name_key, derive_seed
+
+    for a, b in ((-1, MAX_SEED), (MIN_SEED, 0), (-5, 2**63 - 5)):
+        assert derive_seed(a, "data") != derive_seed(b, "data"), (a, b)
+    for seed in (0, 1, 12345, MAX_SEED):        # non-negative seeds: streams as before
+        old = np.random.SeedSequence([seed & (2**63 - 1), _name_key("data")])
+        assert derive_seed(seed, "data") == int(
+            old.generate_state(1, dtype=np.uint64)[0] & np.uint64(2**63 - 1))
+    assert all(0 <= derive_seed(s, "x") <= MAX_SEED for s in (MIN_SEED, -1, 0, MAX_SEED))

@@ -19,8 +19,11 @@ def _name_key(name: str) -> int:
 
 
 def derive_seed(seed: int, name: str) -> int:
-    """A 63-bit seed for the stream ``name`` under master ``seed`` (stable across runs)."""
-    ss = np.random.SeedSequence([int(seed) & (2**63 - 1), _name_key(name)])
+    """A 63-bit seed for the stream ``name`` under master ``seed`` (stable across runs).
+    Every master seed of the config's range (-2^63..2^63-1) gives its own streams: a
+    negative one enters as its 64-bit two's complement (2^64 + seed), above every
+    non-negative one."""
+    ss = np.random.SeedSequence([int(seed) % 2**64, _name_key(name)])
     return int(ss.generate_state(1, dtype=np.uint64)[0] & np.uint64(2**63 - 1))
 
 
