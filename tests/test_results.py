@@ -137,7 +137,7 @@ def test_a_run_with_no_record_yet_has_a_row_that_says_so(tmp_path):
 
 
 @pytest.mark.parametrize("acc,cell", [(1e308, "1e+308"), (-2.5e6, "-2.5e+06"),
-                                      (123456.0, "123456.0000"), (5e-7, "5e-07"),
+                                      (123456.0, "123456.0000"), (5e-7, "0.0000"),
                                       (0.0, "0.0000"), (0.5, "0.5000")])
 def test_a_hand_written_accuracy_takes_a_cell_of_a_few_characters(tmp_path, acc, cell):
     run = tmp_path / "r"

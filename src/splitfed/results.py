@@ -608,12 +608,12 @@ def _seconds(value: float) -> str:
 
 def _acc(value) -> str:
     """An accuracy for the table: four decimals; 4 significant digits from 10^6 on (a
-    hand-written 1e308 would print 309 digits) and below 10^-4 (not 0.0000)."""
+    hand-written 1e308 would print 309 digits)."""
     if value is None:
         return "n/a"
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
-    return f"{value:.4f}" if value == 0 or 1e-4 <= abs(value) < 1e6 else f"{value:.4g}"
+    return f"{value:.4f}" if abs(value) < 1e6 else f"{value:.4g}"
 
 
 def summary_rows(paths, last: bool = True) -> list[dict] | Rows:
