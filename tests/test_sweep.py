@@ -124,6 +124,25 @@ def test_sweep_runs_the_grid_writes_the_table_and_skips_finished_runs(tmp_path, 
     assert out.count("done earlier, skipped") == 4
 
 
+def test_a_sweep_over_rounds_keeps_the_swept_value_beside_the_rounds_run(tmp_path):
+    cfg = _config(tmp_path)
+    argv = ["sweep", cfg, "rounds=1,2", "train.lr=1.0e+10", "--out-dir",
+            str(tmp_path / "out"), "--jobs", "1"]
+    assert main(argv) == 3                          # both diverge in round 1
+    sweep = tmp_path / "out" / "small-sweep"
+    with open(sweep / "sweep.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert [(r["swept.rounds"], r["rounds"], r["status"]) for r in rows] == [
+        ("1", "1", "diverged"), ("2", "1", "diverged")]
+    runs = json.loads((sweep / "sweep.json").read_text())["runs"]
+    assert [(r["swept.rounds"], r["rounds"]) for r in runs] == [(1, 1), (2, 1)]
+    table = [line.split(" | ") for line in (sweep / "sweep.md").read_text().splitlines()
+             if line.startswith("| ")]
+    rounds = table[0].index("rounds")
+    assert table[0][0] == "| swept.rounds"
+    assert [(r[0], r[rounds]) for r in table[1:]] == [("| 1", "1"), ("| 2", "1")]
+
+
 def test_an_interrupted_sweep_resumes_from_the_checkpoints(tmp_path, monkeypatch):
     cfg = _config(tmp_path)
     calls = []

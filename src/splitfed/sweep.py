@@ -206,8 +206,9 @@ def _command(config, items, name, seeds, out_dir, group_by, plugins=None,
 
 
 def sweep_rows(result: StudyResult, axes: dict[str, list[Any]]) -> list[dict]:
-    """One row per run, in grid order: the swept values, seed, status, accuracies,
-    rounds, the round a diverged run diverged at, total bytes up and down, simulated
+    """One row per run, in grid order: the swept values (a key that names a result
+    column, ``rounds``, as ``swept.<key>``: :func:`axis_column`), seed, status,
+    accuracies, rounds, the round a diverged run diverged at, total bytes up and down, simulated
     time, and the splitfed version and git commit its ``summary.json`` recorded (read
     back from each run's ``metrics.jsonl`` and ``summary.json``). A diverged run has no
     final accuracy (None); its best is the best evaluated before it diverged."""
@@ -221,7 +222,8 @@ def sweep_rows(result: StudyResult, axes: dict[str, list[Any]]) -> list[dict]:
             records = outcome.records or read_records(run.run_dir / "metrics.jsonl")
             numbers = run_numbers(records, None, outcome.status)   # diverged: final None
             prov = outcome.provenance or {}
-            rows.append({**point, "seed": run.seed, "status": outcome.status,
+            rows.append({**{axis_column(k): v for k, v in point.items()},
+                         "seed": run.seed, "status": outcome.status,
                          "final_test_acc": numbers["final_test_acc"],
                          "best_test_acc": numbers["best_test_acc"],
                          "rounds": numbers["rounds"],
@@ -256,10 +258,16 @@ def _status(row: dict) -> str:
     return row["status"] + (" (stale)" if row.get("stale") else "")
 
 
+def axis_column(key: str) -> str:
+    """The column of swept key ``key``: the key, or ``swept.<key>`` where a result column
+    has its name (a sweep over ``rounds`` next to the rounds each run reached)."""
+    return f"swept.{key}" if key in COLUMNS else key
+
+
 def _value_columns(keys: list[str]) -> list[str]:
-    """The swept keys that get a column before the ``seed`` column (a seed axis is that
+    """The columns of the swept keys before the ``seed`` column (a seed axis is that
     column)."""
-    return [k for k in keys if k != "seed"]
+    return [axis_column(k) for k in keys if k != "seed"]
 
 
 def markdown_table(rows: list[dict], keys: list[str]) -> str:
@@ -301,7 +309,8 @@ def write_sweep(sweep_dir: Path, rows: list[dict], keys: list[str], table: str,
     with open(sweep_dir / "sweep.csv", "w", newline="", encoding="utf-8") as fh:
         w = csv.DictWriter(fh, fieldnames=columns, extrasaction="ignore")
         w.writeheader()
-        w.writerows({k: (value_text(v) if k in keys else v) for k, v in r.items()}
+        swept = {*keys, *_value_columns(keys)}
+        w.writerows({k: (value_text(v) if k in swept else v) for k, v in r.items()}
                     for r in rows)
     (sweep_dir / "sweep.json").write_text(
         json.dumps({"command": command, "axes": keys, "provenance": provenance,
