@@ -73,6 +73,25 @@ def _run(cfg):
     return algorithm, env, logger.records[1:], charged, clients
 
 
+def _kept_over_three_rounds(algo: dict, clock: dict, common: dict) -> list[dict]:
+    """Run three rounds of ``algo`` whose over-selection keeps one client, and check it
+    keeps client 1 each round; returns the records of rounds 1.."""
+    cfg = _config(algo, rounds=3, clock={**clock, "over_select": 1},
+                  participation={"mode": "uniform", "clients_per_round": 1}, **common)
+    env = build_environment(cfg)
+    algorithm, kept = build_algorithm(cfg), []
+    round_ = algorithm.round
+
+    def spy(env_, state, t, cohort):
+        kept.append(cohort.ids.tolist())
+        return round_(env_, state, t, cohort)
+    algorithm.round = spy
+    logger = MetricLogger(None)
+    run_rounds(algorithm, env, logger)
+    assert kept == [[1], [1], [1]]
+    return logger.records[1:]
+
+
 def _recorded(env, t: int, kinds) -> np.ndarray:
     direction = "up" if kinds is UP_KINDS else "down"
     return sum(env.ledger.per_client(t, k, direction) for k in kinds)
@@ -217,19 +236,7 @@ def test_over_selection_keeps_the_client_whose_zeroth_order_compute_is_faster():
                                             participation={"mode": "full"}, **common))
     assert {r["slowest_client"] for r in both} == {0}
     assert clients[1].tolist() == [9 * 16 * 4096] * 2
-    cfg = _config(algo, rounds=3, clock={**clock, "over_select": 1},
-                  participation={"mode": "uniform", "clients_per_round": 1}, **common)
-    env = build_environment(cfg)
-    algorithm, kept = build_algorithm(cfg), []
-    round_ = algorithm.round
-
-    def spy(env_, state, t, cohort):
-        kept.append(cohort.ids.tolist())
-        return round_(env_, state, t, cohort)
-    algorithm.round = spy
-    logger = MetricLogger(None)
-    run_rounds(algorithm, env, logger)
-    assert kept == [[1], [1], [1]]
+    _kept_over_three_rounds(algo, clock, common)
 
 
 def test_over_selection_keeps_the_client_whose_musplitfed_round_is_faster():
@@ -249,20 +256,8 @@ def test_over_selection_keeps_the_client_whose_musplitfed_round_is_faster():
     _, _, both, _, _ = _run(_config(algo, rounds=2, clock=clock,
                                  participation={"mode": "full"}, **common))
     assert {r["slowest_client"] for r in both} == {0}
-    cfg = _config(algo, rounds=3, clock={**clock, "over_select": 1},
-                  participation={"mode": "uniform", "clients_per_round": 1}, **common)
-    env = build_environment(cfg)
-    algorithm, kept = build_algorithm(cfg), []
-    round_ = algorithm.round
-
-    def spy(env_, state, t, cohort):
-        kept.append(cohort.ids.tolist())
-        return round_(env_, state, t, cohort)
-    algorithm.round = spy
-    logger = MetricLogger(None)
-    run_rounds(algorithm, env, logger)
-    assert kept == [[1], [1], [1]]
-    assert all(r["dropped"] == 1 for r in logger.records[1:])
+    records = _kept_over_three_rounds(algo, clock, common)
+    assert all(r["dropped"] == 1 for r in records)
 
 
 def _server_forward_macs(env) -> int:
