@@ -94,6 +94,16 @@ def test_a_secret_of_too_little_variety_is_refused(tmp_path, bad, distinct):
         secure.read_secret(str(path), {})
 
 
+@pytest.mark.parametrize("inner", ["\x00", "\n", "\x7f", "\t"])
+def test_a_secret_file_holding_a_control_character_is_one_error(tmp_path, inner):
+    path = tmp_path / "secret"
+    path.write_bytes((SECRET[:20] + inner + SECRET[20:] + "\n").encode())
+    path.chmod(0o600)
+    with pytest.raises(ConfigError, match=rf"^--secret-file {path}: the secret holds a "
+                                          r"control character \(a NUL byte, a line break\); "):
+        secure.read_secret(str(path), {})
+
+
 def test_good_secrets_are_accepted(tmp_path):
     assert secure.read_secret(None, {secure.SECRET_ENV: SECRET}) == SECRET
     eight = "abcdefgh" * 4

@@ -90,7 +90,9 @@ MAX_SECRET_BYTES = 64 << 10
 def read_secret(secret_file: str | None = None, env: dict | None = None) -> str | None:
     """The secret from ``secret_file`` (if given) or ``$SPLITFED_SECRET``; None if
     neither. Raises :class:`ConfigError` for a missing, unreadable, group/world-readable
-    or short secret, or one of fewer than :data:`MIN_DISTINCT` distinct characters."""
+    or short secret, one holding a control character (the ranks get it through their
+    environment, which holds no NUL), or one of fewer than :data:`MIN_DISTINCT` distinct
+    characters."""
     env = os.environ if env is None else env
     if secret_file is not None:
         from splitfed.safeio import read_regular
@@ -111,6 +113,10 @@ def read_secret(secret_file: str | None = None, env: dict | None = None) -> str 
         secret, where = env[SECRET_ENV].strip(), f"${SECRET_ENV}"
     else:
         return None
+    if any(ord(c) < 32 or ord(c) == 127 for c in secret):    # it travels in environment
+        raise ConfigError(f"{where}: the secret holds a control character (a NUL byte, a "
+                          "line break); give one line of printable text (e.g. from: "
+                          "openssl rand -hex 32)")
     if len(secret) < MIN_SECRET:
         raise ConfigError(f"{where}: the secret has {len(secret)} characters; give at least "
                           f"{MIN_SECRET} (e.g. from: openssl rand -hex 32)")
