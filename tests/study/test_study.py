@@ -208,6 +208,9 @@ def test_typo_in_one_run_fails_before_any_run_dir(tmp_path, monkeypatch):
     ({"runs": [], "grid": {}}, "no run is defined"),
     ({"runs": [{"label": " "}]}, "non-empty label"),
     ({"runs": [{"label": "a\nb"}]}, r"label 'a\\nb' has a control character"),
+    ({"runs": [{"label": "a\u2028b"}]}, r"label 'a\\u2028b' has a control character"),
+    ({"runs": [{"label": "c\x85d"}]}, r"label 'c\\x85d' has a control character"),
+    ({"name": "x" * 256}, "study.name: 256 characters, more than the 255"),
     ({"group_by": "partition.nosuch"}, "group_by"),
     ({"base": "no_such_config"}, "study.base"),
 ])

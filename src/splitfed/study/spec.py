@@ -262,7 +262,14 @@ def _check_name(name: str | None) -> str:
     if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9._-]*", name):
         raise ConfigError(f"study.name: {name!r} must be a plain directory name "
                           "(letters, digits, '.', '_', '-')")
+    if len(name) > MAX_NAME:
+        raise ConfigError(f"study.name: {len(name)} characters, more than the {MAX_NAME} a "
+                          "directory name may have")
     return name
+
+
+#: the longest study name: a directory name on common file systems
+MAX_NAME = 255
 
 
 def _check_spec(spec: StudySpec) -> None:
@@ -347,7 +354,7 @@ def _variant(spec: StudySpec, base: dict, study_dir: Path, run: RunSpec | None,
              point: list[tuple[str, Any]]) -> Variant:
     if run is not None and not run.label.strip():
         raise ConfigError("study.runs: every run needs a non-empty label")
-    if run is not None and any(ord(c) < 32 or ord(c) == 127 for c in run.label):
+    if run is not None and not run.label.isprintable():    # also U+2028, U+0085, ...
         raise ConfigError(f"study.runs: label {run.label!r} has a control character "
                           "(newline, tab, ...); a label is one line of the table")
     pairs = [f"{k}={value_text(v)}" for k, v in point]
