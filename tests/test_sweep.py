@@ -43,6 +43,7 @@ def test_parse_axes_reads_yaml_values_split_at_top_level_commas():
      "the axes 'train.lr' and 'train' set the same value"),
     (["algorithm.options.mu=0.1,0.2", "algorithm.mu=0.3,0.4"],
      "the axes 'algorithm.options.mu' and 'algorithm.mu' set the same value"),
+    ([f"x{i}.y=1,2" for i in range(65)], "sweep: 65 keys, more than the 64 a grid may have"),
 ])
 def test_parse_axes_errors_name_the_item(items, match):
     with pytest.raises(ConfigError, match=match):

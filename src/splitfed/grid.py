@@ -32,9 +32,21 @@ def parse_axes(items: list[str]) -> tuple[dict[str, list[Any]], list[str]]:
             overrides.append(item)
         else:
             check_distinct(values, f"sweep: '{item}'")
+            check_axis_count(len(axes) + 1, "sweep")
             check_apart(key, list(axes), "sweep")
             axes[key] = values
     return axes, overrides
+
+
+#: the most keys a grid may have (each run's label names every swept key, and the keys
+#: are checked pairwise: 64 is far more than any study needs)
+MAX_AXES = 64
+
+
+def check_axis_count(count: int, where: str) -> None:
+    """Refuse a grid of more than :data:`MAX_AXES` keys, before any pairwise check."""
+    if count > MAX_AXES:
+        raise ConfigError(f"{where}: {count} keys, more than the {MAX_AXES} a grid may have")
 
 
 def check_apart(key: str, earlier: list[str], where: str) -> None:

@@ -211,6 +211,8 @@ def test_typo_in_one_run_fails_before_any_run_dir(tmp_path, monkeypatch):
     ({"runs": [{"label": "a\u2028b"}]}, r"label 'a\\u2028b' has a control character"),
     ({"runs": [{"label": "c\x85d"}]}, r"label 'c\\x85d' has a control character"),
     ({"name": "x" * 256}, "study.name: 256 characters, more than the 255"),
+    ({"grid": {f"x{i}.y": [1] for i in range(65)}},
+     "study.grid: 65 keys, more than the 64 a grid may have"),
     ({"group_by": "partition.nosuch"}, "group_by"),
     ({"base": "no_such_config"}, "study.base"),
 ])

@@ -39,7 +39,7 @@ from splitfed.configtools import (
     value_text,
 )
 from splitfed.errors import ConfigError
-from splitfed.grid import check_apart, check_distinct
+from splitfed.grid import check_apart, check_axis_count, check_distinct
 
 #: where a study directory goes when neither ``--out-dir`` nor the file's ``out_dir`` says
 #: (``runs/`` is not committed; ``docs/results`` is written only when asked, see
@@ -282,6 +282,7 @@ def _check_spec(spec: StudySpec) -> None:
                           f"got {spec.seeds}")
     if not spec.x_axes:
         raise ConfigError("study.x_axes: expected at least one of round, bytes, time")
+    check_axis_count(len(spec.grid), "study.grid")
     for i, (key, values) in enumerate(spec.grid.items()):
         _check_key(key, f"study.grid.{key}")
         if not values:
