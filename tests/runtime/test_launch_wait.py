@@ -123,3 +123,33 @@ def test_the_launcher_reports_a_stopped_rank_0_in_one_line(capsys):
     launch._died(ranks, args, -signal.SIGKILL)
     assert capsys.readouterr().err.startswith("splitfed: error: rank 0 died (signal "
                                               "SIGKILL); continue the run with")
+
+
+@pytest.mark.parametrize("name, content, method, expected", [
+    ("failures.json", "[[1, Infinity]]", "failures", []),
+    ("failures.json", "[[1e400, 1]]", "failures", []),
+    ("failures.json", "[" * 100_000 + "]" * 100_000, "failures", []),
+    ("failures.json", '{"a": 1}', "failures", []),
+    ("failures.json", "[[2, -9], [1, 1]]", "failures", [(2, -9), (1, 1)]),
+    ("rank0", "1_0", "reported", None),
+    ("rank0", "\u0663", "reported", None),
+    ("rank0", "3\n", "reported", 3),
+    ("rank0", "7" * 100_000, "reported", None),
+    ("run_dir", "runs/x\n\x1b[2J", "run_dir", "runs/x\\n\\x1b[2J"),
+])
+def test_the_launchers_status_files_are_read_with_care(tmp_path, name, content, method,
+                                                       expected):
+    ranks = launch.Ranks()
+    ranks.status_dir = tmp_path
+    (tmp_path / name).write_text(content)
+    assert getattr(ranks, method)() == expected
+
+
+def test_a_pipe_in_place_of_a_status_file_does_not_block_the_launcher(tmp_path):
+    import os
+
+    ranks = launch.Ranks()
+    ranks.status_dir = tmp_path
+    for name in ("rank0", "run_dir", "failures.json"):
+        os.mkfifo(tmp_path / name)
+    assert (ranks.reported(), ranks.run_dir(), ranks.failures()) == (None, "RUN_DIR", [])

@@ -50,7 +50,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from splitfed.errors import ConfigError, Terminated, sigterm_interrupts
+from splitfed.errors import ConfigError, SplitfedError, Terminated, sigterm_interrupts
+from splitfed.files import escape_controls, read_regular
 from splitfed.runtime import secure
 from splitfed.runtime.status import STATUS_ENV, run_dir_error, write_status
 
@@ -247,38 +248,54 @@ class Ranks(list):
         reported = self.reported()
         return default if reported is None else reported
 
+    def _read(self, name: str) -> str | None:
+        """The status file ``name`` as text: a regular file of at most
+        :data:`MAX_STATUS_BYTES` (a pipe there cannot block the launcher); None when it
+        is not there yet or is not such a file."""
+        try:
+            return read_regular(self.status_dir / name, name, MAX_STATUS_BYTES).decode(
+                "utf-8")
+        except (OSError, SplitfedError, UnicodeDecodeError):
+            return None
+
     def reported(self) -> int | None:
         """Rank 0's exit status, once it has reported it (None before)."""
-        try:
-            return int((self.status_dir / "rank0").read_text().strip())
-        except (OSError, ValueError):
-            return None
+        text = (self._read("rank0") or "").strip()
+        return int(text) if text.isascii() and text.isdigit() and len(text) < 4 else None
 
     def run_dir(self) -> str:
         """The run directory rank 0 writes, once it has made it (``RUN_DIR`` before)."""
-        try:
-            return (self.status_dir / "run_dir").read_text() or "RUN_DIR"
-        except OSError:
-            return "RUN_DIR"
+        text = self._read("run_dir")
+        return escape_controls(text) if text else "RUN_DIR"
 
     def failures(self) -> list[tuple[int, int]]:
         """``(rank, exit code)`` of the workers whose failure ended torchrun's agent, the
         first first (a negative code: killed by that signal); empty when none."""
+        text = self._read(FAILURES)
         try:
-            data = json.loads((self.status_dir / FAILURES).read_text())
-            return [(int(rank), int(code)) for rank, code in data]
-        except (OSError, ValueError, TypeError):
+            data = json.loads(text) if text else []
+        except (ValueError, RecursionError):
             return []
+        if not isinstance(data, list) or not all(
+                isinstance(p, list) and len(p) == 2 and all(map(_small_int, p)) for p in data):
+            return []
+        return [(rank, code) for rank, code in data]
 
     def close(self) -> None:
         self.server.close()
         shutil.rmtree(self.status_dir, ignore_errors=True)
 
 
+def _small_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and abs(v) < 1 << 31
+
+
 #: a launcher's status directory: ``<tmp>/splitfed-launch-<launcher pid>-<random>``
 STATUS_PREFIX = "splitfed-launch-"
 #: the file in the status directory where torchrun's agent lists the failed workers
 FAILURES = "failures.json"
+#: the largest status file read back (an exit status, a path, a short list)
+MAX_STATUS_BYTES = 1 << 16
 
 
 def _remove_stale_status_dirs() -> None:
