@@ -679,6 +679,35 @@ def test_publish_copies_results_and_plots_not_runs(done, tmp_path, capsys):
     assert "holds no results.json" in capsys.readouterr().err
 
 
+def test_publish_refuses_what_it_could_not_write_in_one_line(done, tmp_path, capsys):
+    _, out, _ = done
+    study = out / "tiny_study"
+    long_dest = str(tmp_path / ("x" * 300))
+    assert study_main(["publish", str(study), long_dest]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("splitfed: error: publish: ") and err.count("\n") == 1, err
+    assert "longer than the 255 bytes" in err
+    (tmp_path / "p" / "tiny_study" / "accuracy_vs_round.png").mkdir(parents=True)
+    assert study_main(["publish", str(study), str(tmp_path / "p")]) == 2
+    assert "accuracy_vs_round.png exists and is not a file" in capsys.readouterr().err
+    assert sorted(p.name for p in (tmp_path / "p" / "tiny_study").iterdir()) == [
+        "accuracy_vs_round.png"]                            # nothing published
+
+
+def test_publish_copies_only_the_plots_of_known_axes(done, tmp_path):
+    _, out, _ = done
+    copy = tmp_path / "a" / "tiny_study"
+    shutil.copytree(out / "tiny_study", copy, ignore=shutil.ignore_patterns("runs"))
+    summary = json.loads((copy / "results.json").read_text())
+    summary["x_axes"] = ["round", "/../../../pwned"]
+    (copy / "results.json").write_text(json.dumps(summary))
+    (tmp_path / "a" / "pwned.png").write_text("x")
+    target = publish(copy, tmp_path / "dest")
+    assert "accuracy_vs_round.png" in {p.name for p in target.iterdir()}
+    assert not (tmp_path / "pwned.png").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "dest"]
+
+
 def test_publish_after_a_study(tmp_path, monkeypatch):
     study = dict(STUDY, runs=STUDY["runs"][:1], grid={"partition.alpha": [0.5]},
                  group_by=None)

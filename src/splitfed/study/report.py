@@ -6,6 +6,7 @@ directory such as ``docs/results``."""
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -293,21 +294,40 @@ def published_files(study_dir: Path, summary: Mapping) -> list[str]:
     return [n for n in (*reserved_names(summary), *base) if (study_dir / n).is_file()]
 
 
+#: the x axes a study plots accuracy against (one ``accuracy_vs_<axis>.png`` each)
+PLOT_AXES = ("round", "bytes", "time")
+
+
 def reserved_names(summary: Mapping) -> list[str]:
-    """The files a study writes into its directory, apart from a copy of its base."""
-    return [*PUBLISHED, *(f"accuracy_vs_{axis}.png" for axis in summary.get("x_axes") or [])]
+    """The files a study writes into its directory, apart from a copy of its base: the
+    plots of the axes of :data:`PLOT_AXES` that ``results.json`` lists (any other name
+    read back is ignored)."""
+    axes = summary.get("x_axes")
+    axes = axes if isinstance(axes, list) else []
+    return [*PUBLISHED, *(f"accuracy_vs_{a}.png" for a in PLOT_AXES if a in axes)]
 
 
 def check_publish(dest: str | Path, name: str) -> Path:
     """``dest/name``, refused (:class:`~splitfed.errors.ConfigError`) when it, or a file
-    of it, is in the way; nothing is written."""
+    it would hold (a result or a plot), is in the way, or when it cannot be created (its
+    nearest existing parent is no directory this process may write); nothing is
+    written."""
     target = Path(dest) / name
+    if any(len(part.encode("utf-8", "surrogateescape")) > 255 for part in target.parts):
+        raise ConfigError(f"publish: {target}: a name in it is longer than the 255 bytes a "
+                          "directory name may have")
     for path in (Path(dest), target):
         if path.exists() and not path.is_dir():
             raise ConfigError(f"publish: {path} exists and is not a directory")
-    for n in PUBLISHED:
+    for n in (*PUBLISHED, *(f"accuracy_vs_{a}.png" for a in PLOT_AXES)):
         if (target / n).exists() and not (target / n).is_file():
             raise ConfigError(f"publish: {target / n} exists and is not a file; move it away")
+    parent = target
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not (parent.is_dir() and os.access(parent, os.W_OK | os.X_OK)):
+        raise ConfigError(f"publish: {target} cannot be created: {parent} is not a "
+                          "directory this process may write")
     return target
 
 
@@ -330,9 +350,12 @@ def publish(study_dir: str | Path, dest: str | Path) -> Path:
     target = check_publish(dest, src.name)
     if target.exists() and target.resolve() == src.resolve():
         return target
-    target.mkdir(parents=True, exist_ok=True)
-    for name in published_files(src, summary):
-        _copy(src / name, target / name)
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+        for name in published_files(src, summary):
+            _copy(src / name, target / name)
+    except OSError as e:
+        raise ConfigError(f"publish: cannot write {target} ({e.strerror or e})") from None
     return target
 
 
