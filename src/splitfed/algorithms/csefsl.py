@@ -172,17 +172,19 @@ class CSEFSL(Algorithm):
         """Line 8 with the paper's round t - 1: (t - 1) mod l = 0 and t - 1 != 0."""
         return t > 1 and (t - 1) % self.options.period == 0
 
+    def _upload_share(self, env, t: int | None) -> float:
+        """1 in an upload round ``t``, else 0; ``t`` None: the share of the run's rounds
+        that upload ((rounds - 1) // period of them)."""
+        if t is None:
+            return ((env.config.rounds - 1) // self.options.period) / env.config.rounds
+        return int(self.uploads(t))
+
     def cut_bytes(self, env, activation_bytes, label_bytes, steps, t=None):
         """In an upload round every client sends one batch, its first step's activations
         and labels, and with ``server_feedback`` receives their gradient, whatever its
         number of steps; in the other rounds nothing crosses the cut. ``t`` None: the
         average over the run's rounds ((rounds - 1) // period of them upload)."""
-        b = env.config.train.batch_size
-        if t is None:
-            rounds = env.config.rounds
-            share = ((rounds - 1) // self.options.period) / rounds
-        else:
-            share = int(self.uploads(t))
+        b, share = env.config.train.batch_size, self._upload_share(env, t)
         down = activation_bytes if self.options.server_feedback else 0
         return (0 * steps + share * b * (activation_bytes + label_bytes),
                 0 * steps + share * b * down)
@@ -193,14 +195,8 @@ class CSEFSL(Algorithm):
         first step backpropagates the server's gradient through the client part instead,
         and the head only evaluates its loss (one forward pass, no backward). ``t`` None:
         the average over the run's rounds ((rounds - 1) // period of them upload)."""
-        b = env.config.train.batch_size
-        head = self.head_macs(env)
-        if not self.options.server_feedback:
-            share = 0
-        elif t is None:
-            share = ((env.config.rounds - 1) // self.options.period) / env.config.rounds
-        else:
-            share = int(self.uploads(t))
+        b, head = env.config.train.batch_size, self.head_macs(env)
+        share = self._upload_share(env, t) if self.options.server_feedback else 0
         return (steps * b * (macs_per_sample + TRAIN_FACTOR * head)
                 - share * b * (TRAIN_FACTOR - 1) * head)
 
