@@ -208,8 +208,8 @@ def _command(config, items, name, seeds, out_dir, group_by, plugins=None,
 def sweep_rows(result: StudyResult, axes: dict[str, list[Any]]) -> list[dict]:
     """One row per run, in grid order: the swept values (a key that names a result
     column, ``rounds``, as ``swept.<key>``: :func:`axis_column`), seed, status,
-    accuracies, rounds, the round a diverged run diverged at, total bytes up and down, simulated
-    time, and the splitfed version and git commit its ``summary.json`` recorded (read
+    accuracies, rounds, the round a diverged run diverged at, total bytes up and down,
+    simulated time, and the splitfed version and git commit its ``summary.json`` recorded (read
     back from each run's ``metrics.jsonl`` and ``summary.json``). A diverged run has no
     final accuracy (None); its best is the best evaluated before it diverged."""
     keys = list(axes)

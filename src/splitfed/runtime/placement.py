@@ -18,7 +18,6 @@
 
 from __future__ import annotations
 
-import math
 import time
 
 import numpy as np
@@ -30,6 +29,7 @@ from splitfed.engine.placement import Placement, placeholder
 from splitfed.engine.participation import Cohort
 from splitfed.engine.stacked import StackedModel
 from splitfed.errors import FormatError, SplitfedError
+from splitfed.metrics import is_finite_number
 from splitfed.transport.distributed import SERVER_RANK, Links
 
 
@@ -47,8 +47,7 @@ ROUND_FIELDS = {
     "ids": ("a list of client ids", lambda v: isinstance(v, list) and all(map(_whole, v))),
     "lost": ("a mapping of ranks to reasons", lambda v: isinstance(v, dict) and all(
         _whole(k) and isinstance(r, str) for k, r in v.items())),
-    "now": ("a finite number", lambda v: isinstance(v, (int, float)) and not isinstance(
-        v, bool) and math.isfinite(v)),
+    "now": ("a finite number", is_finite_number),
 }
 
 

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 import sys
 import time
 from dataclasses import dataclass
@@ -54,7 +53,7 @@ from splitfed.experiment import (RunResult, check_empty, new_run_dir,
                                  check_run_files, config_data, lock_run_dir,
                                  resume_template, run_ended, write_config,
                                  write_partition, write_summary)
-from splitfed.metrics import MetricLogger, record_summary
+from splitfed.metrics import MetricLogger, is_finite_number, record_summary
 from splitfed.provenance import provenance
 from splitfed.runtime.placement import (RankPlacement, RoundControl, RuntimeClock, StopRun,
                                         control_message, host_ranks)
@@ -340,8 +339,7 @@ def _clients_status(status: str, links: Links, clock: RuntimeClock, resumed) -> 
 #: the fields of rank 0's first message to a client rank
 HELLO_FIELDS = {
     "config": ("a mapping", lambda v: isinstance(v, dict)),
-    "delay_scale": ("null or a finite number", lambda v: v is None or (
-        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v))),
+    "delay_scale": ("null or a finite number", lambda v: v is None or is_finite_number(v)),
     "resume": ("a checkpoint or null", lambda v: v is None or isinstance(v, dict)),
 }
 
