@@ -229,22 +229,15 @@ def run_point(task: PointTask) -> PointResult:
             traceback.print_exception(cause)
             sys.stderr.flush()
         return PointResult(task.index, error=str(e))
-    except Exception as e:  # noqa: BLE001 - one run's failure must not stop the others
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - one run's failure (a plugin's
+        # sys.exit() too) must not stop the others
         print(f"splitfed: run {task.label!r} (seed {task.seed}) failed:", file=sys.stderr)
         traceback.print_exc()
         sys.stderr.flush()
+        if isinstance(e, SystemExit):
+            code = e.code if isinstance(e.code, int) else repr(e.code)[:80]
+            return PointResult(task.index, error=f"the run called exit (SystemExit: {code})")
         return PointResult(task.index, error=f"{type(e).__name__}: {e}")
-    except SystemExit as e:        # a plugin's sys.exit(): the run fails, not the study
-        print(f"splitfed: run {task.label!r} (seed {task.seed}) failed:", file=sys.stderr)
-        traceback.print_exc()
-        sys.stderr.flush()
-        return PointResult(task.index, error=f"the run called exit (SystemExit: "
-                                            f"{_describe_code(e.code)})")
-
-
-def _describe_code(code) -> str:
-    """A ``SystemExit`` code for a message: the number, or the text cut short."""
-    return str(code) if isinstance(code, int) else repr(code)[:80]
 
 
 def _experiment():
