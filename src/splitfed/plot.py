@@ -142,16 +142,6 @@ def _distinct(names: list[str]) -> list[str]:
     return short if all(short) and len(set(short)) == len(short) else list(names)
 
 
-def _curve(records: list[dict]) -> dict:
-    """:func:`splitfed.study.curve` of the records, with ``diverged_round`` and, for a
-    diverged run, the points before that round only and ``diverged_at``: the marker's
-    position on each axis (``round``, ``time_s``, ``bytes``, ``test_acc``)."""
-    points = _Points()
-    for record in records:
-        points.add(record)
-    return points.curve()
-
-
 def _num(value) -> float | None:
     """A finite number as a float; None for anything else (as :func:`splitfed.study.curve`
     reads a record)."""
@@ -159,10 +149,13 @@ def _num(value) -> float | None:
 
 
 class _Points:
-    """:func:`_curve` of records given one at a time (:meth:`add`), keeping only the
-    points it draws: :func:`splitfed.study.curve` sums simulated time when every round
-    after round 0 records it, else the measured time, which is known at the last
-    record, so both sums are kept (as arrays of doubles) until then."""
+    """The curve :func:`load_curves` draws of records given one at a time (:meth:`add`):
+    :func:`splitfed.study.curve`'s points before the run diverged, ``diverged_round``
+    and, for a diverged run, ``diverged_at``, the marker's position on each axis
+    (``round``, ``time_s``, ``bytes``, ``test_acc``). It keeps only the points it draws;
+    as :func:`splitfed.study.curve` sums simulated time when every round after round 0
+    records it, else the measured time, which is known at the last record, both sums
+    are kept (as arrays of doubles) until then."""
 
     def __init__(self) -> None:
         self.round: list[int] = []
