@@ -35,14 +35,13 @@ import math
 import sys
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from splitfed.errors import ConfigError, FormatError
 from splitfed.files import MAX_SUMMARY_BYTES, NOT_REGULAR, escape_controls, read_regular
 from splitfed.metrics import (RunningSummary, is_finite_number, iter_records,
-                              loads_strict, record_summary)
+                              loads_strict)
 
 #: sections whose ``options`` mapping holds the chosen component's options
 OPEN_SECTIONS = ("data", "partition", "model", "algorithm", "clock")
@@ -72,34 +71,6 @@ FORMATS = ("table", "csv")
 DATA_EXTRA = "pip install 'splitfed[data]'"
 
 
-@dataclass
-class Run:
-    """One run directory read back."""
-
-    run_dir: Path
-    records: list[dict]
-    config: dict          # flattened
-    summary: dict         # summary.json ({} when absent)
-
-    @property
-    def name(self) -> str:
-        return self.run_dir.name
-
-    @property
-    def status(self) -> str:
-        return _status(self.summary)
-
-    @property
-    def numbers(self) -> dict:
-        """:func:`splitfed.metrics.record_summary` of the records and status."""
-        return record_summary(self.records, self.status)
-
-    def columns(self) -> dict:
-        """The run's columns besides the record's: status, config, provenance."""
-        return _run_columns(self.run_dir, self.status, self.numbers["diverged_round"],
-                            self.config, self.summary)
-
-
 def _status(summary: dict) -> str:
     status = summary.get("status")
     return status if isinstance(status, str) else "unfinished"
@@ -107,7 +78,7 @@ def _status(summary: dict) -> str:
 
 def _run_columns(run_dir: Path, status: str, diverged: int | None, config: dict,
                  summary: dict) -> dict:
-    """:meth:`Run.columns` of a run: its status, the round it diverged at, its
+    """The columns of a run besides its records': its status, the round it diverged at, its
     flattened config and the provenance of its summary."""
     out: dict[str, Any] = {"run": run_dir.name, "run_dir": str(run_dir), "status": status,
                            "diverged_round": diverged,
@@ -328,18 +299,6 @@ def _read_config(path: Path) -> dict:
     return flatten_config(raw) if isinstance(raw, Mapping) else {}
 
 
-def read_runs(paths) -> list[Run]:
-    """Every run of ``paths`` read back: records, flattened config, summary. It holds
-    every record as a dict (many times the size of ``metrics.jsonl``): the tables and
-    rows of this module read the records as a stream instead."""
-    runs = []
-    for d in run_dirs(paths):
-        records = list(_records(d, lambda record: None))
-        runs.append(Run(d, records, _read_config(d / "config.yaml"),
-                        _read_summary(d / "summary.json")))
-    return runs
-
-
 def _records(run_dir: Path, each: Callable[[dict], None]) -> Iterator[dict]:
     """The records of the run's ``metrics.jsonl`` (:func:`splitfed.metrics.iter_records`),
     each given to ``each`` as well; ConfigError when the file cannot be read."""
@@ -353,8 +312,8 @@ def _records(run_dir: Path, each: Callable[[dict], None]) -> Iterator[dict]:
 
 
 def _scan(run_dir: Path, each: Callable[[dict], None]) -> tuple[dict, dict, dict]:
-    """Read a run as :func:`read_runs` does, in the same order (records, config,
-    summary), keeping no record: each is given to ``each``. Returns the flattened config,
+    """Read a run (its records, then its config and summary) keeping no record: each
+    is given to ``each``. Returns the flattened config,
     the summary and :func:`splitfed.metrics.record_summary` of the records."""
     tally = RunningSummary()
 
