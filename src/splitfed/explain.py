@@ -5,7 +5,9 @@ The keys of the config's sections come from the dataclasses of :mod:`splitfed.co
 components a config chooses come from the components themselves: an algorithm's or a
 transform's ``Options`` dataclass, and the parameters (with their defaults and
 annotations) of a model builder, a data set loader, a partitioner or a clock profile,
-after the leading ones every such function takes (:mod:`splitfed.registry`).
+after the leading ones every such function takes (:mod:`splitfed.registry`), with the
+help the function gives them in its ``option_help`` attribute (a dict: option name ->
+one line, e.g. ``fixed.option_help = {"uplink": "..."}``), as plugins' functions may too.
 
 - :func:`explain` is ``splitfed config explain [NAME]`` (plain text): every section,
   or one section or component;
@@ -233,20 +235,32 @@ def _class_facts(kind: str, cls) -> list[str]:
 
 def function_keys(kind: str, fn, section: str | None) -> list[Key]:
     """The options of a component function: its parameters after the leading ones
-    (:data:`splitfed.registry._LEADING`), with their annotations and defaults; those the
-    function lists in its ``code_only`` attribute (passed by code, not by a config) are
-    left out."""
+    (:data:`splitfed.registry._LEADING`), with their annotations and defaults and the
+    help of the function's ``option_help`` attribute (a dict of option name to one line;
+    names that are not options are ignored); those the function lists in its
+    ``code_only`` attribute (passed by code, not by a config) are left out."""
     from splitfed.registry import _LEADING
 
     params = list(inspect.signature(fn).parameters.values())[len(_LEADING[kind]):]
     code_only = set(getattr(fn, "code_only", ()))
+    helps = option_help(fn)
     out = []
     for p in params:
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) or p.name in code_only:
             continue
         default = "required" if p.default is p.empty else yaml_value(p.default)
-        out.append(Key(_join(section or "", p.name), _annotation(p), default))
+        out.append(Key(_join(section or "", p.name), _annotation(p), default,
+                       help=helps.get(p.name, "")))
     return out
+
+
+def option_help(fn) -> dict[str, str]:
+    """The ``option_help`` attribute of the component function ``fn``, each text on one
+    line (empty when it has none, or when it is not a dict)."""
+    helps = getattr(fn, "option_help", None)
+    if not isinstance(helps, dict):
+        return {}
+    return {str(name): _one_line(text) for name, text in helps.items()}
 
 
 def _annotation(p: inspect.Parameter) -> str:
