@@ -93,8 +93,13 @@ class TrainConfig:
         "help": "E local epochs: K = ceil(ceil(D_n / batch_size) * E), exact in the "
                 "decimal written (default 1)"})
     lr: float = field(default=0.01, metadata={"gt": 0, "help": "client learning rate"})
-    momentum: float = field(default=0.0, metadata={"ge": 0, "lt": 1})
-    weight_decay: float = field(default=0.0, metadata={"ge": 0})
+    momentum: float = field(default=0.0, metadata={
+        "ge": 0, "lt": 1,
+        "help": "SGD momentum of the clients' steps and of a server's training steps (as "
+                "torch.optim.SGD, no dampening; the clients' buffers start fresh every round)"})
+    weight_decay: float = field(default=0.0, metadata={
+        "ge": 0, "help": "L2 weight decay of the clients' and a server's training steps: "
+                         "wd * p added to every gradient (as torch.optim.SGD; 0: none)"})
     lr_decay: float = field(default=1.0, metadata={
         "gt": 0, "le": 1, "help": "the step sizes of client and server training steps "
                                  "(train.lr, algorithm.server_lr) are multiplied by this "
@@ -115,12 +120,19 @@ class TrainConfig:
 
 @dataclass
 class ParticipationConfig:
-    mode: Literal["full", "uniform", "with_replacement", "bernoulli"] = "full"
+    mode: Literal["full", "uniform", "with_replacement", "bernoulli"] = field(
+        default="full", metadata={
+            "help": "who takes part in a round: full (every client), uniform (M of N "
+                    "without replacement), with_replacement (M i.i.d. uniform draws, paper "
+                    "000), bernoulli (client n with probability q_n, weight a_n / q_n, "
+                    "paper 002 eq. 3)"})
     clients_per_round: int | None = field(default=None, metadata={
         "ge": 1, "le": MAX_CLIENTS, "help": "M, for uniform and with_replacement"})
     q: Any = field(default=None, metadata={
         "help": "bernoulli participation probability: one number or a list per client"})
-    weighting: Literal["data_size", "uniform"] = "data_size"
+    weighting: Literal["data_size", "uniform"] = field(default="data_size", metadata={
+        "help": "base aggregation weights a_n: data_size (D_n / sum_m D_m) or uniform "
+                "(1 / N); participation.mode turns them into a round's weights"})
 
 
 @dataclass
@@ -146,7 +158,9 @@ class AlgorithmConfig:
     server_transforms: list[dict[str, Any]] = field(default_factory=list, metadata={
         "help": "server steps: one aggregating step (rate, momentum, fedadam, ...) that "
                 "replaces the algorithm's, then steps that train further (server_train)"})
-    options: dict[str, Any] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict, metadata={
+        "help": "options of the algorithm (e.g. global_lr, tau for musplitfed); also "
+                "given as keys of this section"})
 
 
 @dataclass
@@ -231,8 +245,14 @@ class RunConfig:
     name: str = field(default="run", metadata={"help": "run name (prefix of the run dir)"})
     seed: int = field(default=0, metadata={
         "ge": MIN_SEED, "le": MAX_SEED, "help": "master seed of every random stream"})
-    rounds: int = field(default=20, metadata={"ge": 0, "le": MAX_ROUNDS})
-    eval_every: int = field(default=1, metadata={"ge": 1, "le": MAX_ROUNDS})
+    rounds: int = field(default=20, metadata={
+        "ge": 0, "le": MAX_ROUNDS,
+        "help": "T communication rounds (0: only the initial model is evaluated, as "
+                "round 0)"})
+    eval_every: int = field(default=1, metadata={
+        "ge": 1, "le": MAX_ROUNDS,
+        "help": "evaluate the global model on the test set every k rounds (round 0 and "
+                "the last round always are)"})
     eval_last: int = field(default=0, metadata={
         "ge": 0, "le": MAX_ROUNDS,
         "help": "also evaluate every round of the last N rounds (0: only every eval_every "
@@ -242,7 +262,9 @@ class RunConfig:
         "ge": 0, "le": MAX_ROUNDS,
         "help": "write checkpoint.pt every k rounds and at the last round, for "
                 "splitfed run --resume (0: no checkpoints)"})
-    out_dir: str = "runs"
+    out_dir: str = field(default="runs", metadata={
+        "help": "directory in which every run creates its own run directory (named "
+                "after the run's name, algorithm, overrides and start time)"})
     plugins: list[str] = field(default_factory=list, metadata={
         "help": "plugin modules (names, from the Python environment) imported before "
                 "the config is validated; "

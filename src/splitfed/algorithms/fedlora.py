@@ -35,7 +35,9 @@ class FedLoRAOptions:
     rank: int = field(default=8, metadata={**BOUNDS["rank"], "help": "LoRA rank r"})
     alpha: float = field(default=16.0, metadata={**BOUNDS["alpha"],
                                                  "help": "LoRA scaling alpha / r"})
-    lora_dropout: float = field(default=0.0, metadata={**BOUNDS["lora_dropout"]})
+    lora_dropout: float = field(default=0.0, metadata={
+        **BOUNDS["lora_dropout"],
+        "help": "dropout probability on the adapters' input (peft's lora_dropout; 0: none)"})
     targets: list[str] | None = field(default=None, metadata={
         "help": "names (suffixes) of the linear layers that get adapters (null: q_proj "
                 "and v_proj if the model has them, else every linear layer but the head)"})

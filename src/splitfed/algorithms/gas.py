@@ -105,7 +105,9 @@ class GASOptions:
     directions: int = field(default=1, metadata={
         "ge": 1, "le": 10**4,
         "help": "q directions averaged"})
-    direction_kind: Literal["sphere", "gaussian"] = "sphere"
+    direction_kind: Literal["sphere", "gaussian"] = field(default="sphere", metadata={
+        "help": "ZO directions u: uniform on the sphere of radius sqrt(d) or with N(0, 1) "
+                "entries (gaussian); both have E[u u^T] = I"})
     server_order: Literal["zeroth", "first"] = field(default="zeroth", metadata={
         "help": "zeroth: ZO server steps (paper 001); first: GAS's first-order server"})
 

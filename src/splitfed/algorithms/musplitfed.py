@@ -87,9 +87,15 @@ class MUSplitFedOptions:
     directions: int = field(default=1, metadata={
         "ge": 1, "le": 10**4,
         "help": "q directions averaged"})
-    direction_kind: Literal["sphere", "gaussian"] = "sphere"
-    client_order: Literal["zeroth", "first"] = "zeroth"
-    server_order: Literal["zeroth", "first"] = "zeroth"
+    direction_kind: Literal["sphere", "gaussian"] = field(default="sphere", metadata={
+        "help": "ZO directions u: uniform on the sphere of radius sqrt(d) or with N(0, 1) "
+                "entries (gaussian); both have E[u u^T] = I"})
+    client_order: Literal["zeroth", "first"] = field(default="zeroth", metadata={
+        "help": "zeroth: the client's ZO step (eqs. 4, 6); first: its true gradient, from "
+                "the cut-layer gradient the server returns (ablation)"})
+    server_order: Literal["zeroth", "first"] = field(default="zeroth", metadata={
+        "help": "zeroth: the server copies' ZO steps (eq. 5); first: true-gradient steps "
+                "(ablation)"})
     adaptive_tau: bool = field(default=False, metadata={
         "help": "tau = t_straggler / t_server from the clock every round (eq. 12)"})
     max_tau: int = field(default=8, metadata={
