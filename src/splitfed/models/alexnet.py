@@ -76,5 +76,16 @@ def alexnet(input_shape, num_classes: int, *, width: float = 1.0, dropout: float
     return model
 
 
+#: the options' help (``splitfed config explain alexnet``, docs/config.md)
+alexnet.option_help = {
+    "width": "multiplier of every layer's channels and hidden units (each rounded, at "
+             "least 1; a finite number > 0)",
+    "dropout": "probability of the Dropout before fc1 and fc2 (0 <= dropout < 1; 0: none, "
+               "the deterministic forward pass ZO estimates need)",
+    "init": "kaiming (He et al.'s N(0, 2 / fan_in) weights, zero biases) or torch "
+            "(PyTorch's layer defaults)",
+}
+
+
 def _drop(p: float) -> list[nn.Module]:
     return [nn.Dropout(p)] if p else []

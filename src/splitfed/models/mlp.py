@@ -35,3 +35,10 @@ def mlp(input_shape, num_classes: int, *, hidden=(200, 200)) -> BlockModel:
     blocks["out"] = nn.Sequential(nn.Flatten(), out) if not hidden else out
     cuts = {k: f"after hidden layer {k}" for k in range(1, len(hidden) + 1)}
     return BlockModel(blocks, name="mlp", cut_descriptions=cuts, default_cut=1 if hidden else None)
+
+
+#: the options' help (``splitfed config explain mlp``, docs/config.md)
+mlp.option_help = {
+    "hidden": "the hidden layers' widths, positive integers ([]: multinomial logistic "
+              "regression, one block and no cut)",
+}

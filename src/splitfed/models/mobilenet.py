@@ -88,3 +88,10 @@ def mobilenetv2(input_shape, num_classes: int, *, width_mult: float = 1.0) -> Bl
         nn.Linear(last, num_classes),
     )
     return BlockModel(blocks, name="mobilenetv2", cut_descriptions=CUTS, default_cut=1)
+
+
+#: the options' help (``splitfed config explain mobilenetv2``, docs/config.md)
+mobilenetv2.option_help = {
+    "width_mult": "multiplier of the channels, rounded to multiples of 8; the last conv has "
+                  "1280 * max(1, width_mult) (a finite number > 0)",
+}

@@ -84,3 +84,10 @@ def resnet18(input_shape, num_classes: int, *, width: int = 64) -> BlockModel:
         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(prev, num_classes)
     )
     return BlockModel(blocks, name="resnet18", cut_descriptions=CUTS, default_cut=2)
+
+
+#: the options' help (``splitfed config explain resnet18``, docs/config.md)
+resnet18.option_help = {
+    "width": "w, the first stage's channels: the stages have w, 2w, 4w, 8w (an integer "
+             ">= 1; paper 002: 64)",
+}

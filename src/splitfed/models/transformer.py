@@ -431,3 +431,27 @@ def opt(input_shape, num_classes: int, *, preset: str | None = None,
             hf = tf.OPTForSequenceClassification(cfg)
     hf.train()
     return from_hf(hf, name="opt")
+
+
+#: the options' help (``splitfed config explain opt``, docs/config.md)
+opt.option_help = {
+    "preset": "the sizes: tiny, opt-125m, opt-350m or opt-1.3b (Zhang et al. 2022; null: "
+              "tiny); the size options override them",
+    "pretrained": "a local save_pretrained directory whose weights and config.json sizes "
+                  "are loaded (never downloaded; not with preset or a size option)",
+    "hidden_size": "H, the hidden size: an integer >= 1, a multiple of num_heads (null: "
+                   "the preset's)",
+    "num_layers": "decoder blocks: an integer from 1 to 1024 (null: the preset's)",
+    "num_heads": "attention heads: an integer >= 1 that divides hidden_size (null: the "
+                 "preset's)",
+    "ffn_dim": "width of every block's feed-forward layer: an integer >= 1 (null: the "
+               "preset's)",
+    "vocab_size": "token embeddings: an integer >= 4, ids 0-3 being reserved (null: the "
+                  "preset's)",
+    "max_positions": "position embeddings: at least the data's sequence length (null: the "
+                     "preset's, or that length for tiny)",
+    "dropout": "dropout and attention-dropout probability (0 <= dropout < 1; 0: two "
+               "forward passes of a batch agree, as ZO methods need)",
+    "dtype": "the parameters' dtype: float32, bfloat16, float16 or float64",
+    "attention": "the Hugging Face attention kernel: sdpa or eager",
+}

@@ -42,3 +42,11 @@ def vgg11(input_shape, num_classes: int, *, batch_norm: bool = False, width: flo
     flat = math.prod(output_shape(nn.Sequential(blocks), (ch, h, w)))
     blocks["classifier"] = nn.Sequential(nn.Flatten(), nn.Linear(flat, num_classes))
     return BlockModel(blocks, name="vgg11", cut_descriptions=CUTS, default_cut=3)
+
+
+#: the options' help (``splitfed config explain vgg11``, docs/config.md)
+vgg11.option_help = {
+    "batch_norm": "BatchNorm2d after every conv (paper 003: false)",
+    "width": "multiplier of the channel counts (each rounded, at least 1; a finite number "
+             "> 0)",
+}
