@@ -436,3 +436,9 @@ def load_cifar100(data_dir: str | None, rng: np.random.Generator,
     xte, (yte,) = _read_split([find_file("test", dirs, how_to)], [key], [n])
     classes = _meta_names(dirs, "meta", f"{label_mode}_label_names".encode(), n)
     return _bundle("cifar100", xtr, ytr, xte, yte, n, classes)
+
+
+#: the options' help (``splitfed config explain NAME``, docs/config.md)
+load_cifar100.option_help = {
+    "label_mode": "fine (the 100 classes) or coarse (the 20 superclasses)",
+}

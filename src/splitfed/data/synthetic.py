@@ -130,3 +130,19 @@ def load_synthetic(data_dir: str | None, rng: np.random.Generator, alpha: float 
     train = ArrayDataset(torch.from_numpy(xtr.astype(np.float32)), torch.from_numpy(ytr))
     test = ArrayDataset(torch.from_numpy(xte.astype(np.float32)), torch.from_numpy(yte))
     return DataBundle("synthetic", train, test, num_classes, (dim,), None, parts)
+
+
+#: the options' help (``splitfed config explain NAME``, docs/config.md)
+load_synthetic.option_help = {
+    "alpha": "standard deviation of u_k ~ N(0, alpha), the mean of device k's W_k and b_k: "
+             "how much the devices' labelling models differ (a finite number >= 0)",
+    "beta": "standard deviation of B_k ~ N(0, beta), the mean of device k's feature means "
+            "v_k: how much the devices' features differ (a finite number >= 0)",
+    "num_devices": "devices, the natural partition's clients, each with lognormal(4, 2) + 50 "
+                   "samples (an integer from 1 to 100000)",
+    "dim": "features per sample (an integer from 1 to 100000)",
+    "num_classes": "classes (an integer from 2 to 10000)",
+    "test_fraction": "the share of each device's samples that goes to the test set "
+                     "(0 < test_fraction < 1)",
+    "iid": "FedProx's synthetic_iid: one shared W, b ~ N(0, 1) and v_k = 0 for every device",
+}

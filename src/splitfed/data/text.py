@@ -538,3 +538,27 @@ def load_synthetic_text(data_dir: str | None, rng: np.random.Generator,
     xte, yte = marker_sequences(rng, num_test, seq_len, vocab_size, min_len, marker)
     return DataBundle("synthetic_text", ArrayDataset(xtr, ytr), ArrayDataset(xte, yte), 2,
                       (2, seq_len), ["absent", "present"])
+
+
+#: the options' help (``splitfed config explain NAME``, docs/config.md)
+load_sst2.option_help = {
+    "tokenizer": "a local Hugging Face tokenizer directory, e.g. the OPT checkpoint's (null: "
+                 "the built-in word tokenizer, made from the train split)",
+    "max_len": "L, tokens per sample with the leading BOS; longer texts are truncated (an "
+               "integer from 2 to 16384)",
+    "vocab_size": "the built-in tokenizer's vocabulary, ids 0-3 reserved (an integer from 5 "
+                  "to 1048576; null: 8192; not with tokenizer)",
+}
+
+load_synthetic_text.option_help = {
+    "num_train": "training samples, half of them with the marker (an integer from 1 to "
+                 "1000000)",
+    "num_test": "test samples, half of them with the marker (an integer from 1 to 1000000)",
+    "seq_len": "L, tokens per sample with the leading BOS, padded (an integer from 2 to "
+               "16384; num_train and num_test x seq_len at most 5e7 tokens)",
+    "vocab_size": "token ids 0 .. vocab_size - 1, words drawn from id 4 on (an integer from "
+                  "6 to 1048576)",
+    "min_len": "the shortest sequence, BOS included; lengths are uniform in [min_len, "
+               "seq_len] (2 <= min_len <= seq_len)",
+    "marker": "the token id whose presence makes the label 1 (4 <= marker < vocab_size)",
+}
