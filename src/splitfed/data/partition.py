@@ -255,6 +255,31 @@ def natural(labels, num_clients, rng, natural=None) -> list[np.ndarray]:
 #: out of ``config explain``
 natural.code_only = ("natural",)
 
+#: the options' help (``splitfed config explain NAME``, docs/config.md)
+dirichlet.option_help = {
+    "alpha": "concentration of the per-class proportions p ~ Dir(alpha * 1_K) over the K "
+             "clients: the smaller, the more skewed (a number > 0; inf: IID)",
+    "min_partition_size": "every client holds at least this many samples, else everything "
+                          "is redrawn (an integer >= 0; times num_clients at most the samples)",
+    "self_balancing": "clients already holding >= N / K samples get no share of the classes "
+                      "that follow (NIID-Bench's partition, as in paper 003's code)",
+    "max_tries": "draws before the partition is refused (an integer from 1 to 1000)",
+}
+pathological.option_help = {
+    "num_classes_per_partition": "C, the distinct classes every client holds (an integer "
+                                 "from 1 to the data set's classes)",
+    "class_assignment_mode": "deterministic (client i: classes (i + j) mod K, j < C), "
+                             "first-deterministic (class i mod K and C - 1 random others) or "
+                             "random (C random classes)",
+}
+shard.option_help = {
+    "num_shards_per_partition": "shards every client gets, drawn at random without "
+                                "replacement (an integer >= 1; McMahan et al. 2017: 2)",
+    "shard_size": "samples per shard of the label-sorted data (an integer from 1 to the "
+                  "samples; null: N // (num_clients x num_shards_per_partition))",
+    "keep_incomplete_shard": "also deal the incomplete last shard",
+}
+
 
 PARTITIONERS = {
     "iid": iid,

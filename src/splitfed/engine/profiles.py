@@ -312,6 +312,46 @@ def _trace_number(cell, col: str, where: str) -> float:
     return value
 
 
+#: the help of the speed options several profiles share
+_SPEEDS = {
+    "client_compute": "the clients' compute speed in MAC/s: a positive number, or a list "
+                      "of one per client",
+    "uplink": "client -> server rate in bytes/s (1.25e6: 10 Mbit/s): a positive number, or "
+              "a list of one per client",
+    "downlink": "server -> client rate in bytes/s (5e6: 40 Mbit/s): a positive number, or "
+                "a list of one per client",
+    "server_compute": "the server's compute speed in MAC/s, of each server lane (a positive "
+                      "number)",
+}
+#: the options' help (``splitfed config explain NAME``, docs/config.md)
+fixed.option_help = dict(_SPEEDS)
+exponential.option_help = {
+    "mean": "mean of the Exp draw that multiplies a client's computation time (a finite "
+            "number > 0)",
+    "per_round": "draw the multipliers every round (false: once per client, heterogeneous "
+                 "but constant speeds)",
+    "delay_mean": "mean, in seconds, of an exponential delay added to the start of every "
+                  "participant's round (a finite number >= 0; 0: none)",
+    **_SPEEDS,
+}
+fedscale.option_help = {
+    "compute_median": "median of the clients' log-normal compute speeds in MAC/s: a positive "
+                      "number, or a list of one per client",
+    "compute_sigma": "log-space standard deviation of the compute speeds (0 to 10)",
+    "uplink_median": "median of the clients' log-normal uplink rates in bytes/s: a positive "
+                     "number, or a list of one per client",
+    "downlink_median": "median of the clients' log-normal downlink rates in bytes/s: a "
+                       "positive number, or a list of one per client",
+    "bandwidth_sigma": "log-space standard deviation of both link rates (0 to 10)",
+    "server_compute": _SPEEDS["server_compute"],
+}
+trace.option_help = {
+    "path": "the CSV file: a row per client, columns client_id, compute_macs_per_s, "
+            "uplink_bytes_per_s, downlink_bytes_per_s, optionally available_from and "
+            "available_until (seconds)",
+    "server_compute": _SPEEDS["server_compute"],
+}
+
 GENERATORS = {"fixed": fixed, "exponential": exponential, "fedscale": fedscale,
               "trace": trace}
 
