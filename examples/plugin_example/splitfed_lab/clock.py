@@ -17,3 +17,9 @@ def two_tier(num_clients, rng, *, slow_fraction=0.5, slowdown=10.0):
     factor = np.where(slow, 1.0 / slowdown, 1.0)
     return Profiles(CLIENT_COMPUTE * factor, UPLINK * factor,
                     np.full(num_clients, DOWNLINK), SERVER_COMPUTE)
+
+
+two_tier.option_help = {
+    "slow_fraction": "the chance that a client is slow, drawn once (0 <= slow_fraction <= 1)",
+    "slowdown": "how many times slower a slow client computes and uploads (>= 1)",
+}
