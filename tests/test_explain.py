@@ -1,6 +1,7 @@
 """``splitfed config explain`` and docs/config.md: every key, generated from the code."""
 
 import dataclasses
+import inspect
 import subprocess
 import sys
 import typing
@@ -153,3 +154,51 @@ def test_a_plugin_component_without_a_docstring_says_so(monkeypatch):
                             "has no docstring)"), shown
     assert "model.depth: int = 2" in shown
     assert explain.explain("lenet5").startswith("model lenet5: LeNet-5")
+
+
+def test_every_built_in_key_has_a_description():
+    """Every key of docs/config.md says what it does: each section's fields have a
+    ``help``, each built-in Options field too, and each built-in function's options are
+    in its ``option_help`` (which names no parameter it lacks)."""
+    missing = [key.name for section in explain.sections()
+               for key in explain.section_keys(section) if not key.help]
+    for kind in explain.KINDS:
+        for name in explain.component_names(kind, builtin_only=True):
+            c = explain.component(kind, name)
+            missing += [f"{kind} {name}: {key.name}" for key in c.keys if not key.help]
+    assert not missing, f"{len(missing)} keys without a description: {missing}"
+    rows = [line for line in explain.markdown().splitlines() if line.startswith("| `")]
+    assert rows and not [line for line in rows if line.endswith("|  |")]
+    for kind in ("model", "dataset", "partitioner", "clock profile"):
+        for name in explain.component_names(kind, builtin_only=True):
+            fn = explain.registry(kind)[name]
+            unknown = set(explain.option_help(fn)) - set(inspect.signature(fn).parameters)
+            assert not unknown, f"{kind} {name}: option_help names no option {unknown}"
+
+
+def test_a_plugin_functions_option_help_is_explained(scratch, capsys):
+    """A plugin's function documents its options with ``option_help``: ``config explain``
+    prints each line under its option; an option it leaves out has none, and a name that
+    is not an option is ignored."""
+    import splitfed
+
+    @splitfed.register_clock_profile("zz_two_speed")
+    def two_speed(num_clients, rng, *, slow=0.5, factor: float = 4.0, seed_shift=0):
+        """Half the clients are slow."""
+
+    two_speed.option_help = {"slow": "the share of slow clients (0 to 1)",
+                             "factor": "how many times slower   a slow client\n computes",
+                             "nothing": "not an option"}
+    assert main(["config", "explain", "zz_two_speed"]) == 0
+    out = capsys.readouterr().out
+    head = out.splitlines()[0]
+    assert head.startswith("clock profile zz_two_speed [plugin "), head
+    assert head.endswith(": Half the clients are slow."), head
+    assert ("    clock.slow: float = 0.5\n"
+            "      the share of slow clients (0 to 1)\n") in out
+    assert ("    clock.factor: float = 4.0\n"
+            "      how many times slower a slow client computes\n") in out
+    assert "    clock.seed_shift: int = 0\n" in out
+    assert "not an option" not in out and "clock.nothing" not in out
+    shown = explain.markdown("zz_two_speed")
+    assert "| `clock.slow` | `float` | `0.5` |  | the share of slow clients (0 to 1) |" in shown

@@ -464,6 +464,19 @@ def lab_in_process(scratch, monkeypatch):
         del sys.modules[mod]
 
 
+def test_config_explain_shows_the_plugins_option_help(lab_in_process, capsys):
+    """The example's clock profile documents its options (``two_tier.option_help``,
+    docs/extending.md): ``config explain`` prints each help under its option."""
+    from splitfed.cli import main
+
+    assert main(["config", "explain", "two_tier"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("clock profile two_tier [plugin "), out
+    assert ("    clock.slowdown: float = 10.0\n"
+            "      how many times slower a slow client computes and uploads (>= 1)\n") in out
+    assert "    clock.slow_fraction: float = 0.5\n      the chance that a client is slow" in out
+
+
 def test_the_example_passes_the_conformance_checks(lab_in_process):
     """The plugin's own tests (examples/plugin_example/tests/test_lab.py, quoted in
     docs/extending.md): check_algorithm on psl, and on FedAvg and SFL-V2 with the
