@@ -261,16 +261,17 @@ dirichlet.option_help = {
              "clients: the smaller, the more skewed (a number > 0; inf: IID)",
     "min_partition_size": "every client holds at least this many samples, else everything "
                           "is redrawn (an integer >= 0; times num_clients at most the samples)",
-    "self_balancing": "clients already holding >= N / K samples get no share of the classes "
-                      "that follow (NIID-Bench's partition, as in paper 003's code)",
+    "self_balancing": "clients already holding >= N / num_clients of the N samples get no "
+                      "share of the classes that follow (NIID-Bench's partition, as in paper "
+                      "003's code)",
     "max_tries": "draws before the partition is refused (an integer from 1 to 1000)",
 }
 pathological.option_help = {
     "num_classes_per_partition": "C, the distinct classes every client holds (an integer "
                                  "from 1 to the data set's classes)",
-    "class_assignment_mode": "deterministic (client i: classes (i + j) mod K, j < C), "
-                             "first-deterministic (class i mod K and C - 1 random others) or "
-                             "random (C random classes)",
+    "class_assignment_mode": "of the K classes, client i holds: (i + j) mod K, j < C "
+                             "(deterministic); i mod K and C - 1 random others "
+                             "(first-deterministic); C random ones (random)",
 }
 shard.option_help = {
     "num_shards_per_partition": "shards every client gets, drawn at random without "
