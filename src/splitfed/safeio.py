@@ -143,8 +143,34 @@ def _array(spec: Any) -> np.ndarray:
 
 
 def save(obj: Any, fh: BinaryIO | str | Path) -> None:
-    """Write ``encode(obj)`` with ``torch.save`` to a binary file handle or path."""
-    torch.save(encode(obj), fh)
+    """Write ``encode(obj)`` with ``torch.save`` to a binary file handle or path.
+
+    A write that fails (a full disk, a file size limit) raises its ``OSError``: torch's
+    archive writer answers it, as it closes the archive, with a ``RuntimeError`` about
+    the file position that would hide it (a path is opened here, as torch's own file
+    writer for a path gives no error number at all)."""
+    if isinstance(fh, (str, Path)):
+        with open(fh, "wb") as f:
+            save(obj, f)
+        return
+    try:
+        torch.save(encode(obj), fh)
+    except RuntimeError as e:
+        cause = _os_error(e)
+        if cause is None:
+            raise
+        raise cause from None
+
+
+def _os_error(e: BaseException) -> OSError | None:
+    """The ``OSError`` that ``e`` was raised while handling, if any (a bounded walk)."""
+    seen = 0
+    while e is not None and seen < 16:
+        if isinstance(e, OSError):
+            return e
+        e = e.__cause__ or e.__context__
+        seen += 1
+    return None
 
 
 def dumps(obj: Any) -> bytes:
