@@ -456,3 +456,19 @@ def test_a_sweep_reruns_points_whose_plugin_code_changed(tmp_path, monkeypatch, 
     out = capsys.readouterr().out
     assert [o.skipped for o in fixed.study.outcomes] == [False, False]
     assert f"the code of plugin {module} changed since the run was recorded" in out
+
+
+def test_a_rerun_replaces_links_in_the_sweep_directory_never_their_targets(tmp_path):
+    argv = ["sweep", _config(tmp_path), "train.lr=0.1,0.2", "rounds=1",
+            "--out-dir", str(tmp_path / "out")]
+    assert main(argv) == 0
+    sweep = tmp_path / "out" / "small-sweep"
+    for name in ("sweep.md", "sweep.csv", "sweep.json"):
+        (tmp_path / f"victim-{name}").write_text("keep")
+        (sweep / name).unlink()
+        (sweep / name).symlink_to(tmp_path / f"victim-{name}")
+    assert main(argv) == 0                              # the run is reused
+    for name in ("sweep.md", "sweep.csv", "sweep.json"):
+        assert (tmp_path / f"victim-{name}").read_text() == "keep", name
+        assert (sweep / name).is_file() and not (sweep / name).is_symlink(), name
+    assert json.loads((sweep / "sweep.json").read_text())["axes"] == ["train.lr"]

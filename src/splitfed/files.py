@@ -81,6 +81,13 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], None], *,
     _fsync_dir(path.parent)
 
 
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """:func:`atomic_write` of ``text`` as UTF-8 (a link at ``path`` is replaced, never
+    written through)."""
+    data = text.encode("utf-8")
+    atomic_write(path, lambda fh: fh.write(data))
+
+
 def remove_stale_temp_files(directory: str | Path) -> list[Path]:
     """Remove the temp files :func:`atomic_write` left in ``directory`` when its process
     was killed while writing (``.<name>.<random>.tmp``, regular files only); the caller

@@ -27,6 +27,7 @@ run). A finished run is reused only when its config and code version match (see
 from __future__ import annotations
 
 import csv
+import io
 import itertools
 import json
 import math
@@ -38,6 +39,7 @@ from typing import Any
 
 from splitfed.config import MAX_SEED, MIN_SEED
 from splitfed.errors import ConfigError
+from splitfed.files import atomic_write_text
 from splitfed.provenance import redact
 from splitfed.grid import parse_axes  # noqa: F401 - part of this module's interface
 from splitfed.study import (StudyResult, execute_study, open_study, publish,
@@ -304,14 +306,15 @@ def write_sweep(sweep_dir: Path, rows: list[dict], keys: list[str], table: str,
     if provenance is not None:
         text += [provenance_line(provenance), ""]
     text += ["Produced by:", "", "```bash", command, "```", ""]
-    (sweep_dir / "sweep.md").write_text("\n".join(text), encoding="utf-8")
+    atomic_write_text(sweep_dir / "sweep.md", "\n".join(text))
     columns = [*_value_columns(keys), "seed", *COLUMNS, "run_dir"]
-    with open(sweep_dir / "sweep.csv", "w", newline="", encoding="utf-8") as fh:
-        w = csv.DictWriter(fh, fieldnames=columns, extrasaction="ignore")
-        w.writeheader()
-        swept = {*keys, *_value_columns(keys)}
-        w.writerows({k: (value_text(v) if k in swept else v) for k, v in r.items()}
-                    for r in rows)
-    (sweep_dir / "sweep.json").write_text(
-        json.dumps({"command": command, "axes": keys, "provenance": provenance,
-                    "runs": rows}, indent=2, default=str) + "\n", encoding="utf-8")
+    table_csv = io.StringIO(newline="")
+    w = csv.DictWriter(table_csv, fieldnames=columns, extrasaction="ignore")
+    w.writeheader()
+    swept = {*keys, *_value_columns(keys)}
+    w.writerows({k: (value_text(v) if k in swept else v) for k, v in r.items()}
+                for r in rows)
+    atomic_write_text(sweep_dir / "sweep.csv", table_csv.getvalue())
+    atomic_write_text(sweep_dir / "sweep.json", json.dumps(
+        {"command": command, "axes": keys, "provenance": provenance, "runs": rows},
+        indent=2, default=str) + "\n")

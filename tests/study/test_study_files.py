@@ -62,3 +62,25 @@ def test_a_base_named_study_yaml_is_refused(tmp_path):
     (folder / "study.yaml").write_text((folder / "base.yaml").read_text())
     with pytest.raises(ConfigError, match="study.base: a base config named study.yaml"):
         load_study(folder / "main.yaml")
+
+
+def test_a_rerun_replaces_links_in_the_study_directory_never_their_targets(tmp_path):
+    # results.json, results.md, study.yaml and the plots are replaced at once (written
+    # aside, then renamed), so a link planted in the study directory is replaced, and
+    # the file it points to, outside the directory, is left alone
+    path = _write_study(tmp_path / "spec")
+    d = run_study(path, out_dir=tmp_path / "out", jobs=1, quiet=True).dir
+    names = ["results.json", "results.md", "study.yaml",
+             *(p.name for p in d.glob("accuracy_vs_*.png"))]
+    victims = {}
+    for name in names:
+        victim = tmp_path / f"victim-{name}"
+        victim.write_text("keep")
+        (d / name).unlink()
+        (d / name).symlink_to(victim)
+        victims[name] = victim
+    run_study(path, out_dir=tmp_path / "out", jobs=1, quiet=True)     # every run reused
+    for name, victim in victims.items():
+        assert victim.read_text() == "keep", name
+        assert (d / name).is_file() and not (d / name).is_symlink(), name
+    assert json.loads((d / "results.json").read_text())["runs"]

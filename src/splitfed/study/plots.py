@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+from splitfed.files import atomic_write
 from splitfed.study.spec import Study
 
 _AXIS_LABELS = {"round": "round", "bytes": "cumulative communication, up + down (MB)",
@@ -78,7 +79,8 @@ def write_plots(study: Study, summary: dict, say=_print) -> list[str]:
             ax.set_visible(False)
         fig.suptitle(f"{study.name}: test accuracy vs {axis}")
         name = f"accuracy_vs_{axis}.png"
-        fig.savefig(study.dir / name, dpi=120)
+        atomic_write(study.dir / name, lambda fh, fig=fig: fig.savefig(fh, dpi=120,
+                                                                       format="png"))
         names.append(name)
     return names
 

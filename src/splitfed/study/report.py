@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from splitfed.errors import ConfigError
-from splitfed.files import atomic_write
+from splitfed.files import atomic_write, atomic_write_text
 from splitfed.study.analysis import curve, last_rounds_accuracy, run_numbers, summarize
 from splitfed.study.outcome import RunOutcome, StudyResult
 from splitfed.study.plots import _print, write_plots
@@ -38,21 +38,17 @@ def write_results(study: Study, outcomes: list[RunOutcome], command: str,
 
     study.dir.mkdir(parents=True, exist_ok=True)
     summary = results_summary(study, outcomes, command)
-    _write_text(study.dir / STUDY_FILE, study.text)
+    atomic_write_text(study.dir / STUDY_FILE, study.text)
     if study.base_file is not None and study.base_file.name not in reserved_names(summary):
         _copy(study.base_file, study.dir / study.base_file.name)
         summary["base_file"] = study.base_file.name
-    _write_text(study.dir / "results.json", json.dumps(summary, indent=2) + "\n")
+    atomic_write_text(study.dir / "results.json", json.dumps(summary, indent=2) + "\n")
     plots = write_plots(study, summary, say)
     table = markdown_table(summary)
-    _write_text(study.dir / "results.md", results_markdown(study, summary, table, plots))
+    atomic_write_text(study.dir / "results.md", results_markdown(study, summary, table, plots))
     say(table)
     say(f"results: {study.dir / 'results.md'}")
     return StudyResult(study, study.dir, outcomes, table, summary)
-
-
-def _write_text(path: Path, text: str) -> None:
-    path.write_text(text, encoding="utf-8")
 
 
 # ------------------------------------------------------------------- provenance
