@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from splitfed.runtime.worker import guard, join
-from splitfed.transport.distributed import Links
+from splitfed.transport.distributed import _CONTROL, Links
 
 
 def main(out: str, configs: str) -> None:
@@ -67,8 +67,9 @@ def forge(mode: str, marker: str) -> None:
     if mode == "signed":
         body += sign(links.key, 0, 1, 0, body)
     data = torch.frombuffer(bytearray(body), dtype=torch.uint8)
-    links.exchange(sends=[(1, torch.tensor([data.numel()], dtype=torch.int64))])
-    links.exchange(sends=[(1, data)])
+    links.exchange(sends=[(1, torch.tensor([data.numel()], dtype=torch.int64))],
+                   tag=_CONTROL)
+    links.exchange(sends=[(1, data)], tag=_CONTROL)
     time.sleep(5)                               # rank 1 reads it (or not) meanwhile
     os._exit(0)
 

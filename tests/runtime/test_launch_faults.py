@@ -192,3 +192,45 @@ def test_a_torchrun_launch_leaves_nothing_in_the_temporary_directory(tmp_path):
                           timeout=LIMIT_S)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert sorted(p.name for p in tmp.iterdir()) == []
+
+
+RANK0_FAILS = '''"""Rank 0 fails as its first transfer in direction $FAIL_DIRECTION starts."""
+import os
+from splitfed.errors import SplitfedError
+from splitfed.transport import distributed as D
+
+if os.environ.get("RANK") == "0":
+    deliver = D.DistributedTransport._deliver
+
+    def failing(self, kind, direction, ids, payload):
+        if direction == os.environ["FAIL_DIRECTION"]:
+            raise SplitfedError(f"rank 0 failed as a transfer {direction} started")
+        return deliver(self, kind, direction, ids, payload)
+
+    D.DistributedTransport._deliver = failing
+'''
+
+
+@pytest.mark.parametrize("direction", ["up", "down"])
+def test_rank_0_failing_mid_round_stops_the_client_ranks_at_once(tmp_path, direction):
+    """Rank 0 fails while every client rank waits in a transfer: uploading (a send rank
+    0 never takes) or downloading (a receive it never fills). Its stop still reaches
+    each client rank at once, which ends the run as at a stop between rounds: rank 0
+    does not wait --timeout per client rank, reports no healthy rank as lost, and no
+    client rank takes the stop for tensor data (a short message, or one longer than
+    its buffer: gloo aborts it). The launch prints rank 0's error alone."""
+    (tmp_path / "rank0_fails.py").write_text(RANK0_FAILS)
+    env = _env(FAIL_DIRECTION=direction)
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env["PYTHONPATH"]])
+    proc = subprocess.run(
+        [sys.executable, "-m", "splitfed", "launch", "quick_digits", "rounds=2",
+         "participation.mode=full", "participation.clients_per_round=null",
+         "progress=false", "--nproc", "3", "--launcher", "spawn", "--plugin",
+         "rank0_fails", "--timeout", "20", "--client-timeout", "60", "--run-dir",
+         str(tmp_path / "run")],
+        env=env, capture_output=True, text=True, timeout=LIMIT_S)
+    lines = [x for x in proc.stderr.splitlines()
+             if x.strip() and not x.startswith("splitfed: warning: plugin rank0_fails ")]
+    assert lines == [f"splitfed: error: rank 0 failed as a transfer {direction} "
+                     "started"], proc.stderr[-3000:]
+    assert proc.returncode == 2

@@ -331,19 +331,10 @@ def test_links_refuse_replayed_and_foreign_messages(monkeypatch):
     tag = sign(key, 0, 1, 0, body)
     links = Links(1, 2, 5.0, secret=SECRET)
     queue = []
-
-    def exchange(sends=(), recvs=()):
-        for _, t in recvs:
-            data = queue.pop(0)
-            t.copy_(data)
-        return set()
-
-    import torch
-    monkeypatch.setattr(links, "exchange", exchange)
+    monkeypatch.setattr(links, "_receive_control", lambda peer: queue.pop(0))
 
     def deliver(payload):
-        queue.append(torch.tensor([len(payload)], dtype=torch.int64))
-        queue.append(torch.frombuffer(bytearray(payload), dtype=torch.uint8))
+        queue.append(payload)
         return links.recv_object(0)
 
     assert deliver(body + tag) == {"stop": "completed"}

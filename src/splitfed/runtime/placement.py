@@ -30,11 +30,7 @@ from splitfed.engine.participation import Cohort
 from splitfed.engine.stacked import StackedModel
 from splitfed.errors import FormatError, SplitfedError
 from splitfed.metrics import is_finite_number
-from splitfed.transport.distributed import SERVER_RANK, Links
-
-
-class StopRun(Exception):
-    """Rank 0 ended the run (finished, diverged or failed)."""
+from splitfed.transport.distributed import SERVER_RANK, Links, StopRun, stop_reason
 
 
 def _whole(v) -> bool:
@@ -60,11 +56,9 @@ def control_message(msg, fields: dict) -> dict:
         raise FormatError(f"rank 0 sent a control message that is not a mapping "
                           f"({type(msg).__name__}); all ranks must run the same splitfed "
                           "version")
-    if "stop" in msg:
-        if not isinstance(msg["stop"], str):
-            raise FormatError("rank 0 sent a stop message without a reason; all ranks must "
-                              "run the same splitfed version")
-        raise StopRun(msg["stop"])
+    reason = stop_reason(msg)
+    if reason is not None:
+        raise StopRun(reason)
     for name, (what, check) in fields.items():
         if name not in msg or not check(msg[name]):
             raise FormatError(f"rank 0 sent a control message whose {name!r} is not "
@@ -274,8 +268,7 @@ class RoundControl:
         if self.links.is_server:
             msg = {"round": self.env.ledger.round, "ids": cohort.ids.tolist(),
                    "lost": dict(self.links.lost), "now": clock.now}
-            for r in self.links.live_clients():
-                self.links.send_object(r, msg)
+            self.links.send_all(msg)
         elif msg["ids"] != cohort.ids.tolist() or msg["round"] != self.env.ledger.round:
             raise SplitfedError(f"out of step with rank 0 at round "
                                f"{msg['round']} (cohort {msg['ids']} here "

@@ -211,8 +211,7 @@ def _serve(links: Links, cfg: RunConfig, *, options: RuntimeOptions,
              "resume": None if ckpt is None else {k: ckpt[k] for k in (
                  "round", "streams", "clock", "ledger", "components", "state")}}
     algorithm = build_algorithm(cfg)
-    for r in links.live_clients():          # the client ranks build while rank 0 does
-        links.send_object(r, hello)
+    links.send_all(hello)                   # the client ranks build while rank 0 does
     env = build_environment(cfg)
     control = adapt(env, links, options.delay_scale)
     state, start, wall0, resumed, sinks = None, 1, 0.0, [], None

@@ -202,7 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     except SplitfedError as e:
         print(f"splitfed: error: {e}", file=sys.stderr, flush=True)
         return _report(rank, 2)
-    links = Links(rank, world, args.timeout, secret=secret)
+    links = Links(rank, world, args.timeout, secret=secret,
+                  client_timeout_s=args.client_timeout)
     code = 0
     try:
         if rank == 0:
@@ -219,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     exit_code = _report(rank, code)
-    if links.lost or code:
+    if links.lost or links.abandoned or code:
         os._exit(exit_code)           # abandoned links: skip gloo's orderly shutdown
     dist.destroy_process_group()
     return exit_code
@@ -250,9 +251,9 @@ def _serve(args, links, serve, options) -> int:
             result = serve(links, load_config(args.config, args.overrides,
                                               plugins=args.plugin),
                            options=options, run_dir=args.run_dir)
-    except SplitfedError as e:
+    except SplitfedError as e:        # reported first: the stop may wait for a hung rank
+        print(f"splitfed: error: {e}", file=sys.stderr, flush=True)
         links.stop_all(f"error: {e}")
-        print(f"splitfed: error: {e}", file=sys.stderr)
         return 2
     except BaseException:
         links.stop_all("error")

@@ -27,6 +27,14 @@ daemon threads and abandons a wait that misses its deadline. A client rank waits
 without a deadline of its own (gloo's process-group timeout applies) and stops when
 rank 0 is gone.
 
+Control messages travel under their own tag (:data:`_CONTROL`; tensors under tag 0), so
+that a posted tensor receive never takes one, and a client rank always has a receive
+posted for rank 0's next control message: a stop reaches it at any point of a round,
+also while it waits in a transfer that rank 0 will no longer make (rank 0 failed mid-
+round). The client rank then ends the run as at a stop between rounds
+(:class:`StopRun`), and rank 0 sends every client rank its stop at once, so it neither
+waits ``timeout_s`` per client rank nor reports healthy ranks as lost.
+
 Control messages (:meth:`Links.send_object`: the run's config, the checkpoint's state on
 resuming, each round's cohort, stop) are plain data and tensors written with
 :func:`splitfed.safeio.dumps` and read with the weights-only loader (never unpickled),
@@ -62,15 +70,36 @@ _TAG = 32
 #: it was, so the receiver posts a zeroed buffer of the expected size plus the trailer
 #: and checks the count at its end (a short message leaves zeros there)
 _TRAILER = 8
+#: the tag of control messages (:meth:`Links.send_object`); tensors go under tag 0
+_CONTROL = 1
 _FOREVER = timedelta(days=3650)
+#: how often a client rank waiting in a transfer looks for a control message (seconds)
+_POLL_S = 0.05
 
 
 class ServerLost(RuntimeError):
     """A client rank's link to rank 0 failed: the server is gone."""
 
 
+class StopRun(Exception):
+    """Rank 0 ended the run (finished, diverged or failed)."""
+
+
+def stop_reason(msg) -> str | None:
+    """The reason of rank 0's stop message ``msg`` (a mapping with a text ``stop``);
+    None when ``msg`` is no stop message. A stop whose reason is not text is a
+    :class:`~splitfed.errors.FormatError`."""
+    if not isinstance(msg, dict) or "stop" not in msg:
+        return None
+    if not isinstance(msg["stop"], str):
+        raise FormatError("rank 0 sent a stop message without a reason; all ranks must "
+                          "run the same splitfed version")
+    return msg["stop"]
+
+
 class _Waiter:
-    """Daemon threads that wait on gloo works, so that rank 0 can give up on a wait."""
+    """Daemon threads that wait on gloo works, so that rank 0 can give up on a wait and
+    a client rank can take a control message while it waits in a transfer."""
 
     def __init__(self, threads: int):
         self._jobs: queue.Queue = queue.Queue()
@@ -79,16 +108,20 @@ class _Waiter:
 
     def _run(self) -> None:
         while True:
-            work, done, box = self._jobs.get()
+            work, timeout, done, box = self._jobs.get()
             try:
-                work.wait(_FOREVER)
+                work.wait() if timeout is None else work.wait(timeout)
             except Exception as e:  # noqa: BLE001 - reported to the waiting caller
                 box.append(e)
             done.set()
 
-    def submit(self, work) -> tuple[threading.Event, list]:
+    def submit(self, work, timeout: timedelta | None = _FOREVER
+               ) -> tuple[threading.Event, list]:
+        """Wait on ``work`` in a thread (``timeout`` None: gloo's process-group timeout);
+        returns the event set when the wait ends and the list that then holds its
+        exception, if any."""
         done, box = threading.Event(), []
-        self._jobs.put((work, done, box))
+        self._jobs.put((work, timeout, done, box))
         return done, box
 
 
@@ -120,7 +153,7 @@ class Links:
     """Point-to-point links between rank 0 and the client ranks (module doc)."""
 
     def __init__(self, rank: int, world_size: int, timeout_s: float,
-                 secret: str | None = None):
+                 secret: str | None = None, client_timeout_s: float | None = None):
         self.rank, self.world_size = int(rank), int(world_size)
         #: the control messages' HMAC key (None: no secret in use)
         self.key = message_key(secret)
@@ -132,7 +165,17 @@ class Links:
         #: bytes of control messages and metrics (not payload: not in the ledger)
         self.overhead_bytes = 0
         self.stopped = False
+        #: a client rank: seconds it waits for rank 0's next control message (None:
+        #: gloo's process-group timeout, as for its transfers)
+        self.client_timeout_s = client_timeout_s
+        #: a client rank left a transfer unfinished (rank 0 stopped the run mid-round):
+        #: the process must not wait for gloo's orderly shutdown
+        self.abandoned = False
         self._waiter = _Waiter(4 * world_size + 8) if self.is_server else None
+        #: a client rank: the receive posted for the next control message's length
+        #: (peer, frame, done, box), and control messages taken during a transfer
+        self._head: tuple | None = None
+        self._taken: list = []
 
     @property
     def is_server(self) -> bool:
@@ -151,13 +194,15 @@ class Links:
         print(f"splitfed: rank {rank} lost ({reason}); its clients are dropped from the "
               "rounds from now on", file=sys.stderr, flush=True)
 
-    def exchange(self, sends=(), recvs=()) -> set[int]:
+    def exchange(self, sends=(), recvs=(), *, tag: int = 0) -> set[int]:
         """Post ``(peer, tensor)`` sends and receives, wait for all; returns the peers
-        whose transfers failed (on rank 0; a client rank raises :class:`ServerLost`).
-        Each tensor travels with its byte count (:data:`_TRAILER`): a message of another
-        length than the receiving tensor's is a failed transfer, whose peer rank 0
-        drops, and the tensor is left as it was. (A message longer than the posted
-        buffer is beyond this: gloo aborts the receiving process.)"""
+        whose transfers failed (on rank 0; a client rank raises :class:`ServerLost`,
+        or :class:`StopRun` when rank 0's stop comes meanwhile). Each tensor travels
+        with its byte count (:data:`_TRAILER`): a message of another length than the
+        receiving tensor's is a failed transfer, whose peer rank 0 drops, and the
+        tensor is left as it was. (A message longer than the posted buffer is beyond
+        this: gloo aborts the receiving process.) ``tag``: 0 for tensors,
+        :data:`_CONTROL` for control messages."""
         works, failed, framed = [], set(), []
         for op, pairs in ((dist.isend, sends), (dist.irecv, recvs)):
             for peer, t in pairs:
@@ -167,18 +212,14 @@ class Links:
                 frame = _frame(t) if op is dist.isend else torch.zeros(
                     _nbytes(t) + _TRAILER, dtype=torch.uint8)
                 try:
-                    works.append((peer, op(frame, peer)))
+                    works.append((peer, op(frame, peer, tag=tag)))
                 except RuntimeError as e:
                     self._fail(peer, e, failed)
                     continue
                 if op is dist.irecv:
                     framed.append((peer, t, frame))
         if not self.is_server:
-            for peer, w in works:
-                try:
-                    w.wait()
-                except RuntimeError as e:
-                    self._fail(peer, e, failed)
+            self._client_wait(works, failed)
         else:
             pending = [(peer, *self._waiter.submit(w)) for peer, w in works]
             deadline = time.monotonic() + self.timeout_s
@@ -195,9 +236,32 @@ class Links:
                 self._fail(peer, RuntimeError(wrong), failed)
         return failed
 
+    def _client_wait(self, works, failed: set) -> None:
+        """A client rank waits for its transfers (gloo's process-group timeout), and
+        takes any control message rank 0 sends meanwhile: a stop ends the wait
+        (:class:`StopRun`), another is kept for :meth:`recv_object`."""
+        if self._waiter is None:
+            self._waiter = _Waiter(8)
+        pending = [(peer, *self._waiter.submit(w, None)) for peer, w in works]
+        for peer, done, box in pending:
+            while not done.wait(_POLL_S):
+                if self._head is not None and self._head[2].is_set():
+                    msg = self._take_control()
+                    reason = stop_reason(msg)
+                    if reason is not None:
+                        self.abandoned = True
+                        raise StopRun(reason)
+                    self._taken.append(msg)
+            if box:
+                self._fail(peer, box[0], failed)
+
     def _fail(self, peer: int, error, failed: set) -> None:
         if not self.is_server:
-            raise ServerLost(f"the link to the server (rank 0) failed: {error}") from error
+            why = error
+            if error is None:
+                timeout = self._client_timeout()
+                why = "no answer" + ("" if timeout is None else f" within {timeout:g} s")
+            raise ServerLost(f"the link to the server (rank 0) failed: {why}") from error
         failed.add(peer)
         reason = (f"no answer within {self.timeout_s:g} s" if error is None
                   else str(error).split(". ")[0])
@@ -208,45 +272,113 @@ class Links:
     def send_object(self, peer: int, obj) -> bool:
         """Send ``obj`` (plain data and tensors, :mod:`splitfed.safeio`) to ``peer`` with
         its HMAC; False if the peer is lost."""
-        body = safeio.dumps(obj)
-        if self.key is not None:
-            body += sign(self.key, self.rank, peer, self._sent[peer], body)
-        self._sent[peer] += 1
-        data = torch.frombuffer(bytearray(body), dtype=torch.uint8)
-        head = torch.tensor([data.numel()], dtype=torch.int64)
-        self.overhead_bytes += 8 + data.numel()
-        return not (self.exchange(sends=[(peer, head)])
-                    or self.exchange(sends=[(peer, data)]))
+        return peer not in self.send_objects({peer: obj})
+
+    def send_objects(self, objs: dict) -> set[int]:
+        """:meth:`send_object` for ``{peer: obj}``, to all the peers at once (one
+        deadline for them all, not one after another); returns the peers lost."""
+        heads, bodies = [], []
+        for peer, obj in objs.items():
+            body = safeio.dumps(obj)
+            if self.key is not None:
+                body += sign(self.key, self.rank, peer, self._sent[peer], body)
+            self._sent[peer] += 1
+            data = torch.frombuffer(bytearray(body), dtype=torch.uint8)
+            heads.append((peer, torch.tensor([data.numel()], dtype=torch.int64)))
+            bodies.append((peer, data))
+            self.overhead_bytes += 8 + data.numel()
+        failed = self.exchange(sends=heads, tag=_CONTROL)
+        return failed | self.exchange(sends=[(p, d) for p, d in bodies if p not in failed],
+                                      tag=_CONTROL)
+
+    def send_all(self, obj) -> set[int]:
+        """Rank 0: :meth:`send_objects` of ``obj`` to every live client rank."""
+        return self.send_objects({r: obj for r in self.live_clients()})
 
     def recv_object(self, peer: int):
         """The next object ``peer`` sent with :meth:`send_object` (a client rank: from
         rank 0 only; the server talks first). A message without the right HMAC, or that
         holds anything but plain data and tensors, raises (``AuthError``,
-        :class:`~splitfed.errors.FormatError`) without being loaded."""
+        :class:`~splitfed.errors.FormatError`) without being loaded. None when the
+        link failed (on rank 0; a client rank raises :class:`ServerLost`)."""
+        if self._taken:
+            return self._taken.pop(0)
+        return self._take_control(peer)
+
+    def _post_head(self, peer: int) -> None:
+        """Post the receive of the next control message's length from ``peer``."""
+        if self._waiter is None:
+            self._waiter = _Waiter(8)
+        frame = torch.zeros(8 + _TRAILER, dtype=torch.uint8)
+        try:
+            work = dist.irecv(frame, peer, tag=_CONTROL)
+        except RuntimeError as e:
+            self._fail(peer, e, set())
+            return
+        self._head = (peer, frame, *self._waiter.submit(work))
+
+    def _take_control(self, peer: int = SERVER_RANK):
+        """The next control message from ``peer``, checked and loaded (None: the link
+        failed, on rank 0); then, on a client rank, post the receive of the next one
+        unless this one stops the run."""
+        body = self._receive_control(peer)
+        if body is None:
+            return None
+        if self.key is not None:
+            body, tag = body[:-_TAG], body[-_TAG:]
+            verify(self.key, peer, self.rank, self._received[peer], body, tag)
+        self._received[peer] += 1
+        msg = safeio.loads(body, what=f"a control message from rank {peer}")
+        if not self.is_server and stop_reason(msg) is None:
+            self._post_head(peer)
+        return msg
+
+    def _receive_control(self, peer: int) -> bytes | None:
+        """The bytes of the next control message from ``peer`` (HMAC included), waited
+        for within the client timeout on a client rank (``timeout_s`` on rank 0)."""
+        if self._head is None or self._head[0] != peer:
+            self._post_head(peer)
+            if self._head is None:
+                return None
+        _, frame, done, box = self._head
+        limit = self.timeout_s if self.is_server else self._client_timeout()
+        if not done.wait(limit):
+            self._head = None
+            self._fail(peer, None, set())
+            return None
+        self._head = None
         head = torch.zeros(1, dtype=torch.int64)
-        if self.exchange(recvs=[(peer, head)]):
+        wrong = _unframe(frame, head) if not box else None
+        if box or wrong is not None:
+            self._fail(peer, box[0] if box else RuntimeError(wrong), set())
             return None
         n = int(head[0])
         if not 0 < n <= MAX_MESSAGE or (self.key is not None and n <= _TAG):
             raise FormatError(f"a control message from rank {peer} announces {n} bytes; "
                               "refused")
         data = torch.empty(n, dtype=torch.uint8)
-        if self.exchange(recvs=[(peer, data)]):
+        if self.exchange(recvs=[(peer, data)], tag=_CONTROL):
             return None
         self.overhead_bytes += 8 + data.numel()
-        body = data.numpy().tobytes()
-        if self.key is not None:
-            body, tag = body[:-_TAG], body[-_TAG:]
-            verify(self.key, peer, self.rank, self._received[peer], body, tag)
-        self._received[peer] += 1
-        return safeio.loads(body, what=f"a control message from rank {peer}")
+        return data.numpy().tobytes()
+
+    def _client_timeout(self) -> float | None:
+        """A client rank's wait for rank 0: :attr:`client_timeout_s`, else gloo's
+        process-group timeout (None: unknown, no limit)."""
+        if self.client_timeout_s is not None:
+            return float(self.client_timeout_s)
+        try:
+            group = dist.distributed_c10d._get_default_group()
+            return group._get_backend(torch.device("cpu")).options._timeout.total_seconds()
+        except Exception:  # noqa: BLE001 - no group, or another torch: wait without limit
+            return None
 
     def stop_all(self, reason: str) -> None:
-        """Rank 0: tell every live client rank, once, that the run ends."""
+        """Rank 0: tell every live client rank, once, that the run ends (all at once:
+        a client rank waiting in a transfer takes it too, module doc)."""
         if self.is_server and not self.stopped:
             self.stopped = True
-            for r in self.live_clients():
-                self.send_object(r, {"stop": reason})
+            self.send_all({"stop": reason})
 
     # ------------------------------------------------------------------ rows
 
