@@ -9,6 +9,7 @@ import pytest
 from splitfed.algorithms.fedavg import FedAvg
 from splitfed.cli import main
 from splitfed.config import build_config
+from splitfed.experiment import run_experiment
 from splitfed.plan import build_plan
 
 TINY = ("name: t\nseed: 0\nrounds: 3\nprogress: false\nalgorithm: {name: fedavg}\n"
@@ -133,3 +134,39 @@ def test_a_bad_config_fails_as_the_run_would(here, capsys, override, match):
 def test_dry_run_takes_no_resume(here, capsys):
     assert main(["run", "--resume", "runs/x", "--dry-run"]) == 2
     assert "does not take --resume" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("algorithm", ["fedavg", "scaffold", "scaffold_plus", "fedclg_c",
+                                       "fedclg_s", "clgsgd"])
+def test_the_planned_bytes_of_a_round_are_what_the_run_sends(here, algorithm):
+    """Full participation: the plan's bytes per client (the model each way, and the
+    gradient transforms' messages: SCAFFOLD's control variates both ways, FedCLG-C's
+    server gradient down, FedCLG-S's client gradients up) times the clients are the
+    bytes the run's ledger records in its first round."""
+    cfg = build_config({"name": "t", "rounds": 1, "progress": False,
+                        "algorithm": {"name": algorithm}, "data": {"name": "digits"},
+                        "model": {"name": "mlp", "hidden": [8]},
+                        "partition": {"scheme": "iid", "num_clients": 4},
+                        "train": {"batch_size": 8, "local_steps": 2, "local_epochs": None},
+                        "checkpoint_every": 0, "out_dir": str(here / "runs")})
+    b = build_plan(cfg)["model"]["bytes"]
+    records = run_experiment(cfg, write=False).records
+    first = next(r for r in records if r["round"] == 1)
+    assert first["bytes_down"] == 4 * (b["model"] + b["messages_down"])
+    assert first["bytes_up"] == 4 * (b["model"] + b["messages_up"])
+    assert b["cut_up"] == b["cut_down"] == 0
+    sent = {"scaffold": (1, 1), "scaffold_plus": (1, 1), "fedclg_c": (1, 0),
+            "fedclg_s": (0, 1)}.get(algorithm, (0, 0))
+    assert (b["messages_down"], b["messages_up"]) == tuple(n * b["model"] for n in sent)
+
+
+@pytest.mark.parametrize("returned", [(1.5, 0), (-1, 0), 7, (True, 0), (1, 2, 3)])
+def test_a_transform_whose_message_bytes_are_not_two_counts_is_named(returned):
+    from types import SimpleNamespace
+
+    from splitfed.engine.loop import message_bytes
+    from splitfed.errors import PluginError
+
+    step = SimpleNamespace(name="mine", message_bytes=lambda env, part: returned)
+    with pytest.raises(PluginError, match=r"transform 'mine': message_bytes must return"):
+        message_bytes(SimpleNamespace(gradient_transforms=[step]), None, 10)

@@ -18,9 +18,10 @@ algorithm, FedLoRA's adapters and head) once a round, and a split algorithm move
 its ``cut_bytes`` says (SL and SFL: every training sample's activations, in the model's
 dtype, and label up and their gradient down; MU-SplitFed and GAS: 2 q + 1 activation
 tensors and the labels up and q scalars down per step; CSE-FSL: one batch in its upload
-rounds), on average over the run's rounds and the participation's clients. Messages
-the model does not imply (SCAFFOLD's control variates, for one) are counted by the
-ledger of a real run. The clients' compute of a round is the algorithm's ``client_macs``
+rounds), on average over the run's rounds and the participation's clients; the
+gradient transforms add what their ``message_bytes`` says (SCAFFOLD's control variates
+both ways, FedCLG-C's server gradient down, FedCLG-S's client gradients up). The
+clients' compute of a round is the algorithm's ``client_macs``
 (one forward and one backward pass per training sample, or what its clients compute
 instead: MU-SplitFed's and GAS's 2 q + 1 forward passes, CSE-FSL's auxiliary heads),
 on average over the rounds and the participation's clients as the bytes are.
@@ -204,11 +205,15 @@ def _model(algorithm, env) -> dict:
                    client_parameters=_params(client), server_parameters=_params(server))
     if algorithm.federated:
         steps = local_steps_of(algorithm, env, np.arange(len(env.data_sizes)))
-        macs, model_bytes, up, down = client_work(algorithm, env, steps)
+        macs, model_bytes, up, down, (extra_down, extra_up) = client_work(
+            algorithm, env, steps)
         share = _round_share(env)
         out["client_macs_per_round"] = float((share * macs).sum())
         out["bytes"] = {"model": int(model_bytes), "cut_up": float((share * up).sum()),
-                        "cut_down": float((share * down).sum())}
+                        "cut_down": float((share * down).sum()),
+                        "messages_down": int(extra_down), "messages_up": int(extra_up),
+                        "messages_of": [t.name for t in algorithm.gradient_transforms
+                                        if any(t.message_bytes(env, model_bytes))]}
     return out
 
 
@@ -295,11 +300,15 @@ def format_plan(plan: dict, config: str | None = None) -> str:
         what = "its part of the model" if m["cut"] is not None else "the model"
         text = f"per client and round, {what}: {_bytes(b['model'])} down, " \
                f"{_bytes(b['model'])} up"
+        extra = b["messages_down"] + b["messages_up"]
+        if extra:
+            text += (f", and the messages of {', '.join(b['messages_of'])}: "
+                     f"{_bytes(b['messages_down'])} down, {_bytes(b['messages_up'])} up")
         if b["cut_up"] or b["cut_down"]:
             text += (f"; at the cut, all clients of a round: {_bytes(b['cut_up'])} up, "
                      f"{_bytes(b['cut_down'])} down (what {a['name']} sends there)")
         clients = c["kept"] if c["kept"] is not None else c["per_round"]["mean"]
-        total = 2 * b["model"] * clients + b["cut_up"] + b["cut_down"]
+        total = (2 * b["model"] + extra) * clients + b["cut_up"] + b["cut_down"]
         text += f"; about {_bytes(total)} a round"
         rows.append(("communication", text))
     ck = plan["checkpoint_every"]

@@ -85,7 +85,7 @@ def test_split_prediction_counts_the_cut_layer_traffic():
     uplinks the kept clients are those with the fastest uplinks."""
     cfg = _config("sflv1")
     env = build_environment(cfg)
-    macs, model, up, down = client_work(build_algorithm(cfg), env, K)
+    macs, model, up, down, messages = client_work(build_algorithm(cfg), env, K)
     client, _ = split(env.model, env.cut)
     assert model == payload_bytes(client.state_dict(), per_client=False)
     assert down == K * B * 32 * 4                            # cut 1 of mlp [32, 16]

@@ -211,6 +211,10 @@ class ClientCorrection(CLGCorrection):
     reference = "Bian et al. (paper 004), FedCLG-C, eq. 10"
     clients_wait_for_g_s = True
 
+    def message_bytes(self, env, part_bytes):
+        """g^s_t down (the size of the model)."""
+        return part_bytes, 0
+
     def correction(self, env, t, cohort, g_s, g_i, round_):
         g_s = env.transport.broadcast("model", cohort.ids, g_s)
         return _StepCorrection({n: g_s[n].unsqueeze(0) - g_i[n] for n in g_i})
@@ -238,6 +242,10 @@ class AggregateCorrection(CLGCorrection):
     name = "fedclg_s"
     reference = "Bian et al. (paper 004), FedCLG-S, eq. 11"
     needs_rate = True                     # eta_g: the rate step's global_lr
+
+    def message_bytes(self, env, part_bytes):
+        """g^i_t up (the size of the model)."""
+        return 0, part_bytes
 
     @torch.no_grad()
     def correction(self, env, t, cohort, g_s, g_i, round_):

@@ -72,6 +72,10 @@ class ScaffoldControls(GradientTransform):
         return {"control": {k: torch.zeros_like(v) for k, v in params.items()},
                 "client_controls": {k: v.new_zeros(n, *v.shape) for k, v in params.items()}}
 
+    def message_bytes(self, env, part_bytes):
+        """c down and Delta c_i up, each the size of the trained part."""
+        return part_bytes, part_bytes
+
     def start(self, env, state, t, cohort, round_):
         c = env.transport.broadcast("model", cohort.ids, state["control"])
         return _ControlRound(env, state, c, t, cohort)

@@ -134,13 +134,34 @@ def client_work(algorithm, env, steps, t: int | None = None, sizes=None) -> tupl
     over-selection's prediction (:meth:`~splitfed.engine.clock.VirtualClock.keep_fastest`)
     and ``--dry-run``'s plan: (MACs it computes: the algorithm's ``client_macs``, bytes
     of its model part each way, bytes up and down at the cut: the algorithm's
-    ``cut_bytes``). ``sizes``: :func:`work_sizes`, when the caller keeps them."""
+    ``cut_bytes``, bytes down and up of its gradient transforms' messages:
+    :func:`message_bytes`). ``sizes``: :func:`work_sizes`, when the caller keeps them."""
     macs, model, acts, label = work_sizes(algorithm, env) if sizes is None else sizes
     name = env.config.algorithm.name
     up, down = call_algorithm(name, "cut_bytes", algorithm.cut_bytes, env, acts, label,
                               steps, t)
     computed = call_algorithm(name, "client_macs", algorithm.client_macs, env, macs, steps, t)
-    return computed, model, up, down
+    return computed, model, up, down, message_bytes(algorithm, env, model)
+
+
+def message_bytes(algorithm, env, part_bytes: int) -> tuple[int, int]:
+    """The bytes (down, up) a participant exchanges in a round for ``algorithm``'s
+    gradient transforms (their ``message_bytes``: SCAFFOLD's control variates, FedCLG's
+    gradients), beyond its part of the model, ``part_bytes`` each way."""
+    down = up = 0
+    for step in algorithm.gradient_transforms:
+        got = step.message_bytes(env, part_bytes)
+        if (not isinstance(got, tuple) or len(got) != 2
+                or not all(_whole_bytes(b) for b in got)):
+            raise PluginError(f"transform {step.name!r}: message_bytes must return two "
+                              f"whole numbers of bytes >= 0 (down, up); it returned {got!r}")
+        down, up = down + int(got[0]), up + int(got[1])
+    return down, up
+
+
+def _whole_bytes(value) -> bool:
+    return (isinstance(value, numbers.Integral) and not isinstance(value, bool)
+            and value >= 0)
 
 
 def local_steps_of(algorithm, env, ids: np.ndarray) -> np.ndarray:
@@ -154,9 +175,10 @@ def local_steps_of(algorithm, env, ids: np.ndarray) -> np.ndarray:
 
 def _over_select(algorithm, env, cohort, sizes, t: int):
     """Keep round ``t``'s ``clock.keep`` predicted-fastest clients (over-selection)."""
-    macs, model, up, down = client_work(algorithm, env, local_steps_of(algorithm, env,
-                                                                       cohort.ids), t, sizes)
-    return env.clock.keep_fastest(cohort, macs, model + up, model + down)
+    macs, model, up, down, (extra_down, extra_up) = client_work(
+        algorithm, env, local_steps_of(algorithm, env, cohort.ids), t, sizes)
+    return env.clock.keep_fastest(cohort, macs, model + up + extra_up,
+                                  model + down + extra_down)
 
 
 #: the statuses that end a run before its last round: a checkpoint with one is final

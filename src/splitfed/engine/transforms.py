@@ -136,6 +136,13 @@ class GradientTransform(Transform):
     #: refuses it
     needs_rate: ClassVar[bool] = False
 
+    def message_bytes(self, env, part_bytes: int) -> tuple[int, int]:
+        """The bytes (down, up) a participant exchanges for this transform in a round,
+        beyond its part of the model (``part_bytes``, each way): what the run's ledger
+        will record of its messages, for over-selection's prediction and ``--dry-run``.
+        Default: none."""
+        return 0, 0
+
     def start(self, env, state: dict | None, t: int, cohort,
               round_) -> GradientRound | Update | None:
         """Open round ``t`` for ``cohort``; ``round_`` is the :class:`~splitfed.engine.
