@@ -389,6 +389,32 @@ def test_a_finished_run_whose_records_were_cut_short_is_refused_before_any_run(
         run_study(path, out_dir=out, quiet=True)
 
 
+@pytest.mark.parametrize("text, why", [
+    ('{"name": "tiny", "status": "compl', "not JSON"),        # torn
+    ("", "not JSON"),                                           # empty
+    ("[1, 2]", "not a JSON object"),
+    ('{"name": "tiny"}', "no status")])
+def test_a_finished_run_whose_summary_is_damaged_is_refused_before_any_run(
+        done, tmp_path, monkeypatch, text, why):
+    """A run writes summary.json once, whole, when it ends: one that is there but is not
+    a JSON object is damaged, not a sign of an unfinished run to resume (which would
+    rewrite it without provenance, and the next study would rerun it as stale)."""
+    path, out = _copy(done, tmp_path)
+    run = out / "tiny_study" / "runs" / "fl-partition.alpha-0.5-s0"
+    (run / "summary.json").write_text(text)
+    before = {p: p.read_bytes() for p in run.iterdir()}
+    _forbid_runs(monkeypatch)
+    monkeypatch.setattr(runner, "run_point", lambda *a, **k: pytest.fail("a run started"))
+    with pytest.raises(FormatError) as caught:
+        run_study(path, out_dir=out, quiet=True)
+    message = str(caught.value)
+    assert message.startswith(f"{run / 'summary.json'}: {why}")
+    assert message.endswith(f"the finished run in {run} is damaged: delete that directory "
+                            "to run it again")
+    assert "\n" not in message
+    assert {p: p.read_bytes() for p in run.iterdir()} == before
+
+
 def test_damaged_study_directories_are_refused_before_any_run(done, tmp_path, monkeypatch):
     path, out = _copy(done, tmp_path)
     run = out / "tiny_study" / "runs" / "fl-partition.alpha-0.5-s0"

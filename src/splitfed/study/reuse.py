@@ -7,7 +7,8 @@ where a side has none, the git commit when both sides know it).
 ``done`` (reusable), ``unfinished`` (the identical config, not finished: resumed from
 its checkpoint or rerun), ``stale`` (finished, identical config, other code: rerun, or
 kept and marked when the study is told to keep stale runs). Anything else (another
-config, files that are not a run, damaged files) raises, naming the directory.
+config, files that are not a run, damaged files such as a ``summary.json`` that is not a
+JSON object) raises, naming the directory.
 """
 
 from __future__ import annotations
@@ -22,10 +23,10 @@ from typing import Any
 
 from splitfed.config import RunConfig, build_config
 from splitfed.configtools import load_yaml, to_dict, yaml_round_trip
-from splitfed.errors import ConfigError
+from splitfed.errors import ConfigError, FormatError
 from splitfed.experiment import RUN_FILES
 from splitfed.locking import LOCK_NAME
-from splitfed.files import MAX_SUMMARY_BYTES, read_json_object
+from splitfed.files import MAX_SUMMARY_BYTES, loads_json, read_json_object, read_regular
 from splitfed.study.spec import StudyRun
 
 FINISHED = ("completed", "diverged", "no_client_trained")  # rerunning gives the same run
@@ -202,13 +203,38 @@ def run_dir_state(run: StudyRun, current: Mapping | None = None) -> RunDirState:
         raise ConfigError(f"{d} holds a run of a different config (differs at "
                           f"{', '.join(diff[:5])}); delete it to rerun, or use another "
                           "study name or out_dir")
-    summary = read_json(d / "summary.json")
+    summary = read_summary(d) or {}
     if not (summary.get("status") in FINISHED and (d / "metrics.jsonl").is_file()):
         return RunDirState("unfinished")
     recorded = summary.get("provenance")
     recorded = dict(recorded) if isinstance(recorded, Mapping) else None
     same, note = compare_code(recorded, current if current is not None else current_code())
     return RunDirState("done" if same else "stale", recorded, note)
+
+
+def read_summary(run_dir: Path) -> dict | None:
+    """``run_dir/summary.json`` as a dict; None when there is none. A run writes it once,
+    whole, when it ends, so one that is there but is not a JSON object with a ``status``
+    (torn, empty, too large, unreadable, a list) is damaged: a
+    :class:`~splitfed.errors.FormatError` names the file and the directory to delete.
+    Read as it is, the run would count as unfinished and be resumed into a summary with
+    no provenance."""
+    path = run_dir / "summary.json"
+    if not path.exists() and not path.is_symlink():
+        return None
+    try:
+        data = loads_json(read_regular(path, str(path), MAX_SUMMARY_BYTES))
+        why = None if isinstance(data, dict) else "not a JSON object"
+        if why is None and not isinstance(data.get("status"), str):
+            why = "no status"
+    except FormatError as e:                  # not a regular file, too large
+        why = str(e).removeprefix(f"{path}: ")
+    except (OSError, ValueError) as e:        # unreadable, not UTF-8, not JSON
+        why = f"not JSON ({e})" if isinstance(e, ValueError) else f"cannot read it ({e})"
+    if why is None:
+        return data
+    raise FormatError(f"{path}: {why}; the finished run in {run_dir} is damaged: delete "
+                      "that directory to run it again")
 
 
 def read_json(path: Path, max_bytes: int = MAX_SUMMARY_BYTES) -> dict:
