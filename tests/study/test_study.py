@@ -389,6 +389,56 @@ def test_a_finished_run_whose_records_were_cut_short_is_refused_before_any_run(
         run_study(path, out_dir=out, quiet=True)
 
 
+def _edit_summary(run, **changes):
+    summary = json.loads((run / "summary.json").read_text())
+    (run / "summary.json").write_text(json.dumps({**summary, **changes}, indent=2))
+
+
+@pytest.mark.parametrize("run_name, status, why", [
+    ("fl-partition.alpha-0.5-s0", "diverged", "no non-finite loss or accuracy in any round"),
+    ("fl-partition.alpha-0.5-s0", "no_client_trained",
+     "no divergence and clients trained in round 1"),
+    ("central-partition.alpha-inf-s0", "no_client_trained", "no divergence")])
+def test_a_finished_run_whose_status_its_records_contradict_is_refused(
+        done, tmp_path, monkeypatch, run_name, status, why):
+    """The table and the exit status take a reused run's status from summary.json: it
+    must be the one its metrics.jsonl gives, not one written by hand."""
+    path, out = _copy(done, tmp_path)
+    run = out / "tiny_study" / "runs" / run_name
+    _edit_summary(run, status=status)
+    _forbid_runs(monkeypatch)
+    monkeypatch.setattr(runner, "run_point", lambda *a, **k: pytest.fail("a run started"))
+    with pytest.raises(FormatError) as caught:
+        run_study(path, out_dir=out, quiet=True)
+    assert str(caught.value) == (
+        f"{run / 'summary.json'} says the run ended {status!r} but metrics.jsonl records "
+        f"{why}; the finished run in {run} is damaged: delete that directory to run it "
+        "again")
+
+
+def test_a_finished_run_whose_records_contradict_its_status_is_refused(done, tmp_path,
+                                                                        monkeypatch):
+    """Records of a federated run in which no client trained are those of a
+    ``no_client_trained`` run, not a ``completed`` one; records that stop before the
+    last round without diverging are those of no finished run."""
+    path, out = _copy(done, tmp_path)
+    run = out / "tiny_study" / "runs" / "fl-partition.alpha-0.5-s0"
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    _forbid_runs(monkeypatch)
+    idle = [{**r, "clients_used": 0} if r["round"] > 0 else r for r in records]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in idle))
+    with pytest.raises(FormatError, match="fl-partition.alpha-0.5-s0/summary.json says "
+                                          "the run ended 'completed' but metrics.jsonl "
+                                          "records no divergence and no client trained "
+                                          "in any round; .* is damaged"):
+        run_study(path, out_dir=out, quiet=True)
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records[:-1]))
+    _edit_summary(run, rounds=records[-2]["round"])
+    with pytest.raises(FormatError, match="records no divergence and its last round is 1, "
+                                          "not the run's last round 2; .* is damaged"):
+        run_study(path, out_dir=out, quiet=True)
+
+
 @pytest.mark.parametrize("text, why", [
     ('{"name": "tiny", "status": "compl', "not JSON"),        # torn
     ("", "not JSON"),                                           # empty
