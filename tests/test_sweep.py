@@ -34,6 +34,13 @@ def test_parse_axes_reads_yaml_values_split_at_top_level_commas():
     (["train..lr=1,2"], "must look like"),
     (["train.lr="], "gives no value"),
     (["train.lr=0.1,0.2", "train.lr=0.3,0.4"], "'train.lr' is given twice"),
+    (["train.lr=0.1,0.2", "train.lr=0.3"], "'train.lr' is given twice"),
+    # a section written as a mapping sets the keys inside it: the same error
+    (["train.lr=0.1,0.2", "train={lr: 0.3}"], "^sweep: 'train.lr' is given twice; give all "
+                                              "its values at once, train.lr=v1,v2,...$"),
+    (["train={lr: 0.3, batch_size: 4}", "train.lr=0.1,0.2"], "'train.lr' is given twice"),
+    (["train.lr=0.3", "train={lr: 0.4}"], "'train.lr' is given twice"),
+    (["train={lr: 0.1},{lr: 0.2}", "train.lr=0.3"], "'train.lr' is given twice"),
     (["train.lr=0.1,0.1"], "repeats a value: the number 0.1 is given twice"),
     (["train.lr=0.1,1e-1"], "repeats a value: the number 0.1 is given twice"),
     (["partition.alpha=1,1.0"], "the number 1 and the number 1.0 are the same number"),
@@ -48,6 +55,14 @@ def test_parse_axes_reads_yaml_values_split_at_top_level_commas():
 def test_parse_axes_errors_name_the_item(items, match):
     with pytest.raises(ConfigError, match=match):
         parse_axes(items)
+
+
+def test_a_section_override_beside_an_axis_of_other_keys_is_kept():
+    axes, over = parse_axes(["train.lr=0.1,0.2", "train={batch_size: 4}", "rounds=2"])
+    assert axes == {"train.lr": [0.1, 0.2]}
+    assert over == ["train={batch_size: 4}", "rounds=2"]
+    axes, over = parse_axes(["train={lr: 0.1},{lr: 0.2}", "train.batch_size=4"])
+    assert axes == {"train": [{"lr": 0.1}, {"lr": 0.2}]} and over == ["train.batch_size=4"]
 
 
 def test_default_name():

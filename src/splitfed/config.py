@@ -342,6 +342,14 @@ def keys_overlap(a: str, b: str) -> bool:
     return _all_options(x, y) or _all_options(y, x)
 
 
+def key_covers(outer: str, key: str) -> bool:
+    """Whether setting dotted key ``outer`` sets all of what setting ``key`` sets: ``key``
+    is ``outer`` or inside it (an option spelled flat or under its section's ``options``;
+    ``section.options`` holds every option of the section)."""
+    x, y = _option_key(key), _option_key(outer)
+    return x == y or x.startswith(y + ".") or _all_options(y, x)
+
+
 def _option_key(key: str) -> str:
     """``section.options.name...`` as ``section.name...`` for an open section."""
     section, _, rest = key.partition(".")

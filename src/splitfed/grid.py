@@ -4,17 +4,41 @@ malformed value is answered at once (:mod:`splitfed.sweep`)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from splitfed.configtools import value_text, yaml_load
 from splitfed.errors import ConfigError
 
 
+def set_keys(key: str, value: Any) -> list[str]:
+    """The dotted keys that setting ``key`` to ``value`` sets: ``key`` itself, or, for a
+    section written as a mapping (``train={lr: 0.3}``, merged into the config's section),
+    the keys it sets inside it (``train.lr``)."""
+    if isinstance(value, Mapping) and value:
+        return [k for sub, v in value.items() for k in set_keys(f"{key}.{sub}", v)]
+    return [key]
+
+
+def axis_keys(key: str, values: Any) -> list[str]:
+    """The dotted keys that an axis ``key`` sets in every run: those that each of its
+    ``values`` sets (:func:`set_keys`); ``key`` itself when ``values`` is not a list."""
+    if not isinstance(values, list) or not values:
+        return [key]
+    each = [set_keys(key, v) for v in values]
+    return [k for k in each[0] if all(k in keys for keys in each[1:])]
+
+
 def parse_axes(items: list[str]) -> tuple[dict[str, list[Any]], list[str]]:
     """``["train.lr=0.01,0.1", "rounds=5"]`` -> (axes ``{"train.lr": [0.01, 0.1]}``,
-    overrides ``["rounds=5"]``). ConfigError names a malformed item."""
+    overrides ``["rounds=5"]``). ConfigError names a malformed item, and a key given
+    twice: an axis twice, or a value that an override sets and another item sets too
+    (compared by the keys they set, :func:`set_keys`: ``train={lr: 0.3}`` sets
+    ``train.lr``), since one of them would reach no run."""
     axes: dict[str, list[Any]] = {}
     overrides: list[str] = []
+    by_axis: set[str] = set()              # the keys that earlier axes set in every run
+    by_override: set[str] = set()          # and that earlier overrides set
     for item in items:
         key, sep, text = item.partition("=")
         key = key.strip()
@@ -25,10 +49,15 @@ def parse_axes(items: list[str]) -> tuple[dict[str, list[Any]], list[str]]:
                            exponents=True)
         if not values:
             raise ConfigError(f"sweep: '{item}' gives no value; write key=v1,v2,...")
-        if key in axes or any(o.partition("=")[0] == key for o in overrides):
-            raise ConfigError(f"sweep: '{key}' is given twice; give all its values at once, "
-                              f"{key}=v1,v2,...")
-        if len(values) == 1:
+        single = len(values) == 1
+        mine = set_keys(key, values[0]) if single else axis_keys(key, values)
+        twice = [k for k in mine if k in by_override or (single and k in by_axis)]
+        if key in axes or twice:
+            twice = twice[0] if twice else key
+            raise ConfigError(f"sweep: '{twice}' is given twice; give all its values at "
+                              f"once, {twice}=v1,v2,...")
+        (by_override if single else by_axis).update(mine)
+        if single:
             overrides.append(item)
         else:
             check_distinct(values, f"sweep: '{item}'")

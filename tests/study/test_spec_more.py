@@ -82,6 +82,51 @@ def test_set_of_a_key_the_grid_sets_in_every_run_is_refused(tmp_path, key, axis,
     assert {r.config.train.batch_size for r in study.runs} == {4}
 
 
+@pytest.mark.parametrize("item, key, axis", [
+    ("train={lr: 0.3}", "train.lr", "train.lr"),
+    ("train={lr: 0.3, batch_size: 4}", "train.lr", "train.lr"),
+    ("model={options: {hidden: [4]}}", "model.options.hidden", "model.hidden"),
+    ("model={hidden: [4]}", "model.hidden", "model.hidden")])
+def test_set_of_a_section_holding_a_key_the_grid_sets_is_refused(tmp_path, item, key, axis):
+    """A section written as a mapping is merged into the config's section: it sets the
+    keys inside it, and one the grid sets in every run would reach none, as the same
+    key written with dots would."""
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(_study(grid={"train.lr": [0.1, 0.2],
+                                                "model.hidden": [[8], [16]]})))
+    with pytest.raises(ConfigError) as info:
+        load_study(path, overrides=[item])
+    assert str(info.value) == (f"--set {key} (in {item!r}): the grid sets '{axis}' in every "
+                               "run, so the override would reach none; drop it or change "
+                               "the grid")
+    study = load_study(path, overrides=["train={batch_size: 4, local_steps: 2}"])
+    assert {(r.config.train.batch_size, r.config.train.local_steps)
+            for r in study.runs} == {(4, 2)}
+
+
+def test_a_section_in_the_grid_or_the_runs_covers_only_the_keys_it_sets(tmp_path):
+    """A grid value or a run's ``set`` item written as a section sets the keys inside it:
+    --set of one of those is refused, of another key of the section it reaches the runs."""
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(_study(grid={"train": [{"lr": 0.2},
+                                                          {"lr": 0.3, "local_steps": 2}]})))
+    with pytest.raises(ConfigError, match=r"^--set train\.lr: the grid sets 'train' in "
+                                          "every run"):
+        load_study(path, overrides=["train.lr=0.05"])
+    study = load_study(path, overrides=["train.batch_size=4"])
+    assert [(r.config.train.lr, r.config.train.batch_size) for r in study.runs] == [
+        (0.2, 4), (0.3, 4)]
+    runs = [{"label": "a", "set": ["train={lr: 0.3}"]},
+            {"label": "b", "set": ["train={lr: 0.2, local_steps: 2}"]}]
+    path.write_text(yaml.safe_dump(_study(runs=runs)))
+    with pytest.raises(ConfigError, match=r"^--set train\.lr \(in 'train=\{lr: 0\.05\}'\): "
+                                          "every run sets 'train' itself"):
+        load_study(path, overrides=["train={lr: 0.05}"])
+    study = load_study(path, overrides=["train.batch_size=4"])
+    assert [(r.config.train.lr, r.config.train.batch_size) for r in study.runs] == [
+        (0.3, 4), (0.2, 4)]
+
+
 @pytest.mark.parametrize("key, own", [("train.lr", "train.lr"),
                                        ("train.lr", "train"),
                                        ("model.options.hidden", "model.hidden")])

@@ -24,6 +24,7 @@ from splitfed.config import (
     MIN_SEED,
     RunConfig,
     build_config,
+    key_covers,
     keys_overlap,
     merge_config,
     resolve_config_path,
@@ -39,7 +40,7 @@ from splitfed.configtools import (
     value_text,
 )
 from splitfed.errors import ConfigError
-from splitfed.grid import check_apart, check_axis_count, check_distinct
+from splitfed.grid import axis_keys, check_apart, check_axis_count, check_distinct, set_keys
 
 #: where a study directory goes when neither ``--out-dir`` nor the file's ``out_dir`` says
 #: (``runs/`` is not committed; ``docs/results`` is written only when asked, see
@@ -174,45 +175,68 @@ def study_from_mapping(data: Mapping, *, out_dir: str | Path | None = None,
 
 
 def _with_overrides(raw: Any, overrides: list[str]) -> Any:
-    """``raw`` with ``overrides`` appended to its ``overrides`` list (a new mapping)."""
+    """``raw`` with ``overrides`` appended to its ``overrides`` list (a new mapping).
+
+    An override that would reach no run is refused: one that sets a key the grid sets in
+    every run, or one that every run's own ``set`` sets (both win over ``--set``). Each
+    is compared by the dotted keys it sets (:func:`~splitfed.grid.set_keys`): a section
+    written as a mapping (``train={lr: 0.3}``) sets the keys inside it (``train.lr``),
+    since it is merged into the config's section."""
     if not isinstance(raw, Mapping):
         return raw                         # from_dict reports what a study file must be
     parse_overrides(overrides)             # a malformed KEY=VALUE: its own error
     grid = raw.get("grid")
-    axes = [a for a in grid if isinstance(a, str)] if isinstance(grid, Mapping) else []
-    keys = [item.partition("=")[0].strip() for item in overrides]
+    axes = ([(a, axis_keys(a, v)) for a, v in grid.items() if isinstance(a, str)]
+            if isinstance(grid, Mapping) else [])
     runs = raw.get("runs")
     runs = [r for r in runs if isinstance(r, Mapping)] if isinstance(runs, list) else []
-    for key in keys:
-        axis = _covering(key, axes)            # the grid's values win over --set
-        if axis is not None:
-            raise ConfigError(f"--set {key}: the grid sets '{axis}' in every run, so the "
-                              "override would reach none; drop it or change the grid")
-        hidden = [_covering(key, _set_keys(r.get("set"))) for r in runs]
-        if runs and all(hidden):               # each run's own `set` wins over --set too
-            raise ConfigError(f"--set {key}: every run sets '{hidden[0]}' itself (run "
-                              f"{str(runs[0].get('label'))!r} and the rest), so the override "
-                              "would reach none; drop it or remove it from the runs' set")
+    for item in overrides:
+        written = item.partition("=")[0].strip()
+        for key in _item_keys(item):
+            shown = key if key == written else f"{key} (in {item!r})"
+            axis = _covering(key, axes)            # the grid's values win over --set
+            if axis is not None:
+                raise ConfigError(f"--set {shown}: the grid sets '{axis}' in every run, so "
+                                  "the override would reach none; drop it or change the "
+                                  "grid")
+            hidden = [_covering(key, _set_keys(r.get("set"))) for r in runs]
+            if runs and all(hidden):               # each run's own `set` wins over --set
+                raise ConfigError(f"--set {shown}: every run sets '{hidden[0]}' itself "
+                                  f"(run {str(runs[0].get('label'))!r} and the rest), so "
+                                  "the override would reach none; drop it or remove it "
+                                  "from the runs' set")
     given = raw.get("overrides") or []
     if not isinstance(given, list):
         return raw
     return {**raw, "overrides": [*given, *overrides]}
 
 
-def _set_keys(items: Any) -> list[str]:
-    """The keys of a run's ``set`` items (none when it is not a list)."""
+def _item_keys(item: str) -> list[str]:
+    """The dotted keys that a ``key=value`` item sets (:func:`~splitfed.grid.set_keys`);
+    the key as written when the item cannot be parsed (reported where it is read)."""
+    try:
+        parsed = parse_overrides([item])
+    except ConfigError:
+        return [item.partition("=")[0].strip()]
+    return [k for top, value in parsed.items() for k in set_keys(top, value)]
+
+
+def _set_keys(items: Any) -> list[tuple[str, list[str]]]:
+    """The keys of a run's ``set`` items, each as written with the dotted keys it sets
+    (none when it is not a list)."""
     if not isinstance(items, list):
         return []
-    return [i.partition("=")[0].strip() for i in items if isinstance(i, str)]
+    return [(i.partition("=")[0].strip(), _item_keys(i)) for i in items
+            if isinstance(i, str)]
 
 
-def _covering(key: str, keys: list[str]) -> str | None:
-    """The first of ``keys`` that sets all of what ``key`` sets (``key`` itself, or a
-    section around it; a section around ``key`` still reaches its other keys), else
-    None."""
-    for mine, theirs in _overlaps([key], keys):
-        if mine.count(".") >= theirs.count("."):
-            return theirs
+def _covering(key: str, keys: list[tuple[str, list[str]]]) -> str | None:
+    """The first of ``keys`` (each as written, with the dotted keys it sets) that sets all
+    of what ``key`` sets (``key`` itself, or a section around it; a section around
+    ``key`` still reaches its other keys), else None."""
+    for written, sets in keys:
+        if any(key_covers(theirs, key) for theirs in sets):
+            return written
     return None
 
 
@@ -410,8 +434,8 @@ def _overlaps(keys: list[str], grid_keys: list[str]):
     return [(a, b) for a in keys for b in grid_keys if keys_overlap(a, b)]
 
 
-def _check_overlap(set_keys: list[str], grid_keys: list[str]) -> None:
-    for a, b in _overlaps(set_keys, grid_keys)[:1]:
+def _check_overlap(run_keys: list[str], grid_keys: list[str]) -> None:
+    for a, b in _overlaps(run_keys, grid_keys)[:1]:
         raise ConfigError(f"'{a}' is set both by the run and by the grid ('{b}')")
 
 
