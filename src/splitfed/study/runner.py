@@ -254,7 +254,8 @@ def record_statuses(records: list[dict], cfg: RunConfig) -> tuple[tuple[str, ...
     records says so: ``diverged`` when a record holds a non-finite loss or accuracy (the
     run stops there); else the run reached its last round, ``no_client_trained`` when
     the algorithm trains clients and no round used one, else ``completed`` (either when
-    the records do not say how many clients each round used)."""
+    the records do not say how many clients each round used, or the algorithm is not
+    known in this process)."""
     diverged = divergence(records)
     if diverged is not None:
         return ("diverged",), f"a non-finite loss or accuracy at round {diverged}"
@@ -267,21 +268,23 @@ def record_statuses(records: list[dict], cfg: RunConfig) -> tuple[tuple[str, ...
     trained = next((r["round"] for r, n in zip(rounds, used) if _num(n)), None)
     if trained is not None:
         return ("completed",), f"no divergence and clients trained in round {trained}"
-    if not rounds or not _trains_clients(cfg):
+    trains = _trains_clients(cfg)
+    if not rounds or trains is False:
         return ("completed",), "no divergence"
-    if all(_num(n) == 0 for n in used):
+    if trains and all(_num(n) == 0 for n in used):
         return ("no_client_trained",), "no divergence and no client trained in any round"
     return ("completed", "no_client_trained"), "no divergence"
 
 
-def _trains_clients(cfg: RunConfig) -> bool:
-    """Whether the run's algorithm trains clients (``federated``; True when unknown)."""
+def _trains_clients(cfg: RunConfig) -> bool | None:
+    """Whether the run's algorithm trains clients (``federated``); None when it is not
+    known here."""
     from splitfed.algorithms import get_algorithm
 
     try:
         return bool(getattr(get_algorithm(cfg.algorithm.name), "federated", True))
     except SplitfedError:
-        return True
+        return None
 
 
 def server_pool_mismatch(runs: list[StudyRun]) -> str | None:
