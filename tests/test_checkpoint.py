@@ -234,11 +234,11 @@ def test_resuming_a_finished_run_leaves_its_summary_as_it_was(tmp_path):
 
 def test_a_huge_summary_is_not_read_into_memory(tmp_path):
     """A summary.json larger than any run writes (a sparse file here) is damaged: a
-    resume of the finished run writes it again, and a study's reuse check reads it as
-    no summary, neither reading more than the bound."""
+    resume of the finished run writes it again, and a study's reuse check refuses it,
+    naming the file, neither reading more than the bound."""
     import tracemalloc
 
-    from splitfed.study.reuse import read_json
+    from splitfed.study.reuse import read_json, read_summary
 
     d = tmp_path / "d"
     run_experiment(digits_config(rounds=2), run_dir=d)
@@ -249,6 +249,10 @@ def test_a_huge_summary_is_not_read_into_memory(tmp_path):
     tracemalloc.start()
     try:
         assert read_json(d / "summary.json") == {}
+        with pytest.raises(FormatError, match=r"summary\.json: .* bytes, more than the "
+                                              r"\d+ allowed; the finished run in .* is "
+                                              "damaged"):
+            read_summary(d)
         assert resume_experiment(d).status == "completed"
         peak = tracemalloc.get_traced_memory()[1]
     finally:
