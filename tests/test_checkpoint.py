@@ -232,6 +232,32 @@ def test_resuming_a_finished_run_leaves_its_summary_as_it_was(tmp_path):
     assert run_dir_state(study_run).state == "stale"
 
 
+@pytest.mark.parametrize("lr", [0.1, 1e10])
+def test_a_finished_run_without_checkpoints_is_not_run_again(tmp_path, lr):
+    """checkpoint_every 0: the run's summary and records say that it ended (at its last
+    round, or where it diverged), so a resume returns its result from them and changes
+    no file; raising its rounds, or a summary that is gone, runs it again from round 0
+    (there is no checkpoint to go on from)."""
+    train = {"batch_size": 8, "local_steps": 5, "local_epochs": None, "lr": lr}
+    d = tmp_path / "d"
+    first = run_experiment(digits_config(rounds=3, checkpoint_every=0, train=train),
+                           run_dir=d)
+    assert first.status == ("completed" if lr == 0.1 else "diverged")
+    files = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in d.iterdir()}
+    again = resume_experiment(d)
+    assert again.status == first.status and again.records == first.records
+    assert {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in d.iterdir()} == files
+    if lr == 0.1:
+        dump_yaml(digits_config(rounds=4, checkpoint_every=0, train=train), d / "config.yaml")
+        longer = resume_experiment(d)
+        assert [r["round"] for r in longer.records] == [0, 1, 2, 3, 4]
+        assert [r.get("train_loss") for r in longer.records[:4]] == [
+            r.get("train_loss") for r in first.records]        # the same run, again
+    (d / "summary.json").unlink()
+    rerun = resume_experiment(d)
+    assert (d / "summary.json").is_file() and rerun.status == first.status
+
+
 def test_a_huge_summary_is_not_read_into_memory(tmp_path):
     """A summary.json larger than any run writes (a sparse file here) is damaged: a
     resume of the finished run writes it again, and a study's reuse check refuses it,
@@ -273,7 +299,8 @@ def test_a_deleted_partition_file_is_written_again_on_resume(tmp_path):
     resume_experiment(d)                                # a finished run
     assert (d / "partition.txt").read_text() == expected
     (d / "partition.txt").unlink()
-    (d / CHECKPOINT).unlink()                           # no checkpoint: from round 0
+    (d / CHECKPOINT).unlink()                           # no checkpoint and no summary:
+    (d / "summary.json").unlink()                       # from round 0
     resume_experiment(d)
     assert (d / "partition.txt").read_text() == expected
 

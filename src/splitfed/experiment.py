@@ -42,13 +42,18 @@ from splitfed.engine.profiles import build_profiles
 from splitfed.errors import ConfigError, FormatError, RunInterrupted
 from splitfed.files import read_json_object
 from splitfed.locking import LOCK_NAME, DirLock
-from splitfed.metrics import MetricLogger, decode_record, record_summary
+from splitfed.metrics import (MetricLogger, decode_record, divergence, is_finite_number,
+                              read_records, record_summary)
 from splitfed.models import build_model, resolve_cut
 from splitfed.origins import call_algorithm
 from splitfed.provenance import provenance
 from splitfed.rng import RandomStreams, derive_seed
 from splitfed.tracking import open_trackers, preflight
 from splitfed.transport import InProcessTransport, Ledger
+
+
+#: the statuses of a run that ended (``summary.json``): running it again gives the same run
+FINISHED_STATUSES = ("completed", "diverged", "no_client_trained")
 
 
 @dataclass
@@ -894,6 +899,35 @@ def run_ended(ckpt: dict | None, cfg: RunConfig) -> bool:
     return ckpt is not None and (ckpt["status"] in ENDS_EARLY or ckpt["round"] >= cfg.rounds)
 
 
+def ended_without_checkpoint(run_dir: Path, cfg: RunConfig) -> RunResult | None:
+    """The result of the run in ``run_dir`` when it ended but kept no checkpoint
+    (``checkpoint_every: 0``): a whole ``summary.json`` with a finished status, and a
+    ``metrics.jsonl`` that ends at the round the summary says: ``cfg.rounds``, or where
+    the records diverge when the run diverged. It is read from those files, which stay
+    as they are; its ``state`` is empty (the model was not kept). None otherwise: the
+    run starts again from round 0."""
+    summary = read_json_object(run_dir / "summary.json")
+    if summary is None or summary.get("status") not in FINISHED_STATUSES:
+        return None
+    try:
+        records = read_records(run_dir / "metrics.jsonl")
+    except (FormatError, OSError):
+        return None
+    last = max((r["round"] for r in records), default=None)
+    if last is None or last != summary.get("rounds"):
+        return None
+    diverged = divergence(records)           # a diverged run stops at that round
+    if diverged is not None:
+        ended = summary["status"] == "diverged" and diverged == last
+    else:
+        ended = summary["status"] != "diverged" and last == cfg.rounds
+    if not ended:
+        return None
+    wall = summary.get("wall_time_s")
+    return RunResult(summary["status"], records, run_dir,
+                     float(wall) if is_finite_number(wall) else 0.0, {})
+
+
 def open_resume(run_dir: Path, cfg: RunConfig, algorithm, env: Environment
                 ) -> Resume | None:
     """Load and check ``run_dir``'s checkpoint and the metrics records it counts, and
@@ -935,8 +969,9 @@ def resume_experiment(run_dir: str | Path) -> RunResult:
     refused (:class:`~splitfed.errors.FormatError` naming it), and loading it cannot
     execute code. The directory is locked while the run writes it (:func:`lock_run_dir`).
     Without a checkpoint the run starts again from round 0 in the same directory. A run
-    that already ended (its checkpoint is at the last round, or it diverged) is not run
-    again: its result is returned. Raising ``rounds`` in ``config.yaml`` extends a
+    that already ended (its checkpoint is at the last round, or it diverged; or, when it
+    kept no checkpoint, its summary and records say so: :func:`ended_without_checkpoint`)
+    is not run again: its result is returned. Raising ``rounds`` in ``config.yaml`` extends a
     finished run; any other change to ``config.yaml`` that changes the run's numbers is
     refused (:func:`check_resume_config`), as is a checkpoint of another run. The
     summary's ``resumed_from`` lists the rounds the run was resumed at.
@@ -963,6 +998,10 @@ def _resume(run_dir: Path, saved: Path) -> RunResult:
     except ConfigError as e:
         raise ConfigError(f"{saved}: {e}") from None
     ckpt = load_checkpoint(run_dir, rounds=cfg.rounds)  # checked before the data loads
+    if ckpt is None:
+        done = ended_without_checkpoint(run_dir, cfg)
+        if done is not None:
+            return done
     records = None if ckpt is None else checkpoint_records(run_dir, ckpt, rounds=cfg.rounds)
     ended = run_ended(ckpt, cfg)
     if not ended:

@@ -24,12 +24,12 @@ from typing import Any
 from splitfed.config import RunConfig, build_config
 from splitfed.configtools import load_yaml, to_dict, yaml_round_trip
 from splitfed.errors import ConfigError, FormatError
-from splitfed.experiment import RUN_FILES
+from splitfed.experiment import FINISHED_STATUSES, RUN_FILES
 from splitfed.locking import LOCK_NAME
 from splitfed.files import MAX_SUMMARY_BYTES, loads_json, read_json_object, read_regular
 from splitfed.study.spec import StudyRun
 
-FINISHED = ("completed", "diverged", "no_client_trained")  # rerunning gives the same run
+FINISHED = FINISHED_STATUSES                   # rerunning gives the same run
 #: config keys that have no effect on the numbers
 _NOT_COMPARED = ("out_dir", "progress", "checkpoint_every", "tracking")
 #: section keys that do not change a run's numbers either: evaluation's metrics are the
