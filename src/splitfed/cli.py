@@ -46,13 +46,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import errno
 import os
 import shlex
 import sys
 
 from splitfed.errors import RunInterrupted, SplitfedError, sigterm_interrupts
-from splitfed.files import escape_controls
+from splitfed.files import escape_controls, is_user_os_error, os_error_message
 from splitfed.registry import add_plugin_argument
 
 #: exit status of an interrupted command (128 + SIGINT, as a shell reports Ctrl-C)
@@ -61,9 +60,6 @@ INTERRUPTED = 130
 TERMINATED = 143
 #: exit status when stdout was closed by its reader (128 + SIGPIPE, as a shell reports it)
 BROKEN_PIPE = 141
-#: OSErrors without a file name that still come from the user's files or disk
-_DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG, errno.EIO,
-                errno.EACCES, errno.EPERM, errno.ENAMETOOLONG}
 
 
 def _cmd_run(args) -> int:
@@ -473,9 +469,9 @@ def main(argv: list[str] | None = None) -> int:
             raise
         return BROKEN_PIPE                          # e.g. splitfed list | head -1
     except OSError as e:
-        if e.filename is None and e.errno not in _DISK_ERRNOS:
+        if not is_user_os_error(e):
             raise                                   # not about the user's files: a bug
-        print(f"splitfed: error: {_printable(_os_message(e))}", file=sys.stderr)
+        print(f"splitfed: error: {_printable(os_error_message(e))}", file=sys.stderr)
         return 2
 
 
@@ -515,14 +511,6 @@ def _interrupted(args, argv: list[str], e: BaseException) -> str:
     if command == "run" and getattr(args, "resume", None) is not None:
         return f"interrupted; continue it with: splitfed run --resume {args.resume}"
     return "interrupted"
-
-
-def _os_message(e: OSError) -> str:
-    what = e.strerror or str(e)
-    if e.filename is None:
-        return f"{what}; check the output directory and the free space"
-    where = str(e.filename) + (f" -> {e.filename2}" if e.filename2 is not None else "")
-    return f"{where}: {what}; check the path"
 
 
 def _stdout_closed() -> bool:

@@ -17,6 +17,7 @@ that only read run directories, ``splitfed results`` and ``plot``, start fast).
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import stat
@@ -88,6 +89,28 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     atomic_write(path, lambda fh: fh.write(data))
 
 
+#: the errors of a write or read that come from the user's disk or files, whether or not
+#: they name a file (a full disk names none)
+DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG, errno.EIO,
+                         errno.EACCES, errno.EPERM, errno.ENAMETOOLONG})
+
+
+def is_user_os_error(e: OSError) -> bool:
+    """Whether ``e`` is about the user's files or disk (it names a file, or is one of
+    :data:`DISK_ERRNOS`), and so an error to report in one line, not a bug."""
+    return e.filename is not None or e.errno in DISK_ERRNOS
+
+
+def os_error_message(e: OSError) -> str:
+    """``e`` in one line, with what to check: the path it names, else the output
+    directory and the free space."""
+    what = e.strerror or str(e)
+    if e.filename is None:
+        return f"{what}; check the output directory and the free space"
+    where = str(e.filename) + (f" -> {e.filename2}" if e.filename2 is not None else "")
+    return f"{where}: {what}; check the path"
+
+
 def remove_stale_temp_files(directory: str | Path) -> list[Path]:
     """Remove the temp files :func:`atomic_write` left in ``directory`` when its process
     was killed while writing (``.<name>.<random>.tmp``, regular files only); the caller
@@ -95,10 +118,17 @@ def remove_stale_temp_files(directory: str | Path) -> list[Path]:
     removed = []
     for path in Path(directory).glob(".*.tmp"):
         with contextlib.suppress(OSError):
-            if path.is_file() and not path.is_symlink():
+            if is_temp_file(path):
                 path.unlink()
                 removed.append(path)
     return removed
+
+
+def is_temp_file(path: Path) -> bool:
+    """Whether ``path`` is a temp file of :func:`atomic_write` (``.<name>.<random>.tmp``,
+    a regular file)."""
+    return (path.name.startswith(".") and path.name.endswith(".tmp")
+            and path.is_file() and not path.is_symlink())
 
 
 def _fsync_dir(path: Path) -> None:

@@ -1,5 +1,6 @@
 """Studies: validation before any run, outputs, resuming, and the numbers in the table."""
 
+import errno
 import json
 import math
 import shutil
@@ -928,3 +929,37 @@ def test_runs_of_other_data_or_seeds_are_not_compared():
     shared = [study_mod.StudyRun("kept", 0, kept, by_label["FedAvg"].run_dir),
               by_label["FedAvg"]]
     assert runner.server_pool_mismatch(shared) is None
+
+
+def test_a_run_killed_as_it_wrote_its_config_is_run_again(done, tmp_path):
+    """A run directory that holds only the lock and a temp file of an atomic write (the
+    study was killed between creating config.yaml's temp file and renaming it) is a
+    run that has not started: the study runs it, instead of refusing the directory as
+    "not a run of this study" on every later attempt."""
+    path, out = _copy(done, tmp_path)
+    run = out / "tiny_study" / "runs" / "central-partition.alpha-inf-s0"
+    shutil.rmtree(run)
+    run.mkdir()
+    (run / ".config.yaml.k2x9q1.tmp").write_text("name: half-writ")
+    (run / LOCK_NAME).write_text("")
+    result = run_study(path, out_dir=out, quiet=True)
+    ran = [o for o in result.outcomes if not o.skipped]
+    assert [o.run_dir.name for o in ran] == [run.name]
+    assert (run / "config.yaml").is_file() and not list(run.glob(".*.tmp"))
+    assert json.loads((run / "summary.json").read_text())["status"] == "completed"
+
+
+@pytest.mark.parametrize("error", [OSError(errno.ENOSPC, "No space left on device"),
+                                   OSError(errno.EFBIG, "File too large")])
+def test_a_full_disk_fails_its_runs_in_one_line_each(tmp_path, monkeypatch, capsys, error):
+    path = _write_study(tmp_path / "spec")
+
+    def full(cfg, **kwargs):
+        raise error
+
+    monkeypatch.setattr(study_mod, "run_experiment", full)
+    with pytest.raises(RunsFailed) as failed:
+        run_study(path, out_dir=tmp_path / "out", quiet=True, jobs=1)
+    assert f"(seed 0): {error.strerror}; check the output directory and the free " \
+           "space" in str(failed.value)
+    assert "Traceback" not in capsys.readouterr().err

@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from splitfed.errors import ConfigError, PluginError, RunInterrupted, SplitfedError, one_line
+from splitfed.files import is_user_os_error, os_error_message
 from splitfed.locking import LOCK_NAME, check_free
 
 if TYPE_CHECKING:
@@ -188,8 +189,9 @@ def run_point(task: PointTask) -> PointResult:
       outside the directory is deleted (:func:`splitfed.tracking.discard_recorded_run`).
 
     The parent has checked that the directory holds nothing but a run of this config.
-    Failures are returned, not raised (``error``: the message of a splitfed error, else
-    ``<type>: <message>`` with the traceback printed on stderr; a ``SystemExit`` a
+    Failures are returned, not raised (``error``: the message of a splitfed error or of
+    an error of the user's disk or files (a full disk), else ``<type>: <message>`` with
+    the traceback printed on stderr; a ``SystemExit`` a
     plugin raises is a failure of its run too, in this process as in a worker); Ctrl-C raises
     :class:`~splitfed.errors.RunInterrupted`."""
     import torch
@@ -231,6 +233,8 @@ def run_point(task: PointTask) -> PointResult:
         return PointResult(task.index, error=str(e))
     except (Exception, SystemExit) as e:  # noqa: BLE001 - one run's failure (a plugin's
         # sys.exit() too) must not stop the others
+        if isinstance(e, OSError) and is_user_os_error(e):     # a full disk: one line,
+            return PointResult(task.index, error=os_error_message(e))  # as a run says it
         print(f"splitfed: run {task.label!r} (seed {task.seed}) failed:", file=sys.stderr)
         traceback.print_exc()
         sys.stderr.flush()

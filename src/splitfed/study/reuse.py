@@ -26,7 +26,8 @@ from splitfed.configtools import load_yaml, to_dict, yaml_round_trip
 from splitfed.errors import ConfigError, FormatError
 from splitfed.experiment import FINISHED_STATUSES, RUN_FILES
 from splitfed.locking import LOCK_NAME
-from splitfed.files import MAX_SUMMARY_BYTES, loads_json, read_json_object, read_regular
+from splitfed.files import (MAX_SUMMARY_BYTES, is_temp_file, loads_json, read_json_object,
+                            read_regular)
 from splitfed.study.spec import StudyRun
 
 FINISHED = FINISHED_STATUSES                   # rerunning gives the same run
@@ -183,8 +184,8 @@ def run_dir_state(run: StudyRun, current: Mapping | None = None) -> RunDirState:
     d = run.run_dir
     if d.exists() and not d.is_dir():
         raise ConfigError(f"{d} is a file, not a run directory of this study; move it away")
-    if not d.exists() or not any(p.name != LOCK_NAME for p in d.iterdir()):
-        return RunDirState("new")
+    if not d.exists() or all(p.name == LOCK_NAME or is_temp_file(p) for p in d.iterdir()):
+        return RunDirState("new")              # (a run killed as it wrote its config)
     for name in RUN_FILES:
         if (d / name).exists() and not (d / name).is_file():
             raise ConfigError(f"{d} is damaged: {name} is not a file; delete the directory "
