@@ -252,6 +252,10 @@ def test_entry_point_plugin(lab, tmp_path):
     assert "two_tier [plugin splitfed_lab]" in proc.stdout
     proc = cli(lab, "run", "bare.yaml", "out_dir=runs-ep", "rounds=1", pythonpath=paths)
     assert proc.returncode == 0, proc.stderr
+    # the installed plugin's code is part of the run's provenance, as --plugin's is
+    summary = json.loads((run_dir_of(proc, lab / "work") / "summary.json").read_text())
+    digest = summary["provenance"]["plugins"]["splitfed_lab"]
+    assert len(digest) == 64 and digest != "unknown"
 
 
 def test_unknown_plugin_is_one_line_and_writes_nothing(lab):

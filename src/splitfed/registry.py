@@ -425,8 +425,9 @@ def load_plugins(specs: Iterable[str] | None) -> list[str]:
 
 def load_entry_points() -> list[str]:
     """Import (once per process) the entry points of the group ``splitfed.plugins``; an
-    entry point naming a callable (``pkg.module:register``) is also called. Returns the
-    entry points' names."""
+    entry point naming a callable (``pkg.module:register``) is also called. Their
+    modules count as loaded plugins (:func:`loaded_plugins`), so that a run's provenance
+    records their code. Returns the entry points' names."""
     global _ENTRY_POINTS_LOADED
     if _ENTRY_POINTS_LOADED:
         return []
@@ -442,10 +443,13 @@ def load_entry_points() -> list[str]:
             return obj
         _import(ep.value, f"plugin (entry point {ep.name!r} of group {ENTRY_POINT_GROUP})",
                 load)
+        if ep.module not in LOADED_PLUGINS:
+            LOADED_PLUGINS.append(ep.module)
         names.append(ep.name)
     return names
 
 
 def loaded_plugins() -> list[str]:
-    """The plugins imported by :func:`load_plugins` so far, in order."""
+    """The plugins imported by :func:`load_plugins` and :func:`load_entry_points` so far,
+    in order (an entry point as its module)."""
     return list(LOADED_PLUGINS)
