@@ -585,6 +585,40 @@ def test_a_state_that_a_checkpoint_could_not_resume_is_refused_at_round_1(scratc
     assert what in message and "\n" not in message, message
 
 
+class OwnEvalDrift(FedAvg):
+    """FedAvg with its own eval_model (a pass-through of the default) whose round returns
+    ``state["model"]`` in float64 (``mode`` "double") or without a key ("missing"): the
+    model is then not checked against ``env.model``, but against init_state's model,
+    as a resume would check it."""
+
+    name = "zz_own_eval_drift"
+    Options = BadOptions
+
+    def eval_model(self, env, state):
+        env.model.load_state_dict(state["model"])
+        return env.model
+
+    def round(self, env, state, t, cohort):
+        result = super().round(env, state, t, cohort)
+        model = dict(result.state["model"])
+        if self.options.mode == "double":
+            model = {k: v.double() for k, v in model.items()}
+        else:
+            model.pop(next(iter(model)))
+        return dataclasses.replace(result, state={**result.state, "model": model})
+
+
+@pytest.mark.parametrize("mode, what", [
+    ("double", "is not a torch.float32 tensor"),
+    ("missing", "state.model has other keys"),
+])
+def test_an_algorithm_with_its_own_eval_model_is_refused_a_model_that_drifts(scratch, mode,
+                                                                           what):
+    message = _refused_algorithm(OwnEvalDrift, mode)
+    assert "round 1 returned a state whose checkpoint could not be resumed" in message
+    assert what in message, message
+
+
 class Modelless(FedAvg):
     """FedAvg (the default eval_model) whose state lacks its model, or holds a list."""
 

@@ -232,8 +232,7 @@ CHECKPOINTED = (torch.nn.Module, torch.optim.Optimizer)
 def _skeleton(state: Any) -> Any:
     """``init_state``'s state as a checkpoint template, without its memory: tensors on
     the meta device and numpy arrays as broadcast views (a template is compared by
-    dtype and shape), ``state["model"]`` left out (the current round's, of the same keys
-    and shapes, stands in for it)."""
+    dtype and shape)."""
     def shape_only(v: Any) -> Any:
         if isinstance(v, torch.Tensor):
             return torch.empty(v.shape, dtype=v.dtype, device="meta")
@@ -244,7 +243,7 @@ def _skeleton(state: Any) -> Any:
         if isinstance(v, (list, tuple)):
             return type(v)(shape_only(x) for x in v)
         return v
-    return {k: v for k, v in ((k, shape_only(v)) for k, v in state.items() if k != "model")}
+    return {k: shape_only(v) for k, v in state.items()}
 
 
 def _checkpoint_round(cfg, t: int, start: int) -> bool:
@@ -258,13 +257,17 @@ def _checkpoint_round(cfg, t: int, start: int) -> bool:
 def check_resumable(algorithm, env, skeleton: dict, state: dict, t: int) -> None:
     """A checkpoint of ``state`` (round ``t``'s) could be resumed: it fits
     ``algorithm.checkpoint_template(env, init_state, state)`` (``skeleton``: init_state's,
-    from :func:`_skeleton`), as :func:`splitfed.checkpoint.restore` will require; else
+    from :func:`_skeleton`; its ``model`` too when the algorithm has its own
+    ``eval_model``, else the round's, which :func:`_check_model` checks against the
+    model), as :func:`splitfed.checkpoint.restore` will require; else
     :class:`~splitfed.errors.PluginError` naming the algorithm, the round and the entry,
     in a run that otherwise would only fail when it is resumed."""
     from splitfed.checkpoint import misfit
-    from splitfed.engine.algorithm import describe
+    from splitfed.engine.algorithm import Algorithm, describe
 
-    base = {**skeleton, "model": state["model"]} if "model" in state else dict(skeleton)
+    base = dict(skeleton)
+    if "model" in state and type(algorithm).eval_model is Algorithm.eval_model:
+        base["model"] = state["model"]     # checked against the model (_check_model)
     template = call_algorithm(env.config.algorithm.name, "checkpoint_template",
                               algorithm.checkpoint_template, env, base, state)
     why = misfit(state, template)
