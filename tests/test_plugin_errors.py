@@ -380,6 +380,7 @@ class BadTransform(GradientTransform):
                 "none": lambda names, params, grads, slots: None,
                 "obj": 42,
                 "tuple": lambda names, params, grads, slots: tuple(grads),
+                "int": lambda names, params, grads, slots: [g.to(torch.int64) for g in grads],
                 "ok": lambda names, params, grads, slots: grads}[self.options.mode]
 
 
@@ -394,6 +395,8 @@ def bad_transform(scratch):
     ("shape", "the update of transform 'zz_t' (plugin {}) returned shape (1, 32, 64) for "
               "fc1.1.weight, whose gradient has shape (3, 32, 64)"),
     ("none", "the update of transform 'zz_t' (plugin {}) returned NoneType"),
+    ("int", "the update of transform 'zz_t' (plugin {}) returned torch.int64 for "
+            "fc1.1.weight, whose gradient is torch.float32"),
     ("obj", "start of transform 'zz_t' (plugin {}) returned int; it must return a "
             "GradientRound, a function"),
 ])

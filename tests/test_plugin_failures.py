@@ -203,6 +203,7 @@ class OddStep(ServerStep):
                 "key": lambda: {"nonexistent.weight": model[first]},
                 "shape": lambda: {first: model[first].reshape(-1)[:3]},
                 "dtype": lambda: {first: model[first].double()},
+                "device": lambda: {first: model[first].to("meta")},
                 "value": lambda: {first: 1.0},
                 "raise": lambda: {}["state"],
                 "ok": lambda: {first: model[first] * 1}}[self.options.mode]()
@@ -219,6 +220,8 @@ class OddStep(ServerStep):
               "'fc1.1.weight'"),
     ("dtype", "the update of transform 'zz_step' (plugin {}) returned torch.float64 for "
               "'fc1.1.weight', whose dtype is torch.float32"),
+    ("device", "the update of transform 'zz_step' (plugin {}) returned a tensor on meta "
+               "for 'fc1.1.weight', which is on cpu"),
     ("raise", "transform 'zz_step' (plugin {}) failed: KeyError: 'state'"),
     ("metric", "the update of transform 'zz_step' (plugin {}) set the metric 'q' = 'text' "
                "(str); a metric is a real number or None"),

@@ -283,3 +283,6 @@ def _check_step(step, model: dict, new) -> None:
         if value.dtype != model[name].dtype:
             raise bad(f"returned {value.dtype} for {name!r}, whose dtype is "
                       f"{model[name].dtype}")
+        if value.device != model[name].device:
+            raise bad(f"returned a tensor on {value.device} for {name!r}, which is on "
+                      f"{model[name].device}")

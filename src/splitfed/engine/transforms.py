@@ -220,14 +220,15 @@ def describe(transform: Transform) -> str:
 
 def _checked(transform: Transform, names, grads, out) -> list[torch.Tensor]:
     """``out``, what ``transform``'s update returned for ``grads``: one tensor per
-    parameter, each of its gradient's shape; anything else raises PluginError."""
+    parameter, each of its gradient's shape and dtype; anything else raises
+    PluginError."""
     def bad(what: str):
         from splitfed.errors import PluginError
 
         return PluginError(f"algorithm.client_transforms: the update of {describe(transform)} "
                            f"{what}; it must return a list of {len(grads)} tensors, each "
-                           "of the shape of the gradient it replaces ([clients, ...] per "
-                           "parameter)")
+                           "of the shape and dtype of the gradient it replaces "
+                           "([clients, ...] per parameter)")
 
     if not isinstance(out, (list, tuple)):
         raise bad(f"returned {type(out).__name__}")
@@ -239,6 +240,8 @@ def _checked(transform: Transform, names, grads, out) -> list[torch.Tensor]:
         if o.shape != g.shape:
             raise bad(f"returned shape {tuple(o.shape)} for {name}, whose gradient has "
                       f"shape {tuple(g.shape)}")
+        if o.dtype is not g.dtype:
+            raise bad(f"returned {o.dtype} for {name}, whose gradient is {g.dtype}")
     return out if isinstance(out, list) else list(out)
 
 
