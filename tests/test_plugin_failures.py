@@ -269,6 +269,46 @@ def test_methods_a_component_must_define_are_checked_when_registered(scratch):
         splitfed.register_transform("zz_noupdate", NoUpdate)
 
 
+def test_the_methods_splitfed_calls_must_take_its_arguments_when_registered(scratch):
+    """A round, start or update that cannot take what splitfed passes is refused when it
+    is registered, not in the first round of a run, after its directory is written."""
+    class ShortRound(Algorithm):
+        name = "zz_shortround"
+
+        def round(self, env, state, t):
+            return None
+
+    class ShortStart(GradientTransform):
+        name = "zz_shortstart"
+
+        def start(self, env, state, t, cohort):
+            return None
+
+    class ShortUpdate(ServerStep):
+        name = "zz_shortupdate"
+
+        def update(self, ctx):
+            return {}
+
+    class Fine(GradientTransform):
+        name = "zz_fine"
+
+        def start(self, env, state, t, cohort, round_=None, *, extra=1):
+            return None
+
+    with pytest.raises(PluginError, match=r"register_algorithm\('zz_shortround'\): "
+                                          r"ShortRound.round must take \(self, env, state, t, "
+                                          r"cohort\), .* it takes \(self, env, state, t\)$"):
+        splitfed.register_algorithm("zz_shortround", ShortRound)
+    with pytest.raises(PluginError, match=r"ShortStart.start must take \(self, env, state, "
+                                          r"t, cohort, round_\)"):
+        splitfed.register_transform("zz_shortstart", ShortStart)
+    with pytest.raises(PluginError, match=r"ShortUpdate.update must take \(self, ctx, "
+                                          r"model\)"):
+        splitfed.register_transform("zz_shortupdate", ShortUpdate)
+    splitfed.register_transform("zz_fine", Fine)
+
+
 def test_a_plugin_that_exits_while_importing_is_an_error(tmp_path, monkeypatch, capsys):
     (tmp_path / "zz_exiting_lab.py").write_text("import sys\nsys.exit(0)\n")
     monkeypatch.syspath_prepend(str(tmp_path))

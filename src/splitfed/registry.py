@@ -197,6 +197,26 @@ def _check_algorithm(name: str, cls: Any) -> None:
     if cls.round is Algorithm.round:
         raise PluginError(f"{what}: {cls.__name__} does not define round(self, env, state, t, "
                           "cohort) -> RoundResult, the method every algorithm implements")
+    _check_method(what, cls, "round", ("env", "state", "t", "cohort"))
+
+
+def _check_method(what: str, cls: type, method: str, params: tuple[str, ...]) -> None:
+    """``cls.method`` can be called as splitfed calls it: ``(self, *params)`` by position;
+    else a PluginError now, not a TypeError in the first round of a run."""
+    import inspect
+
+    fn = getattr(cls, method)
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return                                 # not introspectable: called as it is
+    try:
+        sig.bind(*(("self",) + params))
+    except TypeError:
+        takes = ", ".join(str(p) for p in sig.parameters.values())
+        raise PluginError(f"{what}: {cls.__name__}.{method} must take (self, "
+                          f"{', '.join(params)}), splitfed passes them by position; it "
+                          f"takes ({takes})") from None
 
 
 def _dataclass_type(options: Any) -> bool:
@@ -232,6 +252,10 @@ def _check_transform(name: str, cls: Any) -> None:
     if issubclass(cls, ServerStep) and cls.update is ServerStep.update:
         raise PluginError(f"{what}: {cls.__name__} does not define update(self, ctx, model), "
                           "the method every server step implements")
+    if issubclass(cls, GradientTransform):
+        _check_method(what, cls, "start", ("env", "state", "t", "cohort", "round_"))
+    else:
+        _check_method(what, cls, "update", ("ctx", "model"))
 
 
 def _caller() -> str | None:
