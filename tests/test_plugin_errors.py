@@ -157,6 +157,12 @@ def test_an_input_too_small_for_a_model_is_still_reported_as_such():
     with pytest.raises(ConfigError, match=r"^model.name: input_shape \(1, 16, 16\) of the "
                                           r"data does not fit vgg11: "):
         build_model("vgg11", (1, 16, 16), 10)
+    # the options are named too: one of them (a width of 0 in a plugin's model) may be
+    # what does not fit
+    with pytest.raises(ConfigError, match=r"^model.name: input_shape \(1, 16, 16\) of the "
+                                          r"data does not fit vgg11 with the options "
+                                          r"\{'width': 0.5\}: "):
+        build_model("vgg11", (1, 16, 16), 10, width=0.5)
 
 
 # ------------------------------------------------------------------- registration

@@ -127,9 +127,10 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, **opt
     except ConfigError:
         raise
     except RuntimeError as e:
-        if _in_dry_run(e):          # dry_output's run: the input is too small for it
+        if _in_dry_run(e):          # dry_output's run: the input (or an option) does not
+            given = f" with the options {options}" if options else ""   # fit the layers
             raise ConfigError(f"model.name: input_shape {tuple(input_shape)} of the data "
-                              f"does not fit {name}: {one_line(e)}") from e
+                              f"does not fit {name}{given}: {one_line(e)}") from e
         raise _builder_failed(name, options, e) from e
     except Exception as e:  # noqa: BLE001 - the builder's own failure, reported as such
         raise _builder_failed(name, options, e) from e
