@@ -512,7 +512,7 @@ class AuthStore(dist.Store):
             except HandshakeTimeout:
                 sock.close()
                 raise SplitfedError(f"the run's store at {host}:{port} did not complete "
-                                    f"its handshake within {limit:.3g} s (timed out); check "
+                                    f"its handshake within {wait_s:g} s (timed out); check "
                                     "that HOST:PORT is the run's store (rank 0 hosts it "
                                     "with --store)") from None
             except (ConnectionError, OSError) as e:
