@@ -86,9 +86,10 @@ from splitfed.transport import distributed as D
 if os.environ.get("RANK") == "1":
     exchange = D.Links.exchange
 
-    def short(self, sends=(), recvs=()):
-        sends = [(p, t.reshape(-1)[: max(1, t.numel() // 2)].clone()) for p, t in sends]
-        return exchange(self, sends, recvs)
+    def short(self, sends=(), recvs=(), **kw):
+        if kw.get("tag", 0) == 0:                       # tensors, not control messages
+            sends = [(p, t.reshape(-1)[: max(1, t.numel() // 2)].clone()) for p, t in sends]
+        return exchange(self, sends, recvs, **kw)
 
     D.Links.exchange = short
 '''
