@@ -133,7 +133,7 @@ def test_predicted_cut_bytes_are_the_ledgers(case):
     steps = local_steps_of(algorithm, env, ids)
     a, lab = 32 * 4, 8
     for t in range(1, rounds + 1):
-        _, _, up, down = client_work(algorithm, env, steps, t)
+        _, _, up, down, _ = client_work(algorithm, env, steps, t)
         np.testing.assert_array_equal(np.broadcast_to(up, (N,)), _recorded(env, t, UP_KINDS))
         np.testing.assert_array_equal(np.broadcast_to(down, (N,)),
                                       _recorded(env, t, DOWN_KINDS))
@@ -150,10 +150,10 @@ def test_predicted_cut_bytes_are_the_ledgers(case):
         want = (share * B * (a + lab), share * B * a * feedback)
         total_up = sum(_recorded(env, t, UP_KINDS) for t in range(1, rounds + 1))
         total_down = sum(_recorded(env, t, DOWN_KINDS) for t in range(1, rounds + 1))
-        _, _, up, down = client_work(algorithm, env, steps)
+        _, _, up, down, _ = client_work(algorithm, env, steps)
         np.testing.assert_allclose(up, total_up / rounds, rtol=1e-15)
         np.testing.assert_allclose(down, total_down / rounds, rtol=1e-15)
-    _, _, up, down = client_work(algorithm, env, steps)
+    _, _, up, down, _ = client_work(algorithm, env, steps)
     np.testing.assert_allclose(np.broadcast_to(up, (N,)), want[0], rtol=1e-15)
     np.testing.assert_allclose(np.broadcast_to(down, (N,)), want[1], rtol=1e-15)
 
