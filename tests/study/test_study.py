@@ -963,3 +963,17 @@ def test_a_full_disk_fails_its_runs_in_one_line_each(tmp_path, monkeypatch, caps
     assert f"(seed 0): {error.strerror}; check the output directory and the free " \
            "space" in str(failed.value)
     assert "Traceback" not in capsys.readouterr().err
+
+
+def test_a_study_being_written_is_not_published(done, tmp_path):
+    """While a study or sweep process holds the directory's lock (it is rewriting its
+    results), publish refuses in one line, and publishes once the lock is free."""
+    _, out = _copy(done, tmp_path)
+    study_dir = out / "tiny_study"
+    with DirLock.acquire(study_dir, "study directory"):
+        with pytest.raises(ConfigError, match=r"^study directory .*tiny_study is in use by "
+                                              r"another splitfed process \(pid \d+\); publish "
+                                              r"it when that study has finished$"):
+            publish(study_dir, tmp_path / "pub")
+    assert not (tmp_path / "pub").exists()
+    assert (publish(study_dir, tmp_path / "pub") / "results.json").is_file()

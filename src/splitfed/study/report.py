@@ -12,6 +12,7 @@ from pathlib import Path
 
 from splitfed.errors import ConfigError
 from splitfed.files import atomic_write, atomic_write_text
+from splitfed.locking import check_free
 from splitfed.study.analysis import curve, last_rounds_accuracy, run_numbers, summarize
 from splitfed.study.outcome import RunOutcome, StudyResult
 from splitfed.study.plots import _print, write_plots
@@ -333,8 +334,11 @@ def publish(study_dir: str | Path, dest: str | Path) -> Path:
     and a sweep's sweep.md/csv/json; never the run
     directories. Each file is replaced whole (written aside, then renamed). Refused
     when results.json is missing or lists a stale run (kept although other code made
-    it): published numbers come from one code version. Returns ``dest/<name>``."""
+    it): published numbers come from one code version; and while a study or sweep
+    process holds the directory's lock (it is rewriting those files). Returns
+    ``dest/<name>``."""
     src = Path(study_dir)
+    check_free(src, "study directory", hint="publish it when that study has finished")
     summary = read_json(src / "results.json", MAX_RESULTS_BYTES)
     if not summary.get("runs"):
         raise ConfigError(f"publish: {src} holds no results.json of a study; run the study "
