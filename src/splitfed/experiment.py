@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from splitfed.algorithms import ALGORITHMS, get_algorithm
-from splitfed.checkpoint import (CHECKPOINT, Checkpointer, atomic_write, check_config,
+from splitfed.checkpoint import (CHECKPOINT, Checkpointer, check_config,
                                  checkpoint_records, cpu_capability, load_checkpoint,
                                  remove_stale_temp_files, restore, thread_warnings,
                                  truncate_metrics)
@@ -40,7 +40,7 @@ from splitfed.engine.loop import ENDS_EARLY, initial_state, run_rounds
 from splitfed.engine.participation import make_sampler
 from splitfed.engine.profiles import build_profiles
 from splitfed.errors import ConfigError, FormatError, RunInterrupted
-from splitfed.files import read_json_object
+from splitfed.files import atomic_write_text, read_json_object
 from splitfed.locking import LOCK_NAME, DirLock
 from splitfed.metrics import (MetricLogger, decode_record, divergence, is_finite_number,
                               read_records, record_summary)
@@ -641,14 +641,6 @@ def lock_run_dir(run_dir: str | Path) -> DirLock:
                                 "writer at a time)")
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically (:func:`~splitfed.checkpoint.atomic_write`:
-    a fresh temp file, then :func:`os.replace`, which replaces a symbolic link at ``path``
-    itself and never writes into its target)."""
-    data = text.encode("utf-8")
-    atomic_write(path, lambda fh: fh.write(data))
-
-
 def write_summary(run_dir: Path, summary: dict, *, finished: bool = False) -> None:
     """Write ``run_dir/summary.json``. When the run had already ended (``finished``: a
     resume that ran no round), a whole summary of the same status is kept as it is: its
@@ -662,7 +654,7 @@ def write_summary(run_dir: Path, summary: dict, *, finished: bool = False) -> No
         if kept is not None and kept.get("status") == summary["status"]:
             return
         summary = {**summary, "provenance": None}
-    write_atomic(path, json.dumps(summary, indent=2) + "\n")
+    atomic_write_text(path, json.dumps(summary, indent=2) + "\n")
 
 
 def config_data(cfg: RunConfig) -> dict:
@@ -687,8 +679,8 @@ def check_resume_config(run_dir: Path, ckpt: dict, cfg: RunConfig, *,
 
 
 def write_config(cfg: RunConfig, path: Path) -> None:
-    """``cfg`` as YAML to ``path``, atomically (:func:`write_atomic`)."""
-    write_atomic(path, dump_text(to_dict(cfg), sort_keys=False))
+    """``cfg`` as YAML to ``path``, atomically (:func:`~splitfed.files.atomic_write_text`)."""
+    atomic_write_text(path, dump_text(to_dict(cfg), sort_keys=False))
 
 
 #: every file a run writes in its directory (besides the lock and temp files; the
@@ -787,7 +779,7 @@ def write_partition(run_dir: Path, env: Environment, *, if_missing: bool = False
     if if_missing and where.exists():
         return
     labels = env.data.train.y.cpu().numpy()
-    write_atomic(where, partition_summary(env.client_indices, labels,
+    atomic_write_text(where, partition_summary(env.client_indices, labels,
                                           env.data.num_classes) + "\n")
 
 
