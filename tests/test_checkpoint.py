@@ -258,6 +258,24 @@ def test_a_finished_run_without_checkpoints_is_not_run_again(tmp_path, lr):
     assert (d / "summary.json").is_file() and rerun.status == first.status
 
 
+@pytest.mark.parametrize("status", ["no_client_trained", "diverged"])
+def test_a_finished_run_without_checkpoints_whose_records_contradict_its_status_runs_again(
+        tmp_path, status):
+    """checkpoint_every 0: a summary whose status the records contradict (clients
+    trained, no non-finite value) is no finished run's; a resume runs it again from
+    round 0 and writes the status the run has."""
+    d = tmp_path / "d"
+    first = run_experiment(digits_config(rounds=2, checkpoint_every=0), run_dir=d)
+    assert first.status == "completed"
+    summary = json.loads((d / "summary.json").read_text())
+    (d / "summary.json").write_text(json.dumps({**summary, "status": status}))
+    again = resume_experiment(d)
+    assert again.status == "completed" and again.state        # trained, not read back
+    assert json.loads((d / "summary.json").read_text())["status"] == "completed"
+    assert [r.get("train_loss") for r in again.records] == [
+        r.get("train_loss") for r in first.records]
+
+
 def test_a_huge_summary_is_not_read_into_memory(tmp_path):
     """A summary.json larger than any run writes (a sparse file here) is damaged: a
     resume of the finished run writes it again, and a study's reuse check refuses it,

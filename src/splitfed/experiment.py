@@ -39,11 +39,11 @@ from splitfed.engine.env import Environment
 from splitfed.engine.loop import ENDS_EARLY, initial_state, run_rounds
 from splitfed.engine.participation import make_sampler
 from splitfed.engine.profiles import build_profiles
-from splitfed.errors import ConfigError, FormatError, RunInterrupted
+from splitfed.errors import ConfigError, FormatError, RunInterrupted, SplitfedError
 from splitfed.files import atomic_write_text, read_json_object
 from splitfed.locking import LOCK_NAME, DirLock
 from splitfed.metrics import (MetricLogger, decode_record, divergence, is_finite_number,
-                              read_records, record_summary)
+                              last_value, read_records, record_summary)
 from splitfed.models import build_model, resolve_cut
 from splitfed.origins import call_algorithm
 from splitfed.provenance import provenance
@@ -891,13 +891,59 @@ def run_ended(ckpt: dict | None, cfg: RunConfig) -> bool:
     return ckpt is not None and (ckpt["status"] in ENDS_EARLY or ckpt["round"] >= cfg.rounds)
 
 
+def record_statuses(records: list[dict], cfg: RunConfig) -> tuple[tuple[str, ...], str]:
+    """The statuses a finished run of ``cfg`` whose records are ``records`` can have, as
+    the round loop (:func:`splitfed.engine.loop.run_rounds`) decides it, and what in the
+    records says so: ``diverged`` when a record holds a non-finite loss or accuracy and
+    the records end at that round (the run stops there); else, when the records reach
+    the run's last round, ``no_client_trained`` when the algorithm trains clients and no
+    round used one, else ``completed`` (either when the records do not say how many
+    clients each round used, or the algorithm is not known in this process). None of
+    them (an empty tuple) when the records say the run did not end."""
+    last = last_value(records, "round")
+    diverged = divergence(records)
+    if diverged is not None:
+        if diverged != last:
+            return (), (f"a non-finite loss or accuracy at round {diverged} and records "
+                        f"after it, to round {last}")
+        return ("diverged",), f"a non-finite loss or accuracy at round {diverged}"
+    if last != cfg.rounds:
+        return (), (f"no divergence and its last round is {last}, not the run's last "
+                    f"round {cfg.rounds}")
+    rounds = [r for r in records if r.get("round", 0) > 0]
+    used = [r.get("clients_used") for r in rounds]
+    trained = next((r["round"] for r, n in zip(rounds, used) if _some(n)), None)
+    if trained is not None:
+        return ("completed",), f"no divergence and clients trained in round {trained}"
+    trains = _trains_clients(cfg)
+    if not rounds or trains is False:
+        return ("completed",), "no divergence"
+    if trains and all(is_finite_number(n) and n == 0 for n in used):
+        return ("no_client_trained",), "no divergence and no client trained in any round"
+    return ("completed", "no_client_trained"), "no divergence"
+
+
+def _some(value) -> bool:
+    """A finite number other than 0 (a round's ``clients_used`` when clients trained)."""
+    return is_finite_number(value) and value != 0
+
+
+def _trains_clients(cfg: RunConfig) -> bool | None:
+    """Whether the run's algorithm trains clients (``federated``); None when it is not
+    known here."""
+    try:
+        return bool(getattr(get_algorithm(cfg.algorithm.name), "federated", True))
+    except SplitfedError:
+        return None
+
+
 def ended_without_checkpoint(run_dir: Path, cfg: RunConfig) -> RunResult | None:
     """The result of the run in ``run_dir`` when it ended but kept no checkpoint
     (``checkpoint_every: 0``): a whole ``summary.json`` with a finished status, and a
-    ``metrics.jsonl`` that ends at the round the summary says: ``cfg.rounds``, or where
-    the records diverge when the run diverged. It is read from those files, which stay
-    as they are; its ``state`` is empty (the model was not kept). None otherwise: the
-    run starts again from round 0."""
+    ``metrics.jsonl`` that ends at the round the summary says and gives that status
+    (:func:`record_statuses`). It is read from those files, which stay as they are; its
+    ``state`` is empty (the model was not kept). None otherwise: the run starts again
+    from round 0."""
     summary = read_json_object(run_dir / "summary.json")
     if summary is None or summary.get("status") not in FINISHED_STATUSES:
         return None
@@ -905,15 +951,9 @@ def ended_without_checkpoint(run_dir: Path, cfg: RunConfig) -> RunResult | None:
         records = read_records(run_dir / "metrics.jsonl")
     except (FormatError, OSError):
         return None
-    last = max((r["round"] for r in records), default=None)
-    if last is None or last != summary.get("rounds"):
+    if not records or last_value(records, "round") != summary.get("rounds"):
         return None
-    diverged = divergence(records)           # a diverged run stops at that round
-    if diverged is not None:
-        ended = summary["status"] == "diverged" and diverged == last
-    else:
-        ended = summary["status"] != "diverged" and last == cfg.rounds
-    if not ended:
+    if summary["status"] not in record_statuses(records, cfg)[0]:
         return None
     wall = summary.get("wall_time_s")
     return RunResult(summary["status"], records, run_dir,

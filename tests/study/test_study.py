@@ -440,6 +440,26 @@ def test_a_finished_run_whose_records_contradict_its_status_is_refused(done, tmp
         run_study(path, out_dir=out, quiet=True)
 
 
+def test_a_diverged_run_whose_records_go_on_after_the_divergence_is_refused(
+        done, tmp_path, monkeypatch):
+    """A run stops at the round it diverges at: records with a non-finite loss and
+    rounds after it are no finished run's, whatever its summary says."""
+    path, out = _copy(done, tmp_path)
+    run = out / "tiny_study" / "runs" / "fl-partition.alpha-0.5-s0"
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in records] == [0, 1, 2]
+    broken = [{**r, "train_loss": float("nan")} if r["round"] == 1 else r for r in records]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in broken))
+    _edit_summary(run, status="diverged")
+    _forbid_runs(monkeypatch)
+    monkeypatch.setattr(runner, "run_point", lambda *a, **k: pytest.fail("a run started"))
+    with pytest.raises(FormatError, match=r"says the run ended 'diverged' but metrics\.jsonl "
+                                          "records a non-finite loss or accuracy at round "
+                                          r"1 and records after it, to round 2; .* is "
+                                          "damaged"):
+        run_study(path, out_dir=out, quiet=True)
+
+
 @pytest.mark.parametrize("text, why", [
     ('{"name": "tiny", "status": "compl', "not JSON"),        # torn
     ("", "not JSON"),                                           # empty

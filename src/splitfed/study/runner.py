@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from splitfed.config import RunConfig
 from splitfed.errors import ConfigError, FormatError, RunInterrupted, SplitfedError
+from splitfed.experiment import record_statuses
 from splitfed.locking import DirLock, check_free
 from splitfed.metrics import divergence, last_value, read_records
 from splitfed.study.analysis import _num, run_numbers
@@ -229,8 +229,9 @@ def _check_complete(run: StudyRun, records: list[dict]) -> None:
     """A finished run's ``summary.json`` agrees with its ``metrics.jsonl``: the records
     end at the round it says the run ended at (a file cut at a line boundary, a copy
     interrupted or a disk filled, reads as valid records and would pass for the whole
-    run), and its ``status`` is the one the records give (:func:`record_statuses`; the
-    table and the exit status take it from there, the numbers from the records)."""
+    run), and its ``status`` is the one the records give
+    (:func:`~splitfed.experiment.record_statuses`; the table and the exit status take it
+    from there, the numbers from the records)."""
     run_dir = run.run_dir
     summary = read_json(run_dir / "summary.json")
     damaged = (f"; the finished run in {run_dir} is damaged: delete that directory to run "
@@ -241,50 +242,11 @@ def _check_complete(run: StudyRun, records: list[dict]) -> None:
                           f"summary.json says the run ended at round {said}{damaged}")
     status = summary.get("status")
     allowed, why = record_statuses(records, run.config)
-    if status == "diverged" and "diverged" not in allowed:
+    if status == "diverged" and divergence(records) is None:
         why = "no non-finite loss or accuracy in any round"
     if status not in allowed:
         raise FormatError(f"{run_dir / 'summary.json'} says the run ended {status!r} but "
                           f"metrics.jsonl records {why}{damaged}")
-
-
-def record_statuses(records: list[dict], cfg: RunConfig) -> tuple[tuple[str, ...], str]:
-    """The statuses a finished run of ``cfg`` whose records are ``records`` can have, as
-    the round loop (:func:`splitfed.engine.loop.run_rounds`) decides it, and what in the
-    records says so: ``diverged`` when a record holds a non-finite loss or accuracy (the
-    run stops there); else the run reached its last round, ``no_client_trained`` when
-    the algorithm trains clients and no round used one, else ``completed`` (either when
-    the records do not say how many clients each round used, or the algorithm is not
-    known in this process)."""
-    diverged = divergence(records)
-    if diverged is not None:
-        return ("diverged",), f"a non-finite loss or accuracy at round {diverged}"
-    last = last_value(records, "round")
-    if last != cfg.rounds:
-        return (), (f"no divergence and its last round is {last}, not the run's last "
-                    f"round {cfg.rounds}")
-    rounds = [r for r in records if r.get("round", 0) > 0]
-    used = [r.get("clients_used") for r in rounds]
-    trained = next((r["round"] for r, n in zip(rounds, used) if _num(n)), None)
-    if trained is not None:
-        return ("completed",), f"no divergence and clients trained in round {trained}"
-    trains = _trains_clients(cfg)
-    if not rounds or trains is False:
-        return ("completed",), "no divergence"
-    if trains and all(_num(n) == 0 for n in used):
-        return ("no_client_trained",), "no divergence and no client trained in any round"
-    return ("completed", "no_client_trained"), "no divergence"
-
-
-def _trains_clients(cfg: RunConfig) -> bool | None:
-    """Whether the run's algorithm trains clients (``federated``); None when it is not
-    known here."""
-    from splitfed.algorithms import get_algorithm
-
-    try:
-        return bool(getattr(get_algorithm(cfg.algorithm.name), "federated", True))
-    except SplitfedError:
-        return None
 
 
 def server_pool_mismatch(runs: list[StudyRun]) -> str | None:
