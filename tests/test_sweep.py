@@ -21,11 +21,11 @@ from tests.helpers import digits_config
 
 def test_parse_axes_reads_yaml_values_split_at_top_level_commas():
     axes, over = parse_axes(["train.lr=0.01,0.1", "model.hidden=[64,32],[128]",
-                             "rounds=5", "model.options.hidden=[8,4]",
+                             "rounds=5", "model.options.depth=[8,4]",
                              "algorithm.name=fedavg,sl", "partition.alpha=0.1,inf"])
     assert axes == {"train.lr": [0.01, 0.1], "model.hidden": [[64, 32], [128]],
                     "algorithm.name": ["fedavg", "sl"], "partition.alpha": [0.1, "inf"]}
-    assert over == ["rounds=5", "model.options.hidden=[8,4]"]
+    assert over == ["rounds=5", "model.options.depth=[8,4]"]
 
 
 @pytest.mark.parametrize("items,match", [
@@ -51,6 +51,14 @@ def test_parse_axes_reads_yaml_values_split_at_top_level_commas():
     (["algorithm.options.mu=0.1,0.2", "algorithm.mu=0.3,0.4"],
      "the axes 'algorithm.options.mu' and 'algorithm.mu' set the same value"),
     ([f"x{i}.y=1,2" for i in range(65)], "sweep: 65 keys, more than the 64 a grid may have"),
+    # an option spelled flat and under its section's options is one key
+    (["algorithm.mu=0.1,0.2", "algorithm.options.mu=0.3"],
+     "^sweep: 'algorithm.options.mu' is given twice"),
+    (["algorithm.options.mu=0.3", "algorithm.mu=0.1,0.2"], "'algorithm.mu' is given twice"),
+    (["algorithm.mu=0.3", "algorithm={options: {mu: 0.4}}"],
+     "'algorithm.options.mu' is given twice"),
+    (["partition.options={alpha: 0.1},{alpha: 0.5}", "partition.alpha=0.3"],
+     "'partition.alpha' is given twice"),
 ])
 def test_parse_axes_errors_name_the_item(items, match):
     with pytest.raises(ConfigError, match=match):

@@ -34,7 +34,10 @@ def parse_axes(items: list[str]) -> tuple[dict[str, list[Any]], list[str]]:
     overrides ``["rounds=5"]``). ConfigError names a malformed item, and a key given
     twice: an axis twice, or a value that an override sets and another item sets too
     (compared by the keys they set, :func:`set_keys`: ``train={lr: 0.3}`` sets
-    ``train.lr``), since one of them would reach no run."""
+    ``train.lr``; an option spelled flat or under its section's ``options`` is one key,
+    :func:`~splitfed.config.keys_overlap`), since one of them would reach no run."""
+    from splitfed.config import keys_overlap
+
     axes: dict[str, list[Any]] = {}
     overrides: list[str] = []
     by_axis: set[str] = set()              # the keys that earlier axes set in every run
@@ -51,7 +54,8 @@ def parse_axes(items: list[str]) -> tuple[dict[str, list[Any]], list[str]]:
             raise ConfigError(f"sweep: '{item}' gives no value; write key=v1,v2,...")
         single = len(values) == 1
         mine = set_keys(key, values[0]) if single else axis_keys(key, values)
-        twice = [k for k in mine if k in by_override or (single and k in by_axis)]
+        earlier = [*by_override, *(by_axis if single else ())]
+        twice = [k for k in mine if any(keys_overlap(k, e) for e in earlier)]
         if key in axes or twice:
             twice = twice[0] if twice else key
             raise ConfigError(f"sweep: '{twice}' is given twice; give all its values at "
