@@ -207,11 +207,24 @@ def read_json_object(path: str | Path, max_bytes: int = MAX_SUMMARY_BYTES) -> di
     """A JSON object (a run's ``summary.json``) as a dict, read through
     :func:`read_regular` (at most ``max_bytes``); None when it is absent, unreadable,
     larger, not a regular file, not JSON or not an object (a damaged file)."""
+    data, _ = json_object_or_why(path, max_bytes)
+    return data
+
+
+def json_object_or_why(path: str | Path, max_bytes: int = MAX_SUMMARY_BYTES
+                       ) -> tuple[dict | None, str]:
+    """(the JSON object in ``path`` as a dict, "") as :func:`read_json_object` reads it,
+    or (None, why it is not one: not a regular file, larger than ``max_bytes``, cannot
+    be read (absent too), not JSON, not an object)."""
     try:
         data = loads_json(read_regular(path, str(path), max_bytes))
-    except (OSError, ValueError):      # FormatError and UnicodeDecodeError are ValueErrors
-        return None
-    return data if isinstance(data, dict) else None
+    except FormatError as e:                  # not a regular file, too large
+        return None, str(e).removeprefix(f"{path}: ")
+    except ValueError as e:                   # not UTF-8 (UnicodeDecodeError), not JSON
+        return None, f"not JSON ({e})"
+    except OSError as e:
+        return None, f"cannot read it ({e})"
+    return (data, "") if isinstance(data, dict) else (None, "not a JSON object")
 
 
 def loads_json(text: str | bytes) -> Any:

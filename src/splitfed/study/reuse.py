@@ -26,8 +26,8 @@ from splitfed.configtools import load_yaml, to_dict, yaml_round_trip
 from splitfed.errors import ConfigError, FormatError
 from splitfed.experiment import FINISHED_STATUSES, RUN_FILES
 from splitfed.locking import LOCK_NAME
-from splitfed.files import (MAX_SUMMARY_BYTES, is_temp_file, loads_json, read_json_object,
-                            read_regular)
+from splitfed.files import (MAX_SUMMARY_BYTES, is_temp_file, json_object_or_why,
+                            read_json_object)
 from splitfed.study.spec import StudyRun
 
 FINISHED = FINISHED_STATUSES                   # rerunning gives the same run
@@ -223,17 +223,11 @@ def read_summary(run_dir: Path) -> dict | None:
     path = run_dir / "summary.json"
     if not path.exists() and not path.is_symlink():
         return None
-    try:
-        data = loads_json(read_regular(path, str(path), MAX_SUMMARY_BYTES))
-        why = None if isinstance(data, dict) else "not a JSON object"
-        if why is None and not isinstance(data.get("status"), str):
-            why = "no status"
-    except FormatError as e:                  # not a regular file, too large
-        why = str(e).removeprefix(f"{path}: ")
-    except (OSError, ValueError) as e:        # unreadable, not UTF-8, not JSON
-        why = f"not JSON ({e})" if isinstance(e, ValueError) else f"cannot read it ({e})"
-    if why is None:
-        return data
+    data, why = json_object_or_why(path, MAX_SUMMARY_BYTES)
+    if data is not None:
+        if isinstance(data.get("status"), str):
+            return data
+        why = "no status"
     raise FormatError(f"{path}: {why}; the finished run in {run_dir} is damaged: delete "
                       "that directory to run it again")
 
