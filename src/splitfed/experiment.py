@@ -54,6 +54,8 @@ from splitfed.transport import InProcessTransport, Ledger
 
 #: the statuses of a run that ended (``summary.json``): running it again gives the same run
 FINISHED_STATUSES = ("completed", "diverged", "no_client_trained")
+#: the statuses of a run that stopped before it ended (``summary.json``): it resumes
+UNFINISHED_STATUSES = ("failed", "interrupted")
 
 
 @dataclass

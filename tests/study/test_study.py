@@ -464,7 +464,9 @@ def test_a_diverged_run_whose_records_go_on_after_the_divergence_is_refused(
     ('{"name": "tiny", "status": "compl', "not JSON"),        # torn
     ("", "not JSON"),                                           # empty
     ("[1, 2]", "not a JSON object"),
-    ('{"name": "tiny"}', "no status")])
+    ('{"name": "tiny"}', "no status"),
+    ('{"name": "tiny", "status": "running"}', "status 'running' is none a run writes"),
+    ('{"name": "tiny", "status": 1}', "status '1' is none a run writes")])
 def test_a_finished_run_whose_summary_is_damaged_is_refused_before_any_run(
         done, tmp_path, monkeypatch, text, why):
     """A run writes summary.json once, whole, when it ends: one that is there but is not

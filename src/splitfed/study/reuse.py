@@ -24,7 +24,7 @@ from typing import Any
 from splitfed.config import RunConfig, build_config
 from splitfed.configtools import load_yaml, to_dict, yaml_round_trip
 from splitfed.errors import ConfigError, FormatError
-from splitfed.experiment import FINISHED_STATUSES, RUN_FILES
+from splitfed.experiment import FINISHED_STATUSES, RUN_FILES, UNFINISHED_STATUSES
 from splitfed.locking import LOCK_NAME
 from splitfed.files import (MAX_SUMMARY_BYTES, is_temp_file, json_object_or_why,
                             read_json_object)
@@ -215,8 +215,9 @@ def run_dir_state(run: StudyRun, current: Mapping | None = None) -> RunDirState:
 
 def read_summary(run_dir: Path) -> dict | None:
     """``run_dir/summary.json`` as a dict; None when there is none. A run writes it once,
-    whole, when it ends, so one that is there but is not a JSON object with a ``status``
-    (torn, empty, too large, unreadable, a list) is damaged: a
+    whole, when it ends, so one that is there but is not a JSON object with a status a
+    run writes (torn, empty, too large, unreadable, a list, ``"status": "running"``) is
+    damaged: a
     :class:`~splitfed.errors.FormatError` names the file and the directory to delete.
     Read as it is, the run would count as unfinished and be resumed into a summary with
     no provenance."""
@@ -225,9 +226,12 @@ def read_summary(run_dir: Path) -> dict | None:
         return None
     data, why = json_object_or_why(path, MAX_SUMMARY_BYTES)
     if data is not None:
-        if isinstance(data.get("status"), str):
+        status = data.get("status")
+        if status in FINISHED_STATUSES + UNFINISHED_STATUSES:
             return data
-        why = "no status"
+        why = "no status" if "status" not in data else (
+            f"status {str(status)[:40]!r} is none a run writes (it ends "
+            f"{', '.join(FINISHED_STATUSES)}, or stops {', '.join(UNFINISHED_STATUSES)})")
     raise FormatError(f"{path}: {why}; the finished run in {run_dir} is damaged: delete "
                       "that directory to run it again")
 
