@@ -387,6 +387,8 @@ class BadTransform(GradientTransform):
                 "obj": 42,
                 "tuple": lambda names, params, grads, slots: tuple(grads),
                 "int": lambda names, params, grads, slots: [g.to(torch.int64) for g in grads],
+                "meta": lambda names, params, grads, slots: [
+                    torch.empty(g.shape, dtype=g.dtype, device="meta") for g in grads],
                 "ok": lambda names, params, grads, slots: grads}[self.options.mode]
 
 
@@ -403,6 +405,9 @@ def bad_transform(scratch):
     ("none", "the update of transform 'zz_t' (plugin {}) returned NoneType"),
     ("int", "the update of transform 'zz_t' (plugin {}) returned torch.int64 for "
             "fc1.1.weight, whose gradient is torch.float32"),
+    ("meta", "the update of transform 'zz_t' (plugin {}) returned a tensor on meta for "
+             "fc1.1.weight, whose gradient is on cpu; it must return a list of 4 tensors, "
+             "each of the shape, dtype and device"),
     ("obj", "start of transform 'zz_t' (plugin {}) returned int; it must return a "
             "GradientRound, a function"),
 ])

@@ -220,14 +220,15 @@ def describe(transform: Transform) -> str:
 
 def _checked(transform: Transform, names, grads, out) -> list[torch.Tensor]:
     """``out``, what ``transform``'s update returned for ``grads``: one tensor per
-    parameter, each of its gradient's shape and dtype; anything else raises
-    PluginError."""
+    parameter, each of its gradient's shape, dtype and device; anything else raises
+    PluginError (on every step: the device is compared as the dtype is, a few hundred
+    nanoseconds a parameter)."""
     def bad(what: str):
         from splitfed.errors import PluginError
 
         return PluginError(f"algorithm.client_transforms: the update of {describe(transform)} "
                            f"{what}; it must return a list of {len(grads)} tensors, each "
-                           "of the shape and dtype of the gradient it replaces "
+                           "of the shape, dtype and device of the gradient it replaces "
                            "([clients, ...] per parameter)")
 
     if not isinstance(out, (list, tuple)):
@@ -242,6 +243,9 @@ def _checked(transform: Transform, names, grads, out) -> list[torch.Tensor]:
                       f"shape {tuple(g.shape)}")
         if o.dtype is not g.dtype:
             raise bad(f"returned {o.dtype} for {name}, whose gradient is {g.dtype}")
+        if o.device != g.device:
+            raise bad(f"returned a tensor on {o.device} for {name}, whose gradient is on "
+                      f"{g.device}")
     return out if isinstance(out, list) else list(out)
 
 
@@ -288,8 +292,8 @@ def start_gradients(transforms: Sequence[GradientTransform], env, state: dict, t
     """Open the round of every transform in order; returns the chained round (None when
     no transform corrects anything this round) and the per-transform rounds. What each
     transform's ``update`` returns is checked on every step: as many gradients as it was
-    given, each of the same shape (:class:`~splitfed.errors.PluginError` naming the
-    transform otherwise)."""
+    given, each of the same shape, dtype and device (:class:`~splitfed.errors.PluginError`
+    naming the transform otherwise)."""
     rounds, live = [], []
     for tr in transforms:
         r = call_plugin("transform", tr.name, "algorithm.client_transforms", tr.start, env,
