@@ -24,7 +24,9 @@ both ways, FedCLG-C's server gradient down, FedCLG-S's client gradients up). The
 clients' compute of a round is the algorithm's ``client_macs``
 (one forward and one backward pass per training sample, or what its clients compute
 instead: MU-SplitFed's and GAS's 2 q + 1 forward passes, CSE-FSL's auxiliary heads),
-on average over the rounds and the participation's clients as the bytes are.
+and the samples its gradient transforms add (their ``client_samples``: FedCLG's pass
+for g^i_t with ``client_gradient: fresh_batch`` or ``full``), on average over the
+rounds and the participation's clients as the bytes are.
 """
 
 from __future__ import annotations
@@ -204,11 +206,15 @@ def _model(algorithm, env) -> dict:
                    cut_description=getattr(model, "cut_descriptions", {}).get(env.cut),
                    client_parameters=_params(client), server_parameters=_params(server))
     if algorithm.federated:
-        steps = local_steps_of(algorithm, env, np.arange(len(env.data_sizes)))
+        ids = np.arange(len(env.data_sizes))
+        steps = local_steps_of(algorithm, env, ids)
         macs, model_bytes, up, down, (extra_down, extra_up) = client_work(
-            algorithm, env, steps)
+            algorithm, env, steps, ids=ids)
         share = _round_share(env)
         out["client_macs_per_round"] = float((share * macs).sum())
+        # the transforms whose clients compute more (what they say, client_work checked)
+        out["client_samples_of"] = [t.name for t in algorithm.gradient_transforms
+                                    if np.any(t.client_samples(env, ids))]
         out["bytes"] = {"model": int(model_bytes), "cut_up": float((share * up).sum()),
                         "cut_down": float((share * down).sum()),
                         "messages_down": int(extra_down), "messages_up": int(extra_up),
@@ -292,8 +298,10 @@ def format_plan(plan: dict, config: str | None = None) -> str:
     text = (f"MACs per training sample (forward and backward): client {macs['client']:,}, "
             f"server {macs['server']:,}")
     if "client_macs_per_round" in m:
+        extra = m.get("client_samples_of")
         text += (f"; all clients of a round: {round(m['client_macs_per_round']):,} "
-                 f"(what {a['name']}'s clients compute)")
+                 f"(what {a['name']}'s clients compute"
+                 + (f", the extra passes of {', '.join(extra)} included)" if extra else ")"))
     rows.append(("compute", text))
     if "bytes" in m:
         b = m["bytes"]

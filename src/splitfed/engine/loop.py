@@ -59,7 +59,7 @@ from splitfed.engine.evaluate import evaluate
 from splitfed.engine.flops import TRAIN_FACTOR, forward_macs
 from splitfed.engine.participation import NOBODY
 from splitfed.engine.rounds import RoundResult
-from splitfed.errors import PluginError
+from splitfed.errors import PluginError, preview
 from splitfed.metrics import (  # noqa: F401 - RESERVED_KEYS: re-exported
     RESERVED_KEYS, divergence, metric_problem)
 from splitfed.models import dry_output, output_shape, split
@@ -128,20 +128,50 @@ def work_sizes(algorithm, env) -> tuple[int, int, int, int]:
     return macs, model, acts, math.prod(y.shape[1:]) * y.element_size()
 
 
-def client_work(algorithm, env, steps, t: int | None = None, sizes=None) -> tuple:
+def client_work(algorithm, env, steps, t: int | None = None, sizes=None,
+                ids=None) -> tuple:
     """What a client's round costs it when it takes ``steps`` local steps (a number or
     an array, one per client) in round ``t`` (None: a round on average), for
     over-selection's prediction (:meth:`~splitfed.engine.clock.VirtualClock.keep_fastest`)
-    and ``--dry-run``'s plan: (MACs it computes: the algorithm's ``client_macs``, bytes
-    of its model part each way, bytes up and down at the cut: the algorithm's
-    ``cut_bytes``, bytes down and up of its gradient transforms' messages:
-    :func:`message_bytes`). ``sizes``: :func:`work_sizes`, when the caller keeps them."""
+    and ``--dry-run``'s plan: (MACs it computes: the algorithm's ``client_macs`` and the
+    samples its gradient transforms add, :func:`transform_samples`, bytes of its model
+    part each way, bytes up and down at the cut: the algorithm's ``cut_bytes``, bytes
+    down and up of its gradient transforms' messages: :func:`message_bytes`). ``ids``:
+    the clients (one per entry of ``steps``; None: every client of the run, 0..N-1).
+    ``sizes``: :func:`work_sizes`, when the caller keeps them."""
     macs, model, acts, label = work_sizes(algorithm, env) if sizes is None else sizes
     name = env.config.algorithm.name
     up, down = call_algorithm(name, "cut_bytes", algorithm.cut_bytes, env, acts, label,
                               steps, t)
     computed = call_algorithm(name, "client_macs", algorithm.client_macs, env, macs, steps, t)
+    if algorithm.gradient_transforms:
+        ids = np.arange(env.num_clients) if ids is None else np.asarray(ids, np.int64)
+        extra = transform_samples(algorithm, env, ids)
+        if extra.any():                     # FedCLG's g^i_t pass (fresh_batch, full)
+            computed = computed + extra * macs
     return computed, model, up, down, message_bytes(algorithm, env, model)
+
+
+def transform_samples(algorithm, env, ids: np.ndarray) -> np.ndarray:
+    """The training samples each of the clients ``ids`` computes in a round for
+    ``algorithm``'s gradient transforms beyond its local steps (their ``client_samples``:
+    FedCLG's g^i_t pass), one per id (int64)."""
+    total = np.zeros(len(ids), dtype=np.int64)
+    for step in algorithm.gradient_transforms:
+        got = step.client_samples(env, ids)
+        if not _sample_counts(got, len(ids)):
+            raise PluginError(f"transform {step.name!r}: client_samples must return a whole "
+                              f"number of samples >= 0, or an integer array of one per "
+                              f"client ({len(ids)}); it returned {preview(got)}")
+        total += np.asarray(got, dtype=np.int64)
+    return total
+
+
+def _sample_counts(value, n: int) -> bool:
+    if isinstance(value, np.ndarray):
+        return (value.shape == (n,) and value.dtype.kind in "iu"
+                and not (value < 0).any())
+    return _whole_bytes(value)
 
 
 def message_bytes(algorithm, env, part_bytes: int) -> tuple[int, int]:
@@ -176,7 +206,7 @@ def local_steps_of(algorithm, env, ids: np.ndarray) -> np.ndarray:
 def _over_select(algorithm, env, cohort, sizes, t: int):
     """Keep round ``t``'s ``clock.keep`` predicted-fastest clients (over-selection)."""
     macs, model, up, down, (extra_down, extra_up) = client_work(
-        algorithm, env, local_steps_of(algorithm, env, cohort.ids), t, sizes)
+        algorithm, env, local_steps_of(algorithm, env, cohort.ids), t, sizes, cohort.ids)
     return env.clock.keep_fastest(cohort, macs, model + up + extra_up,
                                   model + down + extra_down)
 

@@ -143,6 +143,17 @@ class GradientTransform(Transform):
         Default: none."""
         return 0, 0
 
+    def client_samples(self, env, ids: np.ndarray) -> int | np.ndarray:
+        """The training samples (a forward and a backward pass each, of the part the
+        clients train) that the clients ``ids`` (one entry per cohort slot) compute in a
+        round for this transform beyond their local steps: what its round charges the
+        clock for them (role ``client``) and counts in its ``samples``, for
+        over-selection's prediction and ``--dry-run``'s compute (each sample costs the
+        algorithm's MACs per training sample). One number for every client, or one per
+        id. Default: none (FedCLG's g^i_t pass, with ``client_gradient: fresh_batch`` or
+        ``full``, has some)."""
+        return 0
+
     def start(self, env, state: dict | None, t: int, cohort,
               round_) -> GradientRound | Update | None:
         """Open round ``t`` for ``cohort``; ``round_`` is the :class:`~splitfed.engine.
