@@ -170,3 +170,64 @@ def test_a_transform_whose_message_bytes_are_not_two_counts_is_named(returned):
     step = SimpleNamespace(name="mine", message_bytes=lambda env, part: returned)
     with pytest.raises(PluginError, match=r"transform 'mine': message_bytes must return"):
         message_bytes(SimpleNamespace(gradient_transforms=[step]), None, 10)
+
+
+@pytest.mark.parametrize("client_gradient, batch", [
+    ("first_batch", 8), ("fresh_batch", 8), ("full", 8),
+    ("fresh_batch", 256)])                    # more than client 2's 186 samples
+@pytest.mark.parametrize("algorithm", ["fedclg_c", "fedclg_s"])
+def test_the_planned_client_macs_of_a_round_are_what_the_run_charges(
+        here, monkeypatch, algorithm, client_gradient, batch):
+    """Full participation: the plan's compute of a round's clients (K B forward and
+    backward passes each, and FedCLG's pass for g^i_t: B samples with ``fresh_batch``,
+    also for a client with fewer, whose batch repeats samples, all D_i with ``full``,
+    none with ``first_batch``) is what the run charged the clients on the clock in its
+    first round, client by client as over-selection predicts it, and what its record
+    counts."""
+    from splitfed.engine.clock import CLIENT, VirtualClock
+    from splitfed.engine.loop import client_work, local_steps_of
+    from splitfed.experiment import build_algorithm, build_environment
+
+    cfg = build_config({"name": "t", "rounds": 1, "progress": False,
+                        "algorithm": {"name": algorithm, "client_gradient": client_gradient},
+                        "data": {"name": "digits"}, "model": {"name": "mlp", "hidden": [8]},
+                        "partition": {"scheme": "dirichlet", "num_clients": 4, "alpha": 0.5},
+                        "train": {"batch_size": batch, "local_steps": 2,
+                                  "local_epochs": None},
+                        "checkpoint_every": 0, "out_dir": str(here / "runs")})
+    plan = build_plan(cfg)
+    charged = np.zeros(4, dtype=np.int64)
+    compute = VirtualClock.compute
+
+    def tally(self, role, ids, macs):
+        if role == CLIENT:
+            ids = np.atleast_1d(np.asarray(ids))
+            np.add.at(charged, ids, np.broadcast_to(np.asarray(macs), ids.shape))
+        return compute(self, role, ids, macs)
+    monkeypatch.setattr(VirtualClock, "compute", tally)
+    records = run_experiment(cfg, write=False).records
+    first = next(r for r in records if r["round"] == 1)
+    assert plan["model"]["client_macs_per_round"] == charged.sum() == first["client_macs"]
+    env, algo = build_environment(cfg), build_algorithm(cfg)
+    ids = np.arange(4)
+    predicted = client_work(algo, env, local_steps_of(algo, env, ids), ids=ids)[0]
+    np.testing.assert_array_equal(predicted, charged)
+    assert env.data_sizes.tolist() == [362, 413, 186, 377]    # the server took its pool
+    extra = {"first_batch": 0, "fresh_batch": batch, "full": env.data_sizes}[client_gradient]
+    whole = 3 * (64 * 8 + 8 * 10)              # a forward and a backward pass, mlp [8]
+    np.testing.assert_array_equal(charged, (2 * batch + extra) * whole)
+    assert plan["model"]["client_samples_of"] == (
+        [] if client_gradient == "first_batch" else [algorithm])
+
+
+@pytest.mark.parametrize("returned", [1.5, -1, True, (1, 2), np.array([1, 2]),
+                                      np.array([1.0, 2.0, 3.0]), np.array([1, -2, 3])])
+def test_a_transform_whose_client_samples_are_not_counts_is_named(returned):
+    from types import SimpleNamespace
+
+    from splitfed.engine.loop import transform_samples
+    from splitfed.errors import PluginError
+
+    step = SimpleNamespace(name="mine", client_samples=lambda env, ids: returned)
+    with pytest.raises(PluginError, match=r"transform 'mine': client_samples must return"):
+        transform_samples(SimpleNamespace(gradient_transforms=[step]), None, np.arange(3))

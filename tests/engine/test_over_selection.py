@@ -134,3 +134,42 @@ def test_deterministic():
     assert [r["sim_time_s"] for r in a[3]] == [r["sim_time_s"] for r in b[3]]
     assert torch.equal(torch.tensor([r["train_loss"] for r in a[3]]),
                        torch.tensor([r["train_loss"] for r in b[3]]))
+
+
+@pytest.mark.parametrize("client_gradient", ["fresh_batch", "full"])
+@pytest.mark.parametrize("algorithm", ["fedclg_c", "fedclg_s"])
+def test_fedclg_prediction_counts_the_client_gradient_pass(algorithm, client_gradient):
+    """Two clients, one kept. Client 0 computes the K B = 8 samples of its local steps
+    in 0.5 s over unlimited links; client 1 computes without limit and sends what a round
+    uploads (the model, and g^i_t under FedCLG-S) in 0.6 s. FedCLG's own pass for g^i_t
+    (B = 4 more samples with ``fresh_batch``: 0.75 s; all of client 0's with ``full``)
+    makes client 0 the slower, as a round with both clients shows, and over-selection
+    keeps client 1; a prediction without that pass would keep client 0."""
+    def config(clock=None, **sections):
+        return digits_config(algorithm={"name": algorithm, "client_gradient": client_gradient},
+                             rounds=2, eval_every=10,
+                             partition={"scheme": "iid", "num_clients": 2},
+                             model={"name": "mlp", "hidden": [8]},
+                             train={"batch_size": B, "local_steps": K, "local_epochs": None,
+                                    "lr": 0.1}, **({"clock": clock} if clock else {}),
+                             **sections)
+
+    cfg = config()
+    env = build_environment(cfg)
+    whole = 3 * forward_macs(env.model, tuple(env.data.input_shape))
+    up = payload_bytes(env.model.state_dict(), per_client=False) * (
+        2 if algorithm == "fedclg_s" else 1)
+    clock = {"profile": "fixed", "client_compute": [K * B * whole / 0.5, 3e38],
+             "uplink": [3e38, up / 0.6], "downlink": 3e38, "server_compute": 3e38}
+    extra = B if client_gradient == "fresh_batch" else env.data_sizes
+    algo = build_algorithm(cfg)
+    predicted = client_work(algo, env, K, ids=np.arange(2))[0]
+    np.testing.assert_array_equal(predicted, (K * B + extra) * whole)
+    _, _, _, both = _run(config(clock, participation={"mode": "full"}))
+    assert [r["slowest_client"] for r in both] == [0, 0]
+    _, sampled, trained, records = _run(config(
+        {**clock, "over_select": 1.0},
+        participation={"mode": "uniform", "clients_per_round": 1}))
+    assert all(sorted(s.ids.tolist()) == [0, 1] for s in sampled)
+    assert [t.ids.tolist() for t in trained] == [[1], [1]]
+    assert all(r["dropped"] == 1 for r in records)

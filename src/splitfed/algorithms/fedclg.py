@@ -35,7 +35,8 @@ Decisions (docs/design.md and what the paper leaves open):
   grad f_i(x_t, zeta_i), and a client gets it for free from its first step. With it the
   first corrected step of FedCLG-C is exactly x_t - eta g^s_t. "fresh_batch" draws a
   separate minibatch (stream ``client_gradients``) and "full" uses all the client's data
-  (grad f_i(x_t)); both cost the client one more pass (added to ``samples``). In this
+  (grad f_i(x_t)); both cost the client one more pass (added to ``samples``, and to
+  the cost over-selection and ``--dry-run`` predict: ``client_samples``). In this
   simulation g^i_t is computed for the whole cohort in one batched pass of stacked copies
   at x_t, without stepping (:func:`stacked_gradients`); the first local batch is the one
   the executor will draw (a copy of the ``batches`` stream).
@@ -177,8 +178,24 @@ class CLGCorrection(GradientTransform):
         g = stacked_gradients(env.model, x_t, env.server_data.x, env.server_data.y, [batch], 1)
         return {n: v[0] for n, v in g.items()}
 
+    def client_samples(self, env, ids):
+        """The samples of g^i_t's own pass, one per slot of ``ids``: none with
+        ``first_batch`` (the first local step's batch), ``train.batch_size`` with
+        ``fresh_batch`` (one batch of :func:`batch_plan`, which has B samples also for a
+        client with fewer, repeating them), D_i with ``full``. What
+        :meth:`client_gradients` charges the clock and counts in ``samples``;
+        over-selection and ``--dry-run`` predict the pass with it."""
+        ids = np.asarray(ids, dtype=np.int64)
+        mode = self.options.client_gradient
+        if mode == "first_batch":
+            return np.zeros(len(ids), dtype=np.int64)
+        if mode == "fresh_batch":
+            return np.full(len(ids), int(env.config.train.batch_size), dtype=np.int64)
+        return env.data_sizes[ids]
+
     def client_gradients(self, env, x_t, cohort) -> tuple[dict[str, torch.Tensor], int]:
-        """g^i_t per cohort slot, [S, ...] per parameter, and the extra samples it cost."""
+        """g^i_t per cohort slot, [S, ...] per parameter, and the extra samples it cost
+        (:meth:`client_samples`, charged to the clients on the clock)."""
         mode, tr = self.options.client_gradient, env.config.train
         ids = cohort.ids
         executor = env.executor(env.model)
@@ -186,22 +203,20 @@ class CLGCorrection(GradientTransform):
         if mode == "first_batch":
             rng = copy.deepcopy(env.streams.numpy("batches"))
             rows = [plan[0] for plan in executor.plans(ids, env.local_steps(ids), rng)]
-            extra = 0
         elif mode == "fresh_batch":
             rng = env.streams.numpy("client_gradients")
             rows = [batch_plan(env.client_indices[c], 1, tr.batch_size, rng)[0] for c in ids]
-            extra = len(ids) * tr.batch_size
         else:
             rows = [env.client_indices[c] for c in ids]
-            extra = int(sum(len(r) for r in rows))
             width = max(len(r) for r in rows)
             chunk = env.config.engine.chunk_size or max(1, SAMPLES_PER_CALL // width)
         grads = stacked_gradients(env.model, x_t, env.data.train.x, env.data.train.y,
                                   rows, chunk)
-        if extra:                             # a pass the local steps do not make
+        extra = self.client_samples(env, ids)
+        if extra.any():                       # a pass the local steps do not make
             per = TRAIN_FACTOR * env.clock.macs(env.model, tuple(env.data.input_shape))
-            env.clock.compute(CLIENT, ids, np.array([len(r) for r in rows]) * per)
-        return grads, extra
+            env.clock.compute(CLIENT, ids, extra * per)
+        return grads, int(extra.sum())
 
 
 class ClientCorrection(CLGCorrection):
