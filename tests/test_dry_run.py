@@ -10,7 +10,7 @@ from splitfed.algorithms.fedavg import FedAvg
 from splitfed.cli import main
 from splitfed.config import build_config
 from splitfed.experiment import run_experiment
-from splitfed.plan import build_plan
+from splitfed.plan import build_plan, format_plan
 
 TINY = ("name: t\nseed: 0\nrounds: 3\nprogress: false\nalgorithm: {name: fedavg}\n"
         "data: {name: digits}\npartition: {scheme: iid, num_clients: 4}\n"
@@ -218,6 +218,8 @@ def test_the_planned_client_macs_of_a_round_are_what_the_run_charges(
     np.testing.assert_array_equal(charged, (2 * batch + extra) * whole)
     assert plan["model"]["client_samples_of"] == (
         [] if client_gradient == "first_batch" else [algorithm])
+    assert (f"clients compute, with their own passes for {algorithm})" in format_plan(plan)) \
+        is (client_gradient != "first_batch")
 
 
 @pytest.mark.parametrize("returned", [1.5, -1, True, (1, 2), np.array([1, 2]),

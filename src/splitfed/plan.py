@@ -301,7 +301,7 @@ def format_plan(plan: dict, config: str | None = None) -> str:
         extra = m.get("client_samples_of")
         text += (f"; all clients of a round: {round(m['client_macs_per_round']):,} "
                  f"(what {a['name']}'s clients compute"
-                 + (f", the extra passes of {', '.join(extra)} included)" if extra else ")"))
+                 + (f", with their own passes for {', '.join(extra)})" if extra else ")"))
     rows.append(("compute", text))
     if "bytes" in m:
         b = m["bytes"]
