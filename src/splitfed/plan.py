@@ -192,7 +192,8 @@ def _params(module) -> int:
 
 
 def _model(algorithm, env) -> dict:
-    from splitfed.engine.loop import client_work, local_steps_of, macs_per_sample
+    from splitfed.engine.loop import (client_work, local_steps_of, macs_per_sample,
+                                      step_client_samples, step_message_bytes)
     from splitfed.models import split
 
     model = env.model
@@ -212,14 +213,14 @@ def _model(algorithm, env) -> dict:
             algorithm, env, steps, ids=ids)
         share = _round_share(env)
         out["client_macs_per_round"] = float((share * macs).sum())
-        # the transforms whose clients compute more (what they say, client_work checked)
-        out["client_samples_of"] = [t.name for t in algorithm.gradient_transforms
-                                    if np.any(t.client_samples(env, ids))]
+        transforms = algorithm.gradient_transforms
+        out["client_samples_of"] = [t.name for t in transforms
+                                    if step_client_samples(t, env, ids).any()]
         out["bytes"] = {"model": int(model_bytes), "cut_up": float((share * up).sum()),
                         "cut_down": float((share * down).sum()),
                         "messages_down": int(extra_down), "messages_up": int(extra_up),
-                        "messages_of": [t.name for t in algorithm.gradient_transforms
-                                        if any(t.message_bytes(env, model_bytes))]}
+                        "messages_of": [t.name for t in transforms
+                                        if any(step_message_bytes(t, env, model_bytes))]}
     return out
 
 

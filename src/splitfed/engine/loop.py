@@ -154,17 +154,23 @@ def client_work(algorithm, env, steps, t: int | None = None, sizes=None,
 
 def transform_samples(algorithm, env, ids: np.ndarray) -> np.ndarray:
     """The training samples each of the clients ``ids`` computes in a round for
-    ``algorithm``'s gradient transforms beyond its local steps (their ``client_samples``:
-    FedCLG's g^i_t pass), one per id (int64)."""
+    ``algorithm``'s gradient transforms beyond its local steps
+    (:func:`step_client_samples`: FedCLG's g^i_t pass), one per id (int64)."""
     total = np.zeros(len(ids), dtype=np.int64)
     for step in algorithm.gradient_transforms:
-        got = step.client_samples(env, ids)
-        if not _sample_counts(got, len(ids)):
-            raise PluginError(f"transform {step.name!r}: client_samples must return a whole "
-                              f"number of samples >= 0, or an integer array of one per "
-                              f"client ({len(ids)}); it returned {preview(got)}")
-        total += np.asarray(got, dtype=np.int64)
+        total += step_client_samples(step, env, ids)
     return total
+
+
+def step_client_samples(step, env, ids: np.ndarray) -> np.ndarray:
+    """Gradient transform ``step``'s ``client_samples`` for the clients ``ids``, one per
+    id (int64); PluginError naming it when they are not whole numbers >= 0."""
+    got = step.client_samples(env, ids)
+    if not _sample_counts(got, len(ids)):
+        raise PluginError(f"transform {step.name!r}: client_samples must return a whole "
+                          f"number of samples >= 0, or an integer array of one per "
+                          f"client ({len(ids)}); it returned {preview(got)}")
+    return np.broadcast_to(np.asarray(got, dtype=np.int64), (len(ids),))
 
 
 def _sample_counts(value, n: int) -> bool:
@@ -176,17 +182,24 @@ def _sample_counts(value, n: int) -> bool:
 
 def message_bytes(algorithm, env, part_bytes: int) -> tuple[int, int]:
     """The bytes (down, up) a participant exchanges in a round for ``algorithm``'s
-    gradient transforms (their ``message_bytes``: SCAFFOLD's control variates, FedCLG's
-    gradients), beyond its part of the model, ``part_bytes`` each way."""
+    gradient transforms (:func:`step_message_bytes`: SCAFFOLD's control variates,
+    FedCLG's gradients), beyond its part of the model, ``part_bytes`` each way."""
     down = up = 0
     for step in algorithm.gradient_transforms:
-        got = step.message_bytes(env, part_bytes)
-        if (not isinstance(got, tuple) or len(got) != 2
-                or not all(_whole_bytes(b) for b in got)):
-            raise PluginError(f"transform {step.name!r}: message_bytes must return two "
-                              f"whole numbers of bytes >= 0 (down, up); it returned {got!r}")
-        down, up = down + int(got[0]), up + int(got[1])
+        d, u = step_message_bytes(step, env, part_bytes)
+        down, up = down + d, up + u
     return down, up
+
+
+def step_message_bytes(step, env, part_bytes: int) -> tuple[int, int]:
+    """Gradient transform ``step``'s ``message_bytes`` (down, up); PluginError naming it
+    when they are not two whole numbers >= 0."""
+    got = step.message_bytes(env, part_bytes)
+    if (not isinstance(got, tuple) or len(got) != 2
+            or not all(_whole_bytes(b) for b in got)):
+        raise PluginError(f"transform {step.name!r}: message_bytes must return two "
+                          f"whole numbers of bytes >= 0 (down, up); it returned {got!r}")
+    return int(got[0]), int(got[1])
 
 
 def _whole_bytes(value) -> bool:
