@@ -147,3 +147,32 @@ def test_a_sections_own_key_under_its_options_is_refused(section, key):
     with pytest.raises(ConfigError, match=rf"^{section}.options.{key}: '{key}' is a key of "
                                           rf"the {section} section, not an option"):
         build_config({"name": "t", section: {"options": {key: None}}})
+
+
+@pytest.mark.parametrize("failure", [
+    RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: "
+                 "can't allocate memory: you tried to allocate 256000000000 bytes. Error "
+                 "code 12 (Cannot allocate memory)"),
+    MemoryError()])
+def test_an_algorithm_state_that_does_not_fit_in_memory_is_one_line(tmp_path, capsys,
+                                                                     monkeypatch, failure):
+    """SCAFFOLD keeps a control variate per client: with many clients of a large model its
+    state cannot be allocated (1000 clients of a 64M-parameter MLP ask 256 GB, which the
+    allocator refuses). That is a one-line error naming the number of clients, before
+    anything is written, as for a model that does not fit, not a traceback."""
+    from splitfed.algorithms.scaffold import ScaffoldControls
+    from splitfed.cli import main
+
+    def refuse(self, env, params):
+        raise failure
+    monkeypatch.setattr(ScaffoldControls, "init", refuse)
+    for dry in ([], ["--dry-run"]):
+        code = main(["run", "quick_digits", "rounds=1", f"out_dir={tmp_path}",
+                     "algorithm.name=scaffold", *dry])
+        err = capsys.readouterr().err
+        assert code == 2 and len(err.strip().splitlines()) == 1, err
+        assert err.startswith("splitfed: error: algorithm.name: algorithm 'scaffold': its "
+                              "state does not fit in this machine's memory (")
+        assert ("an allocation of 238.4 GiB failed" if isinstance(failure, RuntimeError)
+                else "MemoryError") in err
+        assert "grows with partition.num_clients (8)" in err and not any(tmp_path.iterdir())

@@ -1,6 +1,7 @@
 """Exceptions raised by splitfed. Every user-facing error derives from SplitfedError;
 SIGTERM becomes :class:`Terminated` while :func:`sigterm_interrupts` is active.
-:func:`one_line` and :func:`describe` quote another library's exception in one of them."""
+:func:`one_line` and :func:`describe` quote another library's exception in one of them;
+:func:`is_out_of_memory` recognises a failed allocation."""
 
 from __future__ import annotations
 
@@ -20,6 +21,15 @@ def describe(e: BaseException, limit: int | None = 300) -> str:
     """``Type: message`` of an exception on one line (:func:`one_line`, the message cut at
     ``limit`` characters)."""
     return f"{type(e).__name__}: {one_line(e, limit)}"
+
+
+def is_out_of_memory(e: BaseException) -> bool:
+    """Whether ``e`` says an allocation failed: Python's or numpy's ``MemoryError``,
+    torch's ``OutOfMemoryError`` (a device), or the ``RuntimeError`` of torch's CPU
+    allocator ("DefaultCPUAllocator: can't allocate memory: you tried to allocate ...")."""
+    if isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError":
+        return True
+    return isinstance(e, RuntimeError) and "can't allocate memory" in str(e)
 
 
 class _Preview(reprlib.Repr):

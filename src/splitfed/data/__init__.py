@@ -22,7 +22,7 @@ from splitfed.data.idx import load_fashion_mnist, load_mnist, read_idx
 from splitfed.data.partition import PARTITIONERS, partition, partition_stats, partition_summary
 from splitfed.data.synthetic import load_synthetic
 from splitfed.data.text import load_sst2, load_synthetic_text
-from splitfed.errors import ConfigError, DataError
+from splitfed.errors import ConfigError, DataError, is_out_of_memory
 from splitfed.origins import call_plugin, component, origin
 
 DEFAULT_DATASET = "fashion_mnist"
@@ -110,7 +110,7 @@ def load_dataset(name: str, data_dir: str | None = None, *,
     try:
         bundle = call_plugin("dataset", key, "data.name", loader, data_dir, rng, **options)
     except (MemoryError, RuntimeError) as e:  # numpy's, or torch's allocator's
-        if isinstance(e, RuntimeError) and "allocate" not in str(e):   # "can't allocate"
+        if not is_out_of_memory(e):
             raise
         raise DataError(f"data.name: this machine has not the memory to load "
                         f"{component('dataset', key)} (from {data_dir or 'its default'}); "

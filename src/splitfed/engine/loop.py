@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import re
 import sys
 import time
 from typing import Any
@@ -59,7 +60,7 @@ from splitfed.engine.evaluate import evaluate
 from splitfed.engine.flops import TRAIN_FACTOR, forward_macs
 from splitfed.engine.participation import NOBODY
 from splitfed.engine.rounds import RoundResult
-from splitfed.errors import PluginError, preview
+from splitfed.errors import ConfigError, PluginError, is_out_of_memory, one_line, preview
 from splitfed.metrics import (  # noqa: F401 - RESERVED_KEYS: re-exported
     RESERVED_KEYS, divergence, metric_problem)
 from splitfed.models import dry_output, output_shape, split
@@ -408,7 +409,19 @@ def initial_state(algorithm, env) -> dict:
     keys; else :class:`~splitfed.errors.PluginError` naming the algorithm. A run calls it before
     it creates its run directory, and ``--dry-run`` calls it too."""
     cfg = env.config
-    state = call_algorithm(cfg.algorithm.name, "init_state", algorithm.init_state, env)
+    try:
+        state = call_algorithm(cfg.algorithm.name, "init_state", algorithm.init_state, env)
+    except (MemoryError, RuntimeError) as e:
+        if not is_out_of_memory(e):
+            raise
+        asked = re.search(r"allocate (\d+) bytes", str(e))
+        what = (f"an allocation of {int(asked[1]) / 2**30:.1f} GiB failed" if asked
+                else f"{type(e).__name__}: {one_line(e, 100)}")
+        raise ConfigError(f"{_named(cfg)}: its state does not fit in this machine's memory "
+                          f"({what}); state kept per client (SCAFFOLD's control "
+                          f"variates) grows with partition.num_clients "
+                          f"({env.num_clients}): use fewer clients or a smaller "
+                          "model") from None
     if not isinstance(state, dict):
         raise PluginError(f"{_named(cfg)}: init_state returned {type(state).__name__}; "
                           "it must return the algorithm's state, a dict")
