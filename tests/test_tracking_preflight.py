@@ -150,3 +150,25 @@ def test_a_database_store_without_sqlalchemy_names_what_to_install(tmp_path, mon
                                           r"the full mlflow package\)$"):
         run_experiment(mlflow_config(tmp_path, f"sqlite:///{tmp_path}/m.db"))
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_dry_run_asks_a_server_but_creates_no_file_store(tmp_path, capsys, monkeypatch):
+    """``--dry-run`` checks what the run checks before it starts and writes nothing: a
+    server that cannot be reached is the run's one line; a file store is not opened
+    (opening creates it), and the run opens it."""
+    for key in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT"):
+        monkeypatch.delenv(key, raising=False)
+    out = tmp_path / "runs"
+    uri = f"http://127.0.0.1:{closed_port()}"
+    code = main(["run", "quick_digits", "rounds=1", f"out_dir={out}", "--dry-run",
+                 "tracking.mlflow=true", f"tracking.mlflow_uri={uri}"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith("splitfed: error: tracking.mlflow_uri: cannot open the MLflow "
+                          f"store '{uri}'"), err
+    store = tmp_path / "store"
+    for where in (store.as_uri(), f"sqlite:///{tmp_path / 'db.sqlite'}"):
+        code = main(["run", "quick_digits", "rounds=1", f"out_dir={out}", "--dry-run",
+                     "tracking.mlflow=true", f"tracking.mlflow_uri={where}"])
+        assert code == 0 and f"an MLflow run at {where}" in capsys.readouterr().out
+    assert list(tmp_path.iterdir()) == []

@@ -137,7 +137,7 @@ def check_config(args) -> None:
     from splitfed.experiment import check_empty
     from splitfed.plan import build_plan
     from splitfed.runtime.session import check_supported
-    from splitfed.tracking import preflight
+    from splitfed.tracking import preflight, remote_store
 
     if args.resume is not None:
         if args.config is not None or args.overrides:
@@ -165,7 +165,8 @@ def check_config(args) -> None:
         build_plan(dataclasses.replace(cfg, out_dir=str(Path(where).parent)))
     else:
         build_plan(cfg, args.overrides)
-    preflight(cfg)
+    if not remote_store(cfg):               # build_plan opened a server's store
+        preflight(cfg)
     if args.run_dir is not None:
         check_run_dir_creatable(Path(args.run_dir))
 
