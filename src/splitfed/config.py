@@ -96,10 +96,14 @@ class TrainConfig:
     momentum: float = field(default=0.0, metadata={
         "ge": 0, "lt": 1,
         "help": "SGD momentum of the clients' steps and of a server's training steps (as "
-                "torch.optim.SGD, no dampening; the clients' buffers start fresh every round)"})
+                "torch.optim.SGD, no dampening; the clients' buffers start fresh every "
+                "round); refused by algorithms that step without an optimizer "
+                "(musplitfed, gas)"})
     weight_decay: float = field(default=0.0, metadata={
         "ge": 0, "help": "L2 weight decay of the clients' and a server's training steps: "
-                         "wd * p added to every gradient (as torch.optim.SGD; 0: none)"})
+                         "wd * p added to every gradient (as torch.optim.SGD; 0: none); "
+                         "refused by algorithms that step without an optimizer "
+                         "(musplitfed, gas)"})
     lr_decay: float = field(default=1.0, metadata={
         "gt": 0, "le": 1, "help": "the step sizes of client and server training steps "
                                  "(train.lr, algorithm.server_lr) are multiplied by this "

@@ -34,6 +34,7 @@ from splitfed.configtools import dump_text, from_dict, load_yaml, to_dict, yaml_
 from splitfed.data import check_dataset_options, load_dataset
 from splitfed.data.partition import PARTITIONERS, natural, partition, partition_summary
 from splitfed.data.server_data import build_server_data
+from splitfed.engine.algorithm import check_plain_steps
 from splitfed.engine.clock import VirtualClock
 from splitfed.engine.env import Environment
 from splitfed.engine.loop import ENDS_EARLY, initial_state, run_rounds
@@ -445,7 +446,10 @@ def build_algorithm(cfg: RunConfig):
 
 def check_algorithm_env(algorithm, env: Environment) -> None:
     """``algorithm.check(env)``: what the algorithm refuses of this run (a plugin's
-    failure there is one line naming it, :func:`splitfed.origins.call_algorithm`)."""
+    failure there is one line naming it, :func:`splitfed.origins.call_algorithm`),
+    after the optimizer keys an algorithm with ``plain_steps`` would ignore
+    (:func:`~splitfed.engine.algorithm.check_plain_steps`)."""
+    check_plain_steps(algorithm, env.config)
     call_algorithm(env.config.algorithm.name, "check", algorithm.check, env)
 
 

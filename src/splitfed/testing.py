@@ -202,11 +202,11 @@ def _config(subject: _Subject, base: Mapping | None, *changes: Mapping | None):
 
 
 def _build(cfg):
-    from splitfed.experiment import build_algorithm, build_environment
+    from splitfed.experiment import build_algorithm, build_environment, check_algorithm_env
 
     algorithm = build_algorithm(cfg)
     env = build_environment(cfg)
-    algorithm.check(env)                       # as run_experiment does
+    check_algorithm_env(algorithm, env)        # as run_experiment does
     return algorithm, env
 
 

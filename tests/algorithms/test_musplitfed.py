@@ -306,3 +306,29 @@ def test_adaptive_tau_does_not_count_the_wait_for_a_client_to_come_online(tmp_pa
             first = res.records[1]["sim_round_s"]
             assert all(r["sim_round_s"] > first * (1 + 1e-9) for r in res.records[2:])
     assert taus["windows"] == taus["always"] == [taus["always"][0]] * 3
+
+
+@pytest.mark.parametrize("algorithm", [
+    {"name": "musplitfed"}, {"name": "musplitfed", "client_order": "first",
+                             "server_order": "first"},
+    {"name": "gas"}, {"name": "gas", "server_order": "first"}])
+@pytest.mark.parametrize("key", ["momentum", "weight_decay"])
+def test_an_optimizer_key_of_an_algorithm_with_plain_steps_is_refused(tmp_path, capsys,
+                                                                      algorithm, key):
+    """MU-SplitFed and GAS step with x - eta G on both sides (also first-order): a
+    momentum or a weight decay would be ignored, so it is refused, naming the key, before
+    anything is written (--dry-run too); 0 is what they do."""
+    from splitfed.cli import main
+
+    sets = [f"algorithm.{k}={v}" for k, v in algorithm.items()]
+    for dry in (["--dry-run"], []):
+        code = main(["run", "quick_digits", "rounds=1", f"out_dir={tmp_path}", *sets,
+                     f"train.{key}=0.5", *dry])
+        err = capsys.readouterr().err
+        assert code == 2 and err == (
+            f"splitfed: error: train.{key}: {algorithm['name']} steps with plain "
+            f"x <- x - lr G and no optimizer, so train.{key}=0.5 would be ignored; set "
+            f"train.{key}=0 for its runs\n")
+        assert not tmp_path.exists() or not any(tmp_path.iterdir())
+    assert main(["run", "quick_digits", "rounds=1", f"out_dir={tmp_path}", *sets,
+                 f"train.{key}=0", "--dry-run"]) == 0

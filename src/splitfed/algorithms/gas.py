@@ -206,6 +206,7 @@ class GAS(Algorithm):
     distributed = True
     split = True
     asynchronous = True
+    plain_steps = True                    # x - eta G on both sides: no momentum, no decay
 
     def cut_bytes(self, env, activation_bytes, label_bytes, steps, t=None):
         """Every local step sends h, h+ and h- of each direction (2 q + 1 tensors) and the

@@ -117,6 +117,7 @@ class MUSplitFed(Algorithm):
     split = True
     aggregates_all = True                 # client copies and server copies, eta_g
     fixed_local_steps = 1                 # one client step a round (module docstring)
+    plain_steps = True                    # x - eta G on both sides: no momentum, no decay
 
     def server_copies(self, env, cohort) -> int:
         return cohort.size                # one server copy x_s,m per participant

@@ -79,6 +79,11 @@ class Algorithm:
     #: local steps per client and round when the algorithm fixes them (MU-SplitFed: 1),
     #: for the plan and over-selection; None: ``train.local_steps`` / ``local_epochs``
     fixed_local_steps: ClassVar[int | None] = None
+    #: True when every step it takes is a plain x <- x - eta G with no optimizer (the
+    #: zeroth-order steps of MU-SplitFed and GAS): ``train.momentum`` and
+    #: ``train.weight_decay`` other than 0 are then refused (:func:`check_plain_steps`),
+    #: not ignored
+    plain_steps: ClassVar[bool] = False
 
     def __init__(self, options: Any = None, *, client_transforms=(), server_transforms=()):
         self.options = options if options is not None else self.Options()
@@ -343,3 +348,22 @@ def variant(cls_name: str, base: type, *, name: str, reference: str, gradient=()
         "__module__": module, "__doc__": f"{base.__name__} with {added} ({reference}).",
         "name": name, "reference": reference, "Options": options,
         "transforms": transforms, **attrs})
+
+
+#: the optimizer keys of ``train`` that an algorithm with ``plain_steps`` does not use
+OPTIMIZER_KEYS = ("momentum", "weight_decay")
+
+
+def check_plain_steps(algorithm, cfg) -> None:
+    """Refuse ``train.momentum`` / ``train.weight_decay`` other than 0 for an algorithm
+    whose steps take no optimizer (``plain_steps``): the run would ignore them, and a
+    comparison with algorithms that use them would be unfair without a word."""
+    if not getattr(algorithm, "plain_steps", False):
+        return
+    for key in OPTIMIZER_KEYS:
+        value = getattr(cfg.train, key)
+        if value:
+            raise ConfigError(f"train.{key}: {cfg.algorithm.name} steps with plain "
+                              f"x <- x - lr G and no optimizer, so train.{key}={value!r} "
+                              f"would be ignored; set train.{key}=0 for its runs")
+
