@@ -108,3 +108,19 @@ def test_a_rank_that_sends_short_tensors_is_dropped_naming_it(tmp_path):
     assert "Traceback" not in proc.stderr
     summary = (tmp_path / "run" / "summary.json").read_text()
     assert '"status": "completed"' in summary and '"1":' in summary    # rank 1 lost
+
+
+@pytest.mark.parametrize("raw, shown", [
+    ("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error "
+     "[127.0.0.1]:23436: Connection reset by peer",
+     "Read error [127.0.0.1]:23436: Connection reset by peer"),
+    ("[../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting\n"
+     "1000ms for recv operation to complete",
+     "Timed out waiting 1000ms for recv operation to complete"),
+    ("Connection closed by peer [127.0.0.1]:5000", "Connection closed by peer [127.0.0.1]:5000")])
+def test_a_lost_links_reason_is_gloos_text_without_its_source_place(raw, shown):
+    """What a lost rank's line and the summary's lost_ranks say of a failed transfer: the
+    error, not the place in gloo's sources it was raised at."""
+    from splitfed.transport.distributed import link_error
+
+    assert link_error(RuntimeError(raw)) == shown

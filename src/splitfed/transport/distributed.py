@@ -46,6 +46,7 @@ The tensors of the transfers carry no HMAC (docs/distributed.md, Security).
 from __future__ import annotations
 
 import queue
+import re
 import sys
 import threading
 import time
@@ -95,6 +96,17 @@ def stop_reason(msg) -> str | None:
         raise FormatError("rank 0 sent a stop message without a reason; all ranks must "
                           "run the same splitfed version")
     return msg["stop"]
+
+
+#: where in its sources gloo raised (``[/path/gloo/transport/tcp/pair.cc:537] ``)
+_SOURCE_PLACE = re.compile(r"\[[^\[\]]*\.(?:cc|cpp|h):\d+\] ?")
+
+
+def link_error(error: BaseException) -> str:
+    """A failed transfer's error on one line, for the lost-rank message and the
+    summary's ``lost_ranks``: gloo's text without the source file and line it names
+    (``Read error [127.0.0.1]:23436: Connection reset by peer``)."""
+    return " ".join(_SOURCE_PLACE.sub("", str(error)).split())
 
 
 class _Waiter:
@@ -257,14 +269,15 @@ class Links:
 
     def _fail(self, peer: int, error, failed: set) -> None:
         if not self.is_server:
-            why = error
             if error is None:
                 timeout = self._client_timeout()
                 why = "no answer" + ("" if timeout is None else f" within {timeout:g} s")
+            else:
+                why = link_error(error)
             raise ServerLost(f"the link to the server (rank 0) failed: {why}") from error
         failed.add(peer)
         reason = (f"no answer within {self.timeout_s:g} s" if error is None
-                  else str(error).split(". ")[0])
+                  else link_error(error).split(". ")[0])
         self.lose(peer, reason)
 
     # ------------------------------------------------------------------ objects
