@@ -217,10 +217,9 @@ def read_summary(run_dir: Path) -> dict | None:
     """``run_dir/summary.json`` as a dict; None when there is none. A run writes it once,
     whole, when it ends, so one that is there but is not a JSON object with a status a
     run writes (torn, empty, too large, unreadable, a list, ``"status": "running"``) is
-    damaged: a
-    :class:`~splitfed.errors.FormatError` names the file and the directory to delete.
-    Read as it is, the run would count as unfinished and be resumed into a summary with
-    no provenance."""
+    damaged: a :class:`~splitfed.errors.FormatError` names the file and the directory to
+    delete. Read as it is, the run would count as unfinished and be resumed into a
+    summary with no provenance."""
     path = run_dir / "summary.json"
     if not path.exists() and not path.is_symlink():
         return None
