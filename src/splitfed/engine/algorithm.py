@@ -366,4 +366,3 @@ def check_plain_steps(algorithm, cfg) -> None:
             raise ConfigError(f"train.{key}: {cfg.algorithm.name} steps with plain "
                               f"x <- x - lr G and no optimizer, so train.{key}={value!r} "
                               f"would be ignored; set train.{key}=0 for its runs")
-
