@@ -25,6 +25,7 @@ docs/performance.md.
 from __future__ import annotations
 
 import argparse
+import copy
 import gc
 import json
 import os
@@ -115,13 +116,19 @@ def matmul_peak_gflops(n: int = 2048, repeats: int = 5, device: str = "cpu") -> 
     return 2.0 * n ** 3 / best / 1e9
 
 
+def _ms(seconds: float | None) -> str:
+    """Seconds as milliseconds; "n/a" when not measured."""
+    return "n/a" if seconds is None else f"{seconds * 1000:.0f} ms"
+
+
 def flops_per_sample(w: Workload, name: str) -> float:
     """FLOPs (2 per multiply-accumulate) that variant ``name`` spends on one sample: a
-    training step is a forward pass and its backward (``TRAIN_FACTOR`` forward passes:
-    gradients with respect to the inputs and to the weights); an evaluation is one forward
-    pass; MU-SplitFed (tau server steps, zeroth-order) 3 client forwards and 2 tau + 2
-    server forwards (:class:`benchmarks.variants.SplitfedMU`)."""
-    from splitfed.engine.flops import TRAIN_FACTOR, forward_macs
+    training step is a forward pass and its backward, counted as torch runs them
+    (:func:`training_flops`: the weights' gradients, and the inputs' gradients of every
+    layer but the first, whose input is the data); an evaluation is one forward pass;
+    MU-SplitFed (tau server steps, zeroth-order) 3 client forwards and 2 tau + 2 server
+    forwards (:class:`benchmarks.variants.SplitfedMU`)."""
+    from splitfed.engine.flops import forward_macs
     from splitfed.models import split
 
     model = w.model()
@@ -136,7 +143,25 @@ def flops_per_sample(w: Workload, name: str) -> float:
         cut_shape = tuple(client(torch.zeros(1, *shape, device=w.device)).shape[1:])
         return 2.0 * (3 * forward_macs(client, shape)
                       + (2 * tau + 2) * forward_macs(server, cut_shape))
-    return 2.0 * TRAIN_FACTOR * forward_macs(model, shape)
+    return training_flops(model, shape)
+
+
+def training_flops(model: torch.nn.Module, shape: tuple[int, ...]) -> float:
+    """FLOPs of one training sample of ``model`` on inputs of ``shape``: a forward and a
+    backward pass of a batch of two, counted by ``torch.utils.flop_counter`` (the matrix
+    products and convolutions, 2 FLOP per multiply-accumulate, as ``forward_macs``
+    counts a forward pass), per sample. The backward computes the weights' gradients and
+    the inputs' gradients of every layer but the first: about three forward passes
+    (LeNet-5: 2.26 MFLOP, 2.72 forward passes)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model = copy.deepcopy(model).cpu().train()
+    x = torch.zeros(2, *shape)
+    counter = FlopCounterMode(display=False)
+    with counter:
+        out = model(x)
+        out.float().sum().backward()
+    return counter.get_total_flops() / 2
 
 
 # ---------------------------------------------------------------- timing
@@ -647,7 +672,7 @@ def main(argv=None) -> dict | None:
               f"evaluating every round {p['median_wall_s']['eval_every_round']:.1f} s, "
               f"only after the last {p['median_wall_s']['eval_last_only']:.1f} s: "
               f"x{p['ratio']:.2f}; one evaluation of {p['test_samples']:,} samples "
-              f"{p['eval_s_per_round'] * 1000:.0f} ms ({p['eval_forward_gflop']} GFLOP)")
+              f"{_ms(p['eval_s_per_round'])} ({p['eval_forward_gflop']} GFLOP)")
     print(f"load average: start {report['load_start']}, end {report['load_end']}")
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -114,12 +114,14 @@ def test_memory_probe_reports_peak_rss():
 
 def test_flops_per_sample_of_lenet5_by_hand():
     """LeNet-5 on 1x28x28: conv1 28*28*6*25 + conv2 10*10*16*150 + 400*120 + 120*84 + 84*10
-    = 416,520 multiply-accumulates forward; training is three forward passes, 2 FLOP each."""
+    = 416,520 multiply-accumulates forward; training is the forward pass, the weights'
+    gradients (as many) and the inputs' gradients of every layer but conv1 (whose input is
+    the data), 2 FLOP each."""
     w = Workload(clients=2, local_steps=1)
     forward = 28 * 28 * 6 * 25 + 10 * 10 * 16 * 150 + 400 * 120 + 120 * 84 + 84 * 10
     assert flops_per_sample(w, "eval_splitfed") == 2 * forward
     for name in ("central_b32", "peer_loop", "splitfed_fedavg", "splitfed_sl"):
-        assert flops_per_sample(w, name) == 6 * forward
+        assert flops_per_sample(w, name) == 2 * (3 * forward - 28 * 28 * 6 * 25) == 2263920
     # MU-SplitFed at the default cut 2 (after the second pool, 16x5x5) and tau = 2
     client = 28 * 28 * 6 * 25 + 10 * 10 * 16 * 150
     assert flops_per_sample(w, "splitfed_musplitfed") == 2 * (3 * client + 6 * (forward - client))
@@ -133,6 +135,23 @@ def test_paper_run_times_both_runs_and_counts_evaluations():
     assert res["runs"]["eval_last_only"]["evaluations"] == 2        # rounds 0 and 2
     assert res["ratio"] == round(res["median_wall_s"]["eval_every_round"]
                                  / res["median_wall_s"]["eval_last_only"], 3)
+    # the runs differ by one evaluation (round 1): its time is the whole difference
+    assert res["extra_evaluations"] == 1
+    assert res["eval_s_per_round"] == round(res["median_wall_s"]["eval_every_round"]
+                                            - res["median_wall_s"]["eval_last_only"], 4)
+
+
+def test_a_peer_interpreter_that_cannot_run_is_a_reason_not_a_traceback(tmp_path):
+    from benchmarks.peers import probe
+
+    missing = tmp_path / "no-venv" / "bin" / "python"
+    python, why = probe(str(missing), "print(1)", "make the environment first")
+    assert python is None and why.startswith(f"cannot run {missing} (No such file")
+    assert why.endswith("; make the environment first")
+    here = tmp_path / "not-executable"
+    here.write_text("")
+    assert probe(str(here), "print(1)", "advice")[1].startswith(
+        f"cannot run {here} (Permission denied)")
 
 
 def test_deeper_models_run_at_a_tiny_size(tmp_path):
