@@ -103,14 +103,18 @@ def paper_run(rounds: int = 200, algorithm: str = "fedavg", repeats: int = 1,
     from splitfed.models import build_model
 
     macs = forward_macs(build_model("lenet5", SHAPE, 10), SHAPE)
-    per_eval = (med["eval_every_round"] - med["eval_last_only"]) / max(1, rounds)
+    extra = runs["eval_every_round"]["evaluations"] - runs["eval_last_only"]["evaluations"]
+    per_eval = ((med["eval_every_round"] - med["eval_last_only"]) / extra if extra > 0
+                else None)                  # the runs differ by these evaluations only
     return {"algorithm": algorithm, "rounds": rounds, "clients": 1000, "per_round": 10,
             "batch": 10, "local_steps": 6, "test_samples": TEST, "device": device,
             "eval_batch_size": eval_batch_size or default_batch(device), "wall_s": walls,
             "median_wall_s": med, "runs": runs,
             "ratio": round(med["eval_every_round"] / med["eval_last_only"], 3),
-            "eval_s_per_round": round(per_eval, 4),
-            "eval_samples_per_s": round(TEST / per_eval, 1) if per_eval > 0 else None,
+            "extra_evaluations": extra,
+            "eval_s_per_round": round(per_eval, 4) if per_eval is not None else None,
+            "eval_samples_per_s": (round(TEST / per_eval, 1) if per_eval is not None
+                                   and per_eval > 0 else None),
             "eval_forward_gflop": round(2 * macs * TEST / 1e9, 3)}
 
 
@@ -125,6 +129,9 @@ def main(argv=None) -> dict:
                     help="engine.eval_batch_size (default: the engine's for the device)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
+    if args.rounds < 2:
+        ap.error("--rounds: at least 2 (the two runs differ by the evaluations of rounds "
+                 "1 to rounds - 1)")
     if args.threads:
         torch.set_num_threads(args.threads)
     res = paper_run(args.rounds, args.algorithm, args.repeats, device=args.device,
@@ -133,7 +140,8 @@ def main(argv=None) -> dict:
           f"evaluating every round {res['median_wall_s']['eval_every_round']:.1f} s, "
           f"only the last {res['median_wall_s']['eval_last_only']:.1f} s, "
           f"ratio {res['ratio']:.2f}; one evaluation of {TEST} samples "
-          f"{res['eval_s_per_round'] * 1000:.0f} ms")
+          + ("n/a" if res["eval_s_per_round"] is None
+             else f"{res['eval_s_per_round'] * 1000:.0f} ms"))
     if args.out:
         with open(args.out, "w") as f:
             json.dump(res, f, indent=2)

@@ -29,8 +29,11 @@ def probe(python: str, code: str, missing: str, threads: int | None = None
           ) -> tuple[str | None, str]:
     """(``python``, what ``code`` printed) when ``python -c code`` succeeds, else (None,
     why: the last line of its error and the ``missing`` advice)."""
-    proc = subprocess.run([python, "-c", code], capture_output=True, text=True,
-                          env=peer_env(threads))
+    try:
+        proc = subprocess.run([python, "-c", code], capture_output=True, text=True,
+                              env=peer_env(threads))
+    except OSError as e:                   # no such interpreter, or not executable
+        return None, f"cannot run {python} ({e.strerror or e}); {missing}"
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["unknown error"])[-1]
         return None, f"not importable by {python} ({last}); {missing}"
