@@ -966,6 +966,15 @@ def ended_without_checkpoint(run_dir: Path, cfg: RunConfig) -> RunResult | None:
                      float(wall) if is_finite_number(wall) else 0.0, {})
 
 
+def clear_for_restart(run_dir: Path) -> None:
+    """Remove what a run that kept no checkpoint left of its rounds (``metrics.jsonl``,
+    ``summary.json``, an earlier version's csv), so that it starts again from round 0 in
+    ``run_dir``: a resume without a checkpoint, ``config.yaml`` and ``partition.txt``
+    kept."""
+    for name in ("metrics.jsonl", "summary.json", *LEGACY_FILES):
+        (run_dir / name).unlink(missing_ok=True)
+
+
 def open_resume(run_dir: Path, cfg: RunConfig, algorithm, env: Environment
                 ) -> Resume | None:
     """Load and check ``run_dir``'s checkpoint and the metrics records it counts, and
@@ -1055,8 +1064,7 @@ def _resume(run_dir: Path, saved: Path) -> RunResult:
         remove_stale_temp_files(run_dir)
         write_partition(run_dir, env, if_missing=True)
         if resume is None:
-            for name in ("metrics.jsonl", "summary.json", *LEGACY_FILES):
-                (run_dir / name).unlink(missing_ok=True)
+            clear_for_restart(run_dir)
             common = {}
         else:
             kept = truncate_metrics(run_dir, ckpt["records"], ckpt["round"])

@@ -301,6 +301,31 @@ def test_a_resumed_launch_ends_with_the_uninterrupted_state(tmp_path, name, over
     _params_close(_tensors(ref["state"]), _tensors(got["state"]))
 
 
+def test_a_launch_resume_of_a_run_without_a_checkpoint(tmp_path, capsys, no_ranks):
+    """A run that kept no checkpoint (``checkpoint_every: 0``): ``launch --resume``
+    prints the result of one that ended, as ``run --resume`` does, without starting a
+    rank or changing a file; one that did not end (no summary) starts again from round 0
+    in its directory and ends as the run did."""
+    from splitfed.cli import main
+
+    d = tmp_path / "d"
+    first = run_experiment(_config("c", "fedavg", tmp_path, rounds=2, checkpoint_every=0),
+                           run_dir=d)
+    files = {p.name: p.read_bytes() for p in d.iterdir()}
+    assert "checkpoint.pt" not in files
+    assert main(["launch", "--resume", str(d), "--nproc", "3"]) == 0
+    out = capsys.readouterr().out
+    assert out.endswith(f"run directory: {d}\n") and "status completed" in out
+    assert {p.name: p.read_bytes() for p in d.iterdir()} == files
+    (d / "summary.json").unlink()
+    procs = spawn(2, ["--resume", str(d)], env=ENV)     # 2 processes: bit for bit
+    assert _finish(procs) == [0, 0]
+    again = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in again] == [0, 1, 2]
+    assert [r.get("train_loss") for r in again] == [r.get("train_loss") for r in first.records]
+    assert json.loads((d / "summary.json").read_text())["status"] == "completed"
+
+
 def _tensors(tree, at="") -> dict:
     if isinstance(tree, torch.Tensor):
         return {at: tree}

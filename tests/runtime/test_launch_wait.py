@@ -123,6 +123,11 @@ def test_the_launcher_reports_a_stopped_rank_0_in_one_line(capsys):
     launch._died(ranks, args, -signal.SIGKILL)
     assert capsys.readouterr().err.startswith("splitfed: error: rank 0 died (signal "
                                               "SIGKILL); continue the run with")
+    args.resume = None                      # before rank 0 made the run directory
+    launch._died(ranks, args, -signal.SIGKILL)
+    assert capsys.readouterr().err == ("splitfed: error: rank 0 died (signal SIGKILL); no "
+                                       "run directory was made yet: run the same command "
+                                       "again\n")
 
 
 @pytest.mark.parametrize("name, content, method, expected", [

@@ -123,13 +123,15 @@ def check_options(args) -> tuple[str, str | None]:
     return listen, secret
 
 
-def check_config(args) -> None:
+def check_config(args):
     """Check the run here as ``splitfed run --dry-run`` does (:func:`splitfed.plan.
     build_plan`: the config, the algorithm, the environment, the algorithm's check, where
     the run would write) and what only the runtime refuses (:func:`~splitfed.runtime.
     session.check_supported`), and open the MLflow store it names
     (:func:`splitfed.tracking.preflight`): a bad config is reported before any rank
-    starts or anything is written."""
+    starts or anything is written. Returns the result of the run ``--resume`` names when
+    it ended without keeping a checkpoint (nothing to run:
+    :func:`splitfed.experiment.ended_without_checkpoint`), else None."""
     import dataclasses
 
     from splitfed.config import build_config, load_config
@@ -147,7 +149,9 @@ def check_config(args) -> None:
         if not saved.is_file():
             raise ConfigError(f"--resume {args.resume}: no config.yaml there")
         cfg = build_config(load_yaml(saved))
-        _check_resume(Path(args.resume), cfg)
+        done = _check_resume(Path(args.resume), cfg)
+        if done is not None:
+            return done
     elif args.config is None:
         raise ConfigError("give a CONFIG (YAML file or shipped config name), or --resume "
                           "RUN_DIR")
@@ -203,17 +207,21 @@ def check_run_dir_creatable(run_dir: Path) -> None:
                 pass
 
 
-def _check_resume(run_dir: Path, cfg) -> None:
+def _check_resume(run_dir: Path, cfg):
     """The checkpoint of the run to resume, if any, is whole and was written under its
     ``config.yaml`` (:func:`splitfed.experiment.check_resume_config`), before any rank
-    starts; rank 0 checks it again, with the rest, when it resumes."""
+    starts; rank 0 checks it again, with the rest, when it resumes. Without one: the
+    run's result when it ended (:func:`splitfed.experiment.ended_without_checkpoint`),
+    else None (rank 0 starts it again from round 0 in its directory)."""
     from splitfed.checkpoint import checkpoint_records, load_checkpoint
-    from splitfed.experiment import check_resume_config
+    from splitfed.experiment import check_resume_config, ended_without_checkpoint
 
     ckpt = load_checkpoint(run_dir, rounds=cfg.rounds)
-    if ckpt is not None:
-        check_resume_config(run_dir, ckpt, cfg, warn=False)
-        checkpoint_records(run_dir, ckpt, rounds=cfg.rounds)
+    if ckpt is None:
+        return ended_without_checkpoint(run_dir, cfg)
+    check_resume_config(run_dir, ckpt, cfg, warn=False)
+    checkpoint_records(run_dir, ckpt, rounds=cfg.rounds)
+    return None
 
 
 def worker_argv(args) -> list[str]:
@@ -506,7 +514,14 @@ def _launch(args) -> int:
     ranks = None
     try:
         listen, secret = check_options(args)
-        check_config(args)
+        done = check_config(args)
+        if done is not None:                # it ended and kept no checkpoint: its result
+            from splitfed.config import load_config
+            from splitfed.experiment import summary_line
+
+            print(summary_line(load_config(done.run_dir / "config.yaml"), done))
+            print(f"run directory: {done.run_dir}")
+            return 0 if done.status == "completed" else 3
         start = spawn if args.launcher == "spawn" else torchrun
         ranks = start(args.nproc, worker_argv(args), listen=listen, secret=secret,
                       env={COMMAND_ENV: json.dumps(list(sys.argv))})
@@ -522,8 +537,7 @@ def _launch(args) -> int:
             stop(ranks)
         reported = None if ranks is None else ranks.reported()
         if reported is None:
-            resume = _resume_command(ranks, args)
-            print(f"splitfed: {what}: all ranks stopped (continue the run with {resume})",
+            print(f"splitfed: {what}: all ranks stopped ({_next_step(ranks, args)})",
                   file=sys.stderr, flush=True)
         else:
             print(f"splitfed: {what}: the run had already ended (exit status {reported}); "
@@ -534,11 +548,15 @@ def _launch(args) -> int:
             ranks.close()
 
 
-def _resume_command(ranks: Ranks | None, args) -> str:
-    """The command that continues the run (whole, to be copied: as ``splitfed run``'s
-    own hint)."""
-    run_dir = args.resume or (ranks.run_dir() if ranks is not None else "RUN_DIR")
-    return f"splitfed launch --resume {run_dir} --nproc {args.nproc}"
+def _next_step(ranks: Ranks | None, args) -> str:
+    """What continues the run, whole, to be copied (as ``splitfed run``'s own hint): the
+    resume command of its directory, or, when rank 0 had not made one yet, the same
+    command again (nothing was written)."""
+    made = ranks.run_dir() if ranks is not None else "RUN_DIR"
+    run_dir = args.resume or (None if made == "RUN_DIR" else made)
+    if run_dir is None:
+        return "no run directory was made yet: run the same command again"
+    return f"continue the run with splitfed launch --resume {run_dir} --nproc {args.nproc}"
 
 
 def _died(ranks: Ranks, args, code: int) -> int:
@@ -561,8 +579,8 @@ def _died(ranks: Ranks, args, code: int) -> int:
         what = f"rank {rank} {'died' if why < 0 else 'failed'} ({describe_exit(why)})"
     else:
         what = f"the ranks ended without rank 0's status ({describe_exit(code)})"
-    print(f"splitfed: error: {what}{stopped}; continue the run with "
-          f"{_resume_command(ranks, args)}", file=sys.stderr, flush=True)
+    print(f"splitfed: error: {what}{stopped}; {_next_step(ranks, args)}", file=sys.stderr,
+          flush=True)
     return RANK_DIED
 
 

@@ -48,7 +48,7 @@ from splitfed.config import RunConfig, build_config
 from splitfed.configtools import load_yaml, to_dict
 from splitfed.engine.loop import initial_state, run_rounds
 from splitfed.errors import ConfigError
-from splitfed.experiment import (RunResult, check_empty, new_run_dir,
+from splitfed.experiment import (RunResult, check_empty, clear_for_restart, new_run_dir,
                                  build_algorithm, build_environment, check_resume_config,
                                  check_run_files, config_data, lock_run_dir,
                                  resume_template, run_ended, write_config,
@@ -179,7 +179,9 @@ def serve(links: Links, cfg: RunConfig | None = None, *, options: RuntimeOptions
     writes it. When resuming, the config, the checkpoint (written under this
     ``config.yaml``, :func:`splitfed.experiment.check_resume_config`) and the metrics
     records it counts are all checked (and the checkpoint restored into rank 0's
-    environment) before ``metrics.jsonl`` is cut back to the checkpoint."""
+    environment) before ``metrics.jsonl`` is cut back to the checkpoint. A run without a
+    checkpoint starts again from round 0 in its directory (the launcher returned the
+    result of one that ended: :func:`splitfed.runtime.launch.check_config`)."""
     if resume is None:
         return _serve(links, cfg, options=options, run_dir=run_dir)
     run_dir = Path(resume)
@@ -200,12 +202,13 @@ def serve(links: Links, cfg: RunConfig | None = None, *, options: RuntimeOptions
         for line in thread_warnings(ckpt) if ckpt is not None else ():
             print(f"splitfed: warning: {run_dir}: {line}", file=sys.stderr)
         return _serve(links, cfg, options=options, run_dir=run_dir, ckpt=ckpt,
-                      records=records, locked=True)
+                      records=records, locked=True, restart=ckpt is None)
 
 
 def _serve(links: Links, cfg: RunConfig, *, options: RuntimeOptions,
            run_dir: str | Path | None, ckpt: dict | None = None,
-           records: list[dict] | None = None, locked: bool = False) -> RunResult:
+           records: list[dict] | None = None, locked: bool = False,
+           restart: bool = False) -> RunResult:
     check_supported(cfg)
     hello = {"config": to_dict(cfg), "delay_scale": options.delay_scale,
              "resume": None if ckpt is None else {k: ckpt[k] for k in (
@@ -233,6 +236,11 @@ def _serve(links: Links, cfg: RunConfig, *, options: RuntimeOptions,
                        "resumed_threads": list(ckpt["resumed_threads"])
                        + [torch.get_num_threads()]}
             write_partition(Path(run_dir), env, if_missing=True)
+        elif restart:                         # a resume without a checkpoint: round 0
+            state = initial_state(algorithm, env)
+            remove_stale_temp_files(run_dir)
+            write_partition(Path(run_dir), env, if_missing=True)
+            clear_for_restart(Path(run_dir))
         else:
             state = initial_state(algorithm, env)   # a failing init_state leaves nothing
             if run_dir is None:
