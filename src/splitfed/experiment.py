@@ -786,7 +786,7 @@ def write_partition(run_dir: Path, env: Environment, *, if_missing: bool = False
         return
     labels = env.data.train.y.cpu().numpy()
     atomic_write_text(where, partition_summary(env.client_indices, labels,
-                                          env.data.num_classes) + "\n")
+                                               env.data.num_classes) + "\n")
 
 
 def _execute(cfg: RunConfig, algorithm, env: Environment, run_dir: Path | None, *,

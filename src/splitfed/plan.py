@@ -48,7 +48,7 @@ def build_plan(cfg, overrides: list[str] | None = None) -> dict:
     from splitfed.experiment import (RUN_FILES, build_algorithm, build_environment,
                                      check_algorithm_env)
     from splitfed.origins import call_algorithm
-    from splitfed.tracking import preflight_remote
+    from splitfed.tracking import preflight, remote_store
 
     algorithm = build_algorithm(cfg)
     env = build_environment(cfg)
@@ -57,7 +57,8 @@ def build_plan(cfg, overrides: list[str] | None = None) -> dict:
                    algorithm.prepare_model, env)           # it (FedLoRA's adapters)
     initial_state(algorithm, env)                         # as the run, before its directory
     run_dir = check_out_dir(cfg, overrides)
-    preflight_remote(cfg)                                 # an MLflow server, as the run
+    if remote_store(cfg):                                 # an MLflow server, as the run
+        preflight(cfg)
     files = [f for f in RUN_FILES if f != "checkpoint.pt" or cfg.checkpoint_every]
     tracking = getattr(cfg, "tracking", None)              # experiment trackers
     if getattr(tracking, "tensorboard", False):

@@ -172,18 +172,11 @@ def preflight(cfg) -> None:
                 os.environ.pop(key, None)
 
 
-def preflight_remote(cfg) -> None:
-    """:func:`preflight` for a store that opening leaves as it was (a server): what
-    ``--dry-run`` checks, since it writes nothing. A file store is created when it is
-    opened and an SQLite store's database file too; the run opens those
-    (:func:`preflight`, before its directory)."""
-    if remote_store(cfg):
-        preflight(cfg)
-
-
 def remote_store(cfg) -> bool:
     """Whether ``cfg`` logs to MLflow in a store that opening leaves as it was: a URI
-    that is neither a file store nor a database (:data:`DATABASE_SCHEMES`)."""
+    that is neither a file store nor a database (:data:`DATABASE_SCHEMES`). ``--dry-run``,
+    which writes nothing, opens only those (:func:`preflight`); a file store is created
+    when it is opened, and an SQLite store's database file too."""
     uri = cfg.tracking.mlflow_uri
     return bool(cfg.tracking.mlflow and uri is not None and not _file_store(uri)
                 and uri_scheme(uri) not in DATABASE_SCHEMES)
