@@ -215,13 +215,13 @@ class OddStep(ServerStep):
     ("key", "the update of transform 'zz_step' (plugin {}) returned 'nonexistent.weight', "
             "which is not a tensor of the model"),
     ("shape", "the update of transform 'zz_step' (plugin {}) returned shape (3,) for "
-              "'fc1.1.weight', whose shape is (32, 64)"),
+              "'fc1.1.weight', whose tensor has shape (32, 64)"),
     ("value", "the update of transform 'zz_step' (plugin {}) returned float for "
               "'fc1.1.weight'"),
     ("dtype", "the update of transform 'zz_step' (plugin {}) returned torch.float64 for "
-              "'fc1.1.weight', whose dtype is torch.float32"),
+              "'fc1.1.weight', whose tensor is torch.float32"),
     ("device", "the update of transform 'zz_step' (plugin {}) returned a tensor on meta "
-               "for 'fc1.1.weight', which is on cpu"),
+               "for 'fc1.1.weight', whose tensor is on cpu"),
     ("raise", "transform 'zz_step' (plugin {}) failed: KeyError: 'state'"),
     ("metric", "the update of transform 'zz_step' (plugin {}) set the metric 'q' = 'text' "
                "(str); a metric is a real number or None"),

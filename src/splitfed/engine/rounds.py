@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from splitfed.engine.aggregate import DeltaAccumulator, Uploads
-from splitfed.engine.transforms import StepContext, start_gradients
+from splitfed.engine.transforms import StepContext, describe, start_gradients, tensor_mismatch
 from splitfed.metrics import metric_problem
 from splitfed.origins import call_plugin
 
@@ -247,7 +247,6 @@ class Round:
         for key, value in ctx.metrics.items():   # the step's own: its mistake, named
             problem = None if before.get(key, ctx) is value else metric_problem(key, value)
             if problem is not None:
-                from splitfed.engine.transforms import describe
                 from splitfed.errors import PluginError
 
                 raise PluginError(f"algorithm.server_transforms: the update of "
@@ -260,9 +259,9 @@ class Round:
 
 def _check_step(step, model: dict, new) -> None:
     """What server step ``step`` returned for ``model``: a mapping of some of its tensors'
-    names to tensors of the same shapes; anything else raises
+    names to tensors of the same shapes, dtypes and devices
+    (:func:`~splitfed.engine.transforms.tensor_mismatch`); anything else raises
     :class:`~splitfed.errors.PluginError` naming the step (and its plugin)."""
-    from splitfed.engine.transforms import describe
     from splitfed.errors import PluginError
 
     def bad(what: str) -> PluginError:
@@ -275,14 +274,6 @@ def _check_step(step, model: dict, new) -> None:
     for name, value in new.items():
         if name not in model:
             raise bad(f"returned {name!r}, which is not a tensor of the model")
-        if not isinstance(value, torch.Tensor):
-            raise bad(f"returned {type(value).__name__} for {name!r}")
-        if value.shape != model[name].shape:
-            raise bad(f"returned shape {tuple(value.shape)} for {name!r}, whose shape is "
-                      f"{tuple(model[name].shape)}")
-        if value.dtype != model[name].dtype:
-            raise bad(f"returned {value.dtype} for {name!r}, whose dtype is "
-                      f"{model[name].dtype}")
-        if value.device != model[name].device:
-            raise bad(f"returned a tensor on {value.device} for {name!r}, which is on "
-                      f"{model[name].device}")
+        problem = tensor_mismatch(value, model[name], repr(name), "tensor")
+        if problem is not None:
+            raise bad(problem)

@@ -229,11 +229,27 @@ def describe(transform: Transform) -> str:
     return component("transform", transform.name)
 
 
+def tensor_mismatch(value, like: torch.Tensor, name: str, whose: str) -> str | None:
+    """How a plugin's ``value`` for tensor ``name`` differs from ``like``, the tensor it
+    stands for, by type, shape, dtype and device (``whose``: "gradient", "tensor"), as
+    the end of "the update of ... returned ..."; None when it does not."""
+    if not isinstance(value, torch.Tensor):
+        return f"returned {type(value).__name__} for {name}"
+    if value.shape != like.shape:
+        return (f"returned shape {tuple(value.shape)} for {name}, whose {whose} has shape "
+                f"{tuple(like.shape)}")
+    if value.dtype is not like.dtype:
+        return f"returned {value.dtype} for {name}, whose {whose} is {like.dtype}"
+    if value.device != like.device:
+        return f"returned a tensor on {value.device} for {name}, whose {whose} is on {like.device}"
+    return None
+
+
 def _checked(transform: Transform, names, grads, out) -> list[torch.Tensor]:
     """``out``, what ``transform``'s update returned for ``grads``: one tensor per
-    parameter, each of its gradient's shape, dtype and device; anything else raises
-    PluginError (on every step: the device is compared as the dtype is, a few hundred
-    nanoseconds a parameter)."""
+    parameter, each of its gradient's shape, dtype and device (:func:`tensor_mismatch`);
+    anything else raises PluginError (on every step: the device is compared as the dtype
+    is, a few hundred nanoseconds a parameter)."""
     def bad(what: str):
         from splitfed.errors import PluginError
 
@@ -247,16 +263,9 @@ def _checked(transform: Transform, names, grads, out) -> list[torch.Tensor]:
     if len(out) != len(grads):
         raise bad(f"returned {len(out)} gradients for {len(grads)} parameters")
     for name, g, o in zip(names, grads, out):
-        if not isinstance(o, torch.Tensor):
-            raise bad(f"returned {type(o).__name__} for {name}")
-        if o.shape != g.shape:
-            raise bad(f"returned shape {tuple(o.shape)} for {name}, whose gradient has "
-                      f"shape {tuple(g.shape)}")
-        if o.dtype is not g.dtype:
-            raise bad(f"returned {o.dtype} for {name}, whose gradient is {g.dtype}")
-        if o.device != g.device:
-            raise bad(f"returned a tensor on {o.device} for {name}, whose gradient is on "
-                      f"{g.device}")
+        problem = tensor_mismatch(o, g, name, "gradient")
+        if problem is not None:
+            raise bad(problem)
     return out if isinstance(out, list) else list(out)
 
 
