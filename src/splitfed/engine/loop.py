@@ -418,10 +418,11 @@ def initial_state(algorithm, env) -> dict:
         what = (f"an allocation of {int(asked[1]) / 2**30:.1f} GiB failed" if asked
                 else f"{type(e).__name__}: {one_line(e, 100)}")
         raise ConfigError(f"{_named(cfg)}: its state does not fit in this machine's memory "
-                          f"({what}); state kept per client (SCAFFOLD's control "
-                          f"variates) grows with partition.num_clients "
-                          f"({env.num_clients}): use fewer clients or a smaller "
-                          "model") from None
+                          f"({what}); it holds the model and whatever the algorithm "
+                          "and its transforms keep, and what they keep per client "
+                          "(as SCAFFOLD's control variates) grows with "
+                          f"partition.num_clients ({env.num_clients}): use fewer "
+                          "clients or a smaller model") from None
     if not isinstance(state, dict):
         raise PluginError(f"{_named(cfg)}: init_state returned {type(state).__name__}; "
                           "it must return the algorithm's state, a dict")
