@@ -966,6 +966,13 @@ def ended_without_checkpoint(run_dir: Path, cfg: RunConfig) -> RunResult | None:
                      float(wall) if is_finite_number(wall) else 0.0, {})
 
 
+def tidy_for_resume(run_dir: Path, env: Environment) -> None:
+    """What a resume does first in ``run_dir``, with or without a checkpoint: remove the
+    temporary files a stopped run left, and write ``partition.txt`` if it is missing."""
+    remove_stale_temp_files(run_dir)
+    write_partition(run_dir, env, if_missing=True)
+
+
 def clear_for_restart(run_dir: Path) -> None:
     """Remove what a run that kept no checkpoint left of its rounds (``metrics.jsonl``,
     ``summary.json``, an earlier version's csv), so that it starts again from round 0 in
@@ -1061,8 +1068,7 @@ def _resume(run_dir: Path, saved: Path) -> RunResult:
     start = 1 if ckpt is None else ckpt["round"] + 1
     sinks = None if ended else open_trackers(cfg, run_dir, start)  # before any change
     try:
-        remove_stale_temp_files(run_dir)
-        write_partition(run_dir, env, if_missing=True)
+        tidy_for_resume(run_dir, env)
         if resume is None:
             clear_for_restart(run_dir)
             common = {}

@@ -42,8 +42,8 @@ import torch
 
 from splitfed.algorithms import get_algorithm
 from splitfed.checkpoint import (CHECKPOINT, Checkpointer, checkpoint_records,
-                                 cpu_capability, load_checkpoint, remove_stale_temp_files,
-                                 restore, thread_warnings, truncate_metrics)
+                                 cpu_capability, load_checkpoint, restore, thread_warnings,
+                                 truncate_metrics)
 from splitfed.config import RunConfig, build_config
 from splitfed.configtools import load_yaml, to_dict
 from splitfed.engine.loop import initial_state, run_rounds
@@ -51,7 +51,7 @@ from splitfed.errors import ConfigError
 from splitfed.experiment import (RunResult, check_empty, clear_for_restart, new_run_dir,
                                  build_algorithm, build_environment, check_resume_config,
                                  check_run_files, config_data, lock_run_dir,
-                                 resume_template, run_ended, write_config,
+                                 resume_template, run_ended, tidy_for_resume, write_config,
                                  write_partition, write_summary)
 from splitfed.metrics import MetricLogger, is_finite_number, record_summary
 from splitfed.provenance import provenance
@@ -229,17 +229,15 @@ def _serve(links: Links, cfg: RunConfig, *, options: RuntimeOptions,
             if not run_ended(ckpt, cfg):     # the trackers open before any change
                 sinks = open_trackers(cfg, run_dir, start)
                 stack.callback(_close_unused, sinks)
-            remove_stale_temp_files(run_dir)
+            tidy_for_resume(Path(run_dir), env)
             records = truncate_metrics(run_dir, ckpt["records"], ckpt["round"])
             resumed = list(ckpt["resumed_from"]) + [ckpt["round"]]
             started = {"threads": ckpt["threads"], "cpu": ckpt["cpu_capability"],
                        "resumed_threads": list(ckpt["resumed_threads"])
                        + [torch.get_num_threads()]}
-            write_partition(Path(run_dir), env, if_missing=True)
         elif restart:                         # a resume without a checkpoint: round 0
             state = initial_state(algorithm, env)
-            remove_stale_temp_files(run_dir)
-            write_partition(Path(run_dir), env, if_missing=True)
+            tidy_for_resume(Path(run_dir), env)
             clear_for_restart(Path(run_dir))
         else:
             state = initial_state(algorithm, env)   # a failing init_state leaves nothing
