@@ -98,12 +98,17 @@ SETUP = dict(model={"name": "mlp", "hidden": [16, 8], "cut": 1},
              train={"batch_size": 8, "local_steps": 1, "local_epochs": None, "lr": 0.01})
 
 
-def _reference(cfg, rounds, dtype=torch.float32):
+def _reference(cfg, rounds, dtype=torch.float32, losses=None):
     """Paper 001 Algorithm 1 written as a plain per-client loop (same seeds and batches),
-    computed in ``dtype`` (the random directions are the float32 ones the engine draws)."""
+    computed in ``dtype`` (the random directions are the float32 ones the engine draws).
+    ``directions`` q > 1 averages q estimates; ``client_order: first`` replaces the
+    client's estimate by its gradient through the updated server. ``losses``, when given,
+    receives each round's train loss: the cohort's mean of the first server step's 2q
+    evaluations."""
     o = cfg.algorithm.options
-    tau, lam = o.get("tau", 2), 0.005
+    tau, lam, q = o.get("tau", 2), 0.005, o.get("directions", 1)
     eta_s, eta_g = o.get("server_lr", 0.01), o.get("global_lr", 0.3)
+    first_order = o.get("client_order", "zeroth") == "first"
     env = build_environment(cfg)
     streams = RandomStreams(cfg.seed)
     client, server = split(copy.deepcopy(env.model).to(dtype), env.cut)
@@ -121,29 +126,44 @@ def _reference(cfg, rounds, dtype=torch.float32):
         def directions(name, stacked):
             u = zo.directions(derive_seed(base, name), [v.float() for v in stacked])
             return [v.to(dtype) for v in u]
-        u_c = directions("client/0/0", stacked_c)
-        new_c, new_s = [], []
+        u_c = [directions(f"client/0/{j}", stacked_c) for j in range(q)]
+        new_c, new_s, first_losses = [], [], []
         for m in range(n):
             x, y = x_all[rows[m]], y_all[rows[m]]
 
-            def client_out(scale):
-                p = {k: v + scale * u[m] for (k, v), u in zip(cp.items(), u_c)}
+            def client_out(p):
                 return functional_call(client, p, (x,))
+
+            def shifted(params, u, scale):
+                return {k: v + scale * d[m] for (k, v), d in zip(params.items(), u)}
 
             def loss(params, h):
                 return F.cross_entropy(functional_call(server, params, (h,)), y)
-            h, hp, hm = client_out(0.0), client_out(lam), client_out(-lam)
+            h = client_out(cp)
             s = dict(sp)
             for i in range(tau):
-                u_s = directions(f"server/{i}/0", stacked_s)
-                plus = {k: v + lam * u[m] for (k, v), u in zip(s.items(), u_s)}
-                minus = {k: v - lam * u[m] for (k, v), u in zip(s.items(), u_s)}
-                coef = (loss(plus, h) - loss(minus, h)) / (2 * lam)
-                s = {k: v - eta_s * coef * u[m] for (k, v), u in zip(s.items(), u_s)}
-            delta = loss(s, hp) - loss(s, hm)
-            new_c.append({k: v - cfg.train.lr * delta / (2 * lam) * u[m]
-                          for (k, v), u in zip(cp.items(), u_c)})
+                step, evals = {k: 0.0 for k in s}, []
+                for u in (directions(f"server/{i}/{j}", stacked_s) for j in range(q)):
+                    evals += [loss(shifted(s, u, lam), h), loss(shifted(s, u, -lam), h)]
+                    coef = (evals[-2] - evals[-1]) / (2 * lam)
+                    step = {k: step[k] + coef * d[m] for k, d in zip(s, u)}
+                if i == 0:
+                    first_losses.append(sum(evals) / len(evals))
+                s = {k: v - eta_s * step[k] / q for k, v in s.items()}
+            if first_order:
+                p = {k: v.clone().requires_grad_() for k, v in cp.items()}
+                g = torch.autograd.grad(loss(s, client_out(p)), list(p.values()))
+                new_c.append({k: v - cfg.train.lr * gk for (k, v), gk in zip(cp.items(), g)})
+            else:
+                step = {k: 0.0 for k in cp}
+                for u in u_c:
+                    delta = (loss(s, client_out(shifted(cp, u, lam)))
+                             - loss(s, client_out(shifted(cp, u, -lam))))
+                    step = {k: step[k] + delta / (2 * lam) * d[m] for k, d in zip(cp, u)}
+                new_c.append({k: v - cfg.train.lr * step[k] / q for k, v in cp.items()})
             new_s.append(s)
+        if losses is not None:
+            losses.append(sum(first_losses) / n)
         w = torch.tensor(cohort.weights, dtype=dtype)
         with torch.no_grad():
             for module, old, new in ((client, cp, new_c), (server, sp, new_s)):
@@ -255,16 +275,24 @@ def test_adaptive_tau_is_straggler_time_over_server_step_time(ratio, cap, want):
 @pytest.mark.parametrize("client_order", ["zeroth", "first"])
 def test_in_place_mode_runs_the_same_algorithm(monkeypatch, client_order):
     """With the default mode drawing the in-place mode's directions, both give the same
-    models: the in-place mode changes memory, not the algorithm."""
+    models and train losses: the in-place mode changes memory, not the algorithm. Both
+    modes land on the per-client loop (computed in float32 and float64) within rounding:
+    shifting the parameters by +lambda u, -2 lambda u, +lambda u rounds differently from
+    evaluating at perturbed copies."""
     monkeypatch.setattr(zo, "directions", chunked_directions)
-    runs = [run_experiment(digits_config(
+    configs = [digits_config(
         algorithm={"name": "musplitfed", "tau": 2, "directions": 2, "in_place": mode,
-                   "client_order": client_order}, rounds=3, **SETUP), write=False)
-        for mode in (False, True)]
-    a, b = (r.state["model"] for r in runs)
-    assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
-    assert [r["train_loss"] for r in runs[0].records[1:]] == pytest.approx(
-        [r["train_loss"] for r in runs[1].records[1:]], abs=1e-6)
+                   "client_order": client_order}, rounds=3, **SETUP) for mode in (False, True)]
+    loss32, loss64 = [], []
+    want32 = _reference(configs[0], 3, losses=loss32)
+    want64 = _reference(configs[0], 3, torch.float64, losses=loss64)
+    loss32, loss64 = torch.stack(loss32), torch.stack(loss64)
+    for mode, cfg in zip(("default", "in_place"), configs):
+        res = run_experiment(cfg, write=False)
+        for k in want64:
+            assert_float_close(res.state["model"][k], want32[k], want64[k], what=f"{mode} {k}")
+        got = torch.tensor([r["train_loss"] for r in res.records[1:]], dtype=torch.float32)
+        assert_float_close(got, loss32, loss64, what=f"{mode} train_loss")
 
 
 def test_server_rate_over_tau_takes_steps_of_eta_s_over_tau():
