@@ -4,7 +4,7 @@
 import numpy as np
 import pytest
 import torch
-from helpers import assert_same_run, bn_mlp, digits_config
+from helpers import assert_float_close, assert_same_run, bn_mlp, digits_config
 
 from splitfed.algorithms.fedavg import FedAvg
 from splitfed.algorithms.fedopt import AdaptiveStep, FedOpt
@@ -30,17 +30,18 @@ def close(got, want, atol=1e-5):
         assert torch.allclose(got[k], want[k], atol=atol), (k, (got[k] - want[k]).abs().max())
 
 
-def _reference(cfg, rounds, mu=0.0, scaffold=False):
-    """Plain unbatched FedAvg / FedProx / SCAFFOLD (option II), one client at a time.
+def _reference(cfg, rounds, mu=0.0, scaffold=False, dtype=torch.float32):
+    """Plain unbatched FedAvg / FedProx / SCAFFOLD (option II), one client at a time,
+    computed in ``dtype`` from the engine's float32 initial model and data.
 
     Same seed => same cohorts and batches as the engine (participation and batch
     streams, plans drawn in slot order). Returns the model and SCAFFOLD's controls.
     """
     env = build_environment(cfg)
-    model, tr = env.model, cfg.train
+    model, tr = env.model.to(dtype), cfg.train
     streams = RandomStreams(cfg.seed)
     part_rng, batch_rng = streams.numpy("participation"), streams.numpy("batches")
-    x, y = env.data.train.x, env.data.train.y
+    x, y = env.data.train.x.to(dtype), env.data.train.y
     sizes = env.data_sizes
     a = sizes / sizes.sum()
     names = [n for n, _ in model.named_parameters()]
@@ -128,16 +129,21 @@ def test_fedopt_one_round_follows_algorithm_2(variant):
     opts = {"server_optimizer": variant, "server_lr": 0.05, "beta1": 0.9, "beta2": 0.99,
             "tau": 1e-3}
     common = dict(rounds=1, **HETERO)
-    x0 = build_environment(digits_config(**common)).model.state_dict()
-    avg = run(digits_config(**common)).state["model"]
+    cfg = digits_config(**common)
+    x0 = build_environment(cfg).model.state_dict()
     res = run(digits_config(algorithm={"name": "fedopt", **opts}, **common)).state
+    # Algorithm 2 after FedAvg's round, both computed in float32 and in float64
+    want = {}
+    for dtype in (torch.float32, torch.float64):
+        avg = _reference(cfg, 1, dtype=dtype)[0]
+        want[dtype] = {k: _expected_fedopt(x0[k].to(dtype), avg[k] - x0[k].to(dtype),
+                                           variant, 0.05, 0.9, 0.99, 1e-3, 1e-6)
+                       for k in x0}
     for k in x0:
-        delta = avg[k].double() - x0[k].double()   # FedAvg's sum_s w_s (x_s - x_t)
-        want, m, v = _expected_fedopt(x0[k].double(), delta, variant, 0.05, 0.9, 0.99,
-                                      1e-3, 1e-6)
-        assert torch.allclose(res["model"][k].double(), want, atol=1e-6), k
-        assert torch.allclose(res["fedopt"]["m"][k].double(), m, atol=1e-8), k
-        assert torch.allclose(res["fedopt"]["v"][k].double(), v, rtol=1e-4), k
+        for i, got in enumerate((res["model"][k], res["fedopt"]["m"][k],
+                                 res["fedopt"]["v"][k])):
+            assert_float_close(got, want[torch.float32][k][i], want[torch.float64][k][i],
+                               what=f"{k} {('model', 'm', 'v')[i]}")
 
 
 @pytest.mark.numerics
