@@ -332,7 +332,9 @@ def add_ratios(results: dict[str, dict], w: Workload | None = None,
                peak: float | None = None) -> dict:
     """Ratios to the limit (best centralized big batch), to batch 32, to the peer loop;
     with ``w`` and ``peak``, GFLOP/s of every row and its fraction of the matmul peak; the
-    evaluation rows' ratio to the fastest training row of the same model."""
+    evaluation rows' ratio to the fastest training row timed in the same round robin
+    (splitfed's and the in-process baselines: not Flower or pfl, which run afterwards in
+    their own processes, nor MU-SplitFed, whose arithmetic differs)."""
     if w is not None:
         for name, r in results.items():
             if "samples_per_s" in r:
@@ -341,8 +343,7 @@ def add_ratios(results: dict[str, dict], w: Workload | None = None,
                 if peak:
                     r["x_peak"] = round(r["gflops"] / peak, 3)
     train = {n: r["samples_per_s"] for n, r in results.items()
-             if "samples_per_s" in r and not n.startswith("eval")
-             and n != "splitfed_musplitfed"}
+             if "samples_per_s" in r and n in VARIANTS and n != "splitfed_musplitfed"}
     if train:
         fastest = max(train, key=train.get)
         for name, r in results.items():
@@ -386,7 +387,8 @@ def paired_ratios(results: dict[str, dict]) -> None:
                 continue
             r[key] = _spread([b / t for b, t in zip(base, times)])
     for r in results.values():
-        ref = results.get(r.get("train_reference"), {})
+        name = r.get("train_reference")
+        ref = results.get(name, {}) if name in VARIANTS else {}     # timed in the round robin
         base, times = ref.get("round_s"), r.get("round_s")
         if (r.get("paired_with_training") and base and times and len(times) == len(base)
                 and ref.get("samples") and r.get("samples")):

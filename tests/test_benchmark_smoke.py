@@ -104,6 +104,28 @@ def test_paired_ratios_by_hand_and_shown_from_a_saved_report(tmp_path):
         assert "Traceback" not in bad.stderr
 
 
+def test_x_train_is_referenced_to_a_row_of_the_same_round_robin():
+    """Flower and pfl run afterwards in their own processes (Flower on every core): the
+    evaluation rows' x train is never referenced to, nor paired with, them."""
+    from benchmarks.bench import PFL, add_ratios, paired_ratios
+
+    results = {"splitfed_fedavg": {"round_s": [1.0, 2.0, 3.0], "samples": 32,
+                                   "samples_per_s": 16.0},
+               FLOWER: {"round_s": [0.5, 0.5, 0.5], "samples": 32, "samples_per_s": 64.0},
+               PFL: {"samples_per_s": 128.0},
+               "eval_splitfed": {"round_s": [0.5, 0.5, 2.0], "samples": 64,
+                                 "samples_per_s": 128.0, "paired_with_training": True}}
+    add_ratios(results)
+    ev = results["eval_splitfed"]
+    assert ev["train_reference"] == "splitfed_fedavg" and ev["x_train"] == 8.0
+    assert ev["x_train_paired"] == {"median": 4.0, "min": 3.0, "max": 8.0}
+    # a report saved with Flower as the reference (--show): not paired with it
+    del ev["x_train_paired"]
+    ev["train_reference"] = FLOWER
+    paired_ratios(results)
+    assert "x_train_paired" not in ev
+
+
 def test_memory_probe_reports_peak_rss():
     proc = _bench("--memory-probe", "splitfed_sflv2", "--clients", "2", "--local-steps", "1",
                   "--threads", "1")
