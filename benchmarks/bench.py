@@ -69,15 +69,20 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-#: environment variables that change CPU throughput (thread wait policy, allocator)
+#: environment variables that change CPU throughput (thread wait policy, allocator, the
+#: instruction sets of torch's own kernels, MKL's matrix products and oneDNN's convolutions)
 PERF_ENV = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME",
-            "MKL_NUM_THREADS", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "LD_PRELOAD")
+            "MKL_NUM_THREADS", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "LD_PRELOAD",
+            "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA")
 
 
 def machine_info() -> dict:
+    """The machine and what changes its throughput: ``cpu_capability`` is the instruction
+    set of the kernels torch dispatches to (AVX512, AVX2, DEFAULT...)."""
     return {"torch": torch.__version__, "python": platform.python_version(),
             "threads": torch.get_num_threads(), "cpus": os.cpu_count(),
-            "cpu_model": cpu_model(), "platform": platform.platform(),
+            "cpu_model": cpu_model(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "platform": platform.platform(),
             "env": {k: os.environ[k] for k in PERF_ENV if k in os.environ}}
 
 
@@ -631,8 +636,8 @@ def main(argv=None) -> dict | None:
     report = {"command": " ".join(["python -m benchmarks.bench", *(argv or sys.argv[1:])]),
               "machine": machine_info(), "load_start": load_average(),
               "repeats": args.repeats}
-    log(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {cpu_model()}, "
-        f"load average {report['load_start']}")
+    log(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {cpu_model()} "
+        f"({report['machine']['cpu_capability']} kernels), load average {report['load_start']}")
     if args.device != "cpu":
         log(f"device {args.device}: {torch.cuda.get_device_name(args.device)}, TF32 off")
         report["device"] = torch.cuda.get_device_name(args.device)

@@ -126,6 +126,20 @@ def test_x_train_is_referenced_to_a_row_of_the_same_round_robin():
     assert "x_train_paired" not in ev
 
 
+def test_machine_info_records_which_cpu_kernels_run(monkeypatch):
+    import torch
+
+    from benchmarks.bench import machine_info
+
+    caps = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+            "MKL_CBWR": "COMPATIBLE", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    for key, value in caps.items():
+        monkeypatch.setenv(key, value)
+    info = machine_info()
+    assert info["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert {k: info["env"].get(k) for k in caps} == caps
+
+
 def test_memory_probe_reports_peak_rss():
     proc = _bench("--memory-probe", "splitfed_sflv2", "--clients", "2", "--local-steps", "1",
                   "--threads", "1")
