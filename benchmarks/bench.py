@@ -45,7 +45,8 @@ from benchmarks.peers import ROOT, peer_env, probe, run_script
 from benchmarks.pfl_fedavg import run_pfl
 from benchmarks.procstat import vm_hwm_mb
 from benchmarks.variants import VARIANTS
-from benchmarks.workload import FASHION_DIR, MODEL_SHAPES, Workload
+from benchmarks.workload import (FASHION_DIR, FASHION_TRAIN, INPUT_SHAPE, MODEL_SHAPES,
+                                 NUM_CLASSES, Workload, model_options)
 
 LIMITS = ("central_big", "central_big_cl")
 FLOWER = "flower_fedavg"
@@ -180,7 +181,7 @@ def interleaved(runs: dict, repeats: int, device: str = "cpu", *, collect: bool 
     ``log``: a line per repeat."""
     names = list(runs)
     times: dict[str, list[float]] = {name: [] for name in names}
-    for r in range(repeats):
+    for r in range(repeats if names else 0):
         for name in names[r % len(names):] + names[:r % len(names)]:
             if collect:
                 gc.collect()
@@ -513,24 +514,109 @@ def run_block(w: Workload, args, flower: tuple[str | None, str], log) -> dict:
     return block
 
 
+def at_least(low: int):
+    """An argparse type: an integer of ``low`` or more."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < low:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {text!r}")
+        return value
+    return parse
+
+
+def positive(text: str) -> float:
+    """An argparse type: a finite number above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = None
+    if value is None or not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}")
+    return value
+
+
+def client_counts(text: str) -> list[int]:
+    """An argparse type: comma-separated integers of 1 or more."""
+    try:
+        counts = [int(c) for c in text.split(",")]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"must be comma-separated integers >= 1, got {text!r}")
+    return counts
+
+
+def paper_rounds(text: str) -> int:
+    """An argparse type: 0 (no paper-scale run) or 2 rounds or more (the two runs differ by
+    the evaluations of rounds 1 to rounds - 1)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or value < 0 or value == 1:
+        raise argparse.ArgumentTypeError(f"must be 0 (none) or at least 2 rounds, got {text!r}")
+    return value
+
+
+def cohorts(args) -> list[tuple[int, int]]:
+    """(C, K) of each block: C in --scaling-clients with K steps of --scaling-samples per
+    round, or --clients and --local-steps."""
+    if not args.scaling:
+        return [(args.clients, args.local_steps)]
+    return [(c, args.scaling_samples // (c * args.batch)) for c in args.scaling_clients]
+
+
+def check_workload(ap, args) -> None:
+    """Refuse, before anything is timed, a workload that cannot be built."""
+    for c in args.scaling_clients if args.scaling else ():
+        if args.scaling_samples % (c * args.batch):
+            ap.error(f"--scaling-samples {args.scaling_samples} is not a multiple of "
+                     f"C * batch = {c * args.batch} (C={c})")
+    largest = max(c for c, _ in cohorts(args))
+    if args.population is not None and args.population < largest:
+        cohort = "the largest of --scaling-clients," if args.scaling else "--clients"
+        ap.error(f"--population {args.population} is below {cohort} {largest}")
+    if args.width is not None:
+        from splitfed.errors import ConfigError
+        from splitfed.models import build_model
+
+        try:            # the model's own check of its options
+            build_model(args.model, MODEL_SHAPES[args.model], NUM_CLASSES,
+                        **model_options(args.model, args.width))
+        except ConfigError as e:
+            ap.error(f"--width {args.width:g}: {e}")
+    if args.real and MODEL_SHAPES[args.model] != INPUT_SHAPE:
+        ap.error(f"--real: Fashion-MNIST's samples are 1x28x28; --model {args.model} takes "
+                 f"{'x'.join(map(str, MODEL_SHAPES[args.model]))}")
+    for c, k in cohorts(args) if args.real else ():
+        n = (args.population or c) * k * args.batch
+        if n > FASHION_TRAIN:
+            ap.error(f"--real: P * K * batch = {n} samples exceed Fashion-MNIST's "
+                     f"{FASHION_TRAIN:,} training images")
+
+
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--clients", "-C", type=int, default=100)
-    ap.add_argument("--local-steps", "-K", type=int, default=5)
-    ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--lr", type=float, default=0.01)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--repeats", "-R", type=int, default=3)
+    ap.add_argument("--clients", "-C", type=at_least(1), default=100)
+    ap.add_argument("--local-steps", "-K", type=at_least(1), default=5)
+    ap.add_argument("--batch", type=at_least(1), default=32)
+    ap.add_argument("--lr", type=positive, default=0.01)
+    ap.add_argument("--seed", type=at_least(0), default=0)
+    ap.add_argument("--repeats", "-R", type=at_least(1), default=3)
     ap.add_argument("--real", action="store_true",
                     help=f"real Fashion-MNIST samples from {FASHION_DIR} (default: random)")
-    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    ap.add_argument("--population", "-P", type=int, default=None,
+    ap.add_argument("--threads", type=at_least(1), default=None,
+                    help="torch threads (default: torch's)")
+    ap.add_argument("--population", "-P", type=at_least(1), default=None,
                     help="users in all, of which a round trains C (default: C); pfl's "
                          "shape: -P 1000 -C 50 -K 6 --batch 10")
     ap.add_argument("--model", default="lenet5", choices=sorted(MODEL_SHAPES),
                     help="lenet5 or alexnet (1x28x28), or a deeper CIFAR-shaped model "
                          "(3x32x32)")
-    ap.add_argument("--width", type=float, default=None,
+    ap.add_argument("--width", type=positive, default=None,
                     help="model width: resnet18's base channels (default 64), the channel "
                          "multiplier of vgg11 and alexnet (default 1)")
     ap.add_argument("--variants", default=",".join([*VARIANTS, FLOWER, PFL]),
@@ -544,7 +630,7 @@ def parse_args(argv=None):
                     help="skip measuring the fp32 matmul peak (no GFLOP/s fraction column)")
     ap.add_argument("--flower-python", default=None,
                     help="interpreter with flwr[simulation] (default: this one)")
-    ap.add_argument("--flower-cpus", type=float, default=1.0,
+    ap.add_argument("--flower-cpus", type=positive, default=1.0,
                     help="Ray CPUs per Flower client actor")
     ap.add_argument("--flower-max-clients", type=int, default=100)
     ap.add_argument("--no-pfl", action="store_true", help="skip the pfl variant")
@@ -552,13 +638,13 @@ def parse_args(argv=None):
                     help="interpreter with pfl[pytorch] (default: this one)")
     ap.add_argument("--scaling", action="store_true",
                     help="run C in --scaling-clients at a fixed --scaling-samples per round")
-    ap.add_argument("--scaling-clients", default="10,100,1000")
-    ap.add_argument("--scaling-samples", type=int, default=32000)
-    ap.add_argument("--paper-run", type=int, default=0, metavar="ROUNDS",
+    ap.add_argument("--scaling-clients", type=client_counts, default="10,100,1000")
+    ap.add_argument("--scaling-samples", type=at_least(1), default=32000)
+    ap.add_argument("--paper-run", type=paper_rounds, default=0, metavar="ROUNDS",
                     help="also time a paper-scale FedAvg run (1000 clients, 10 per round, "
                          "batch 10) of ROUNDS rounds evaluating every round against only "
                          "the last (benchmarks/paper_run.py)")
-    ap.add_argument("--eval-batch-size", type=int, default=None,
+    ap.add_argument("--eval-batch-size", type=at_least(1), default=None,
                     help="engine.eval_batch_size of the evaluation row and the paper-scale "
                          "run (default: the engine's for the device, 256 on a CPU, 2048 "
                          "on a GPU)")
@@ -576,8 +662,9 @@ def parse_args(argv=None):
     args = ap.parse_args(argv)
     args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = set(args.variants) - {*VARIANTS, FLOWER, PFL}
-    if unknown:
-        ap.error(f"unknown variants {sorted(unknown)}")
+    if unknown or not args.variants:
+        said = f"unknown {sorted(unknown)}" if unknown else "none given"
+        ap.error(f"--variants: {said}; one or more of {', '.join([*VARIANTS, FLOWER, PFL])}")
     if args.no_flower and FLOWER in args.variants:
         args.variants.remove(FLOWER)
     if args.no_pfl and PFL in args.variants:
@@ -592,8 +679,7 @@ def parse_args(argv=None):
             ap.error(f"--device: {e}")
         args.memory = False
         torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
-    if args.population is not None and args.population < args.clients:
-        ap.error(f"--population {args.population} is below --clients {args.clients}")
+    check_workload(ap, args)
     return args
 
 
@@ -626,7 +712,7 @@ def main(argv=None) -> dict | None:
         torch.set_num_threads(args.threads)
     def make(c, k):
         return Workload(c, k, args.batch, args.lr, args.seed, args.real,
-                        population=max(args.population or c, c), model_name=args.model,
+                        population=args.population or c, model_name=args.model,
                         width=args.width, device=args.device)
 
     if args.memory_probe:
@@ -649,11 +735,7 @@ def main(argv=None) -> dict | None:
     flower = flower_python(args.flower_python) if FLOWER in args.variants else (None, "")
     if args.scaling:
         blocks = []
-        for c in (int(x) for x in args.scaling_clients.split(",")):
-            k, rest = divmod(args.scaling_samples, c * args.batch)
-            if k < 1 or rest:
-                raise SystemExit(f"--scaling-samples {args.scaling_samples} is not a multiple "
-                                 f"of C * batch = {c * args.batch}")
+        for c, k in cohorts(args):
             blocks.append(run_block(make(c, k), args, flower, log))
         report["scaling"] = blocks
     else:

@@ -32,6 +32,7 @@ from splitfed.models import build_model
 
 DATASET_NAME = "bench_workload"
 FASHION_DIR = "/usr/share/datasets/fashion-mnist"
+FASHION_TRAIN = 60_000  # Fashion-MNIST's training images
 INPUT_SHAPE = (1, 28, 28)
 #: the models the benchmark runs and their input shapes (Fashion-MNIST's, CIFAR-10's)
 MODEL_SHAPES = {"lenet5": INPUT_SHAPE, "alexnet": INPUT_SHAPE, "resnet18": (3, 32, 32),
@@ -86,9 +87,7 @@ class Workload:
 
     @property
     def model_options(self) -> dict:
-        if self.width is None:
-            return {}
-        return {"width": int(self.width) if self.model_name == "resnet18" else self.width}
+        return model_options(self.model_name, self.width)
 
     @property
     def samples_per_round(self) -> int:
@@ -127,6 +126,14 @@ class Workload:
                     "population": self.population, "clients": self.clients,
                     "local_steps": self.local_steps, "batch": self.batch, "lr": self.lr,
                     "seed": self.seed}, path)
+
+
+def model_options(model_name: str, width: float | None) -> dict:
+    """The model's options for ``width``: resnet18's base channels (an integer), the
+    channel multiplier of the others."""
+    if width is None:
+        return {}
+    return {"width": int(width) if model_name == "resnet18" else width}
 
 
 def register(workload: Workload) -> None:
