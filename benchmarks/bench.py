@@ -327,8 +327,15 @@ def run_flower(w: Workload, python: str, repeats: int, num_cpus: float, log) -> 
     summary = summarize(w, rounds[1:], LABELS[FLOWER])
     summary.update({"peak_mb": round(done["peak_mb"], 1), "flwr": res["flwr"],
                     "num_cpus_per_client": res["num_cpus_per_client"],
+                    "cpus": flower_cpus(w.clients, num_cpus),
                     "note": "run after the interleaved variants; peak_mb is the process tree"})
     return summary
+
+
+def flower_cpus(clients: int, num_cpus: float) -> float:
+    """The CPUs Flower's client actors train on at once: ``num_cpus`` each, as many in
+    parallel as Ray's CPUs (the machine's) hold."""
+    return min(float(os.cpu_count() or 1), clients * num_cpus)
 
 
 # ---------------------------------------------------------------- tables
@@ -337,7 +344,8 @@ def run_flower(w: Workload, python: str, repeats: int, num_cpus: float, log) -> 
 def add_ratios(results: dict[str, dict], w: Workload | None = None,
                peak: float | None = None) -> dict:
     """Ratios to the limit (best centralized big batch), to batch 32, to the peer loop;
-    with ``w`` and ``peak``, GFLOP/s of every row and its fraction of the matmul peak; the
+    with ``w`` and ``peak``, GFLOP/s of every row and its fraction of the matmul peak (not
+    Flower's: its actors run on other CPUs than the peak's threads, in parallel); the
     evaluation rows' ratio to the fastest training row timed in the same round robin
     (splitfed's and the in-process baselines: not Flower or pfl, which run afterwards in
     their own processes, nor MU-SplitFed, whose arithmetic differs)."""
@@ -346,7 +354,7 @@ def add_ratios(results: dict[str, dict], w: Workload | None = None,
             if "samples_per_s" in r:
                 r["flops_per_sample"] = flops_per_sample(w, name)
                 r["gflops"] = round(r["samples_per_s"] * r["flops_per_sample"] / 1e9, 2)
-                if peak:
+                if peak and name != FLOWER:
                     r["x_peak"] = round(r["gflops"] / peak, 3)
     train = {n: r["samples_per_s"] for n, r in results.items()
              if "samples_per_s" in r and n in VARIANTS and n != "splitfed_musplitfed"}
@@ -442,6 +450,9 @@ def table(workload: dict, results: dict[str, dict], peak: float | None = None,
         for name, r in results.items() if any(key in r for key in SHOWN)]
     if paired:
         lines += ["paired per repeat (median [min-max] of the repeats' ratios):", *paired]
+    if results.get(FLOWER, {}).get("cpus"):
+        notes.append(f"{FLOWER} trained on {results[FLOWER]['cpus']:g} CPUs (Ray actors in "
+                     f"parallel), the other rows on {threads} threads: no x peak")
     fed, pfl = results.get("splitfed_fedavg", {}), results.get(PFL, {})
     if fed.get("samples_per_s") and pfl.get("samples_per_s"):
         notes.append(f"splitfed_fedavg / {PFL}: "

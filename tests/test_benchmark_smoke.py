@@ -140,6 +140,27 @@ def test_machine_info_records_which_cpu_kernels_run(monkeypatch):
     assert {k: info["env"].get(k) for k in caps} == caps
 
 
+def test_flower_row_is_no_fraction_of_a_peak_measured_at_other_threads(monkeypatch):
+    """Flower trains on Ray actors in parallel, the peak is measured at --threads."""
+    import os
+
+    from benchmarks import bench
+
+    w = Workload(clients=2, local_steps=1)
+    res = {"flwr": "1.0", "num_cpus_per_client": 1.0, "round_s": {"1": 9.0, "2": 0.5}}
+    monkeypatch.setattr(bench, "run_script", lambda *a, **k: {
+        "result": res, "wall_s": 9.5, "peak_mb": 2000.0})
+    results = {"central_b32": bench.summarize(w, [1.0], "b32"),
+               FLOWER: bench.run_flower(w, "python", 1, 1.0, lambda msg: None)}
+    assert results[FLOWER]["cpus"] == min(os.cpu_count(), 2)
+    bench.add_ratios(results, w, peak=100.0)
+    assert results[FLOWER]["gflops"] > 0 and "x_peak" not in results[FLOWER]
+    assert results["central_b32"]["x_peak"] > 0
+    assert (f"{FLOWER} trained on {min(os.cpu_count(), 2)} CPUs (Ray actors in parallel), "
+            "the other rows on 1 threads: no x peak"
+            in bench.table(w.describe(), results, 100.0, threads=1))
+
+
 def test_memory_probe_reports_peak_rss():
     proc = _bench("--memory-probe", "splitfed_sflv2", "--clients", "2", "--local-steps", "1",
                   "--threads", "1")
