@@ -481,6 +481,22 @@ def scaling_table(blocks: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def scaling_lines(blocks: list[dict]) -> list[str]:
+    """The cost-per-sample table of a --scaling report, with its heading."""
+    samples = blocks[0]["workload"]["samples_per_round"]
+    return [f"cost per sample (microseconds) at {samples} samples per round",
+            scaling_table(blocks)]
+
+
+def paper_run_line(p: dict) -> str:
+    """A --paper-run block in one line."""
+    return (f"paper-scale run (FedAvg, {p['rounds']} rounds, 10 of 1000 clients, batch 10): "
+            f"evaluating every round {p['median_wall_s']['eval_every_round']:.1f} s, "
+            f"only after the last {p['median_wall_s']['eval_last_only']:.1f} s: "
+            f"x{p['ratio']:.2f}; one evaluation of {p['test_samples']:,} samples "
+            f"{_ms(p['eval_s_per_round'])} ({p['eval_forward_gflop']} GFLOP)")
+
+
 # ---------------------------------------------------------------- driver
 
 
@@ -668,8 +684,8 @@ def parse_args(argv=None):
     ap.add_argument("--memory-probe", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--show", nargs="+", default=None, metavar="JSON",
                     help="print the tables of results written by --out (with their paired "
-                         "ratios, also for files written before those existed); times "
-                         "nothing")
+                         "ratios, also for files written before those existed; a scaling "
+                         "run's cost per sample, a paper-scale run's line); times nothing")
     args = ap.parse_args(argv)
     args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = set(args.variants) - {*VARIANTS, FLOWER, PFL}
@@ -706,6 +722,10 @@ def show(paths: list[str]) -> None:
                 tables.append(table(b["workload"], b["results"],
                                     b.get("peak_gflops") or report.get("peak_gflops"),
                                     report.get("machine", {}).get("threads")))
+            if report.get("scaling"):
+                tables.append("\n".join(scaling_lines(blocks)))
+            if report.get("paper_run"):
+                tables.append(paper_run_line(report["paper_run"]))
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
             raise SystemExit(f"--show {path}: not a report written by --out ({e})") from None
         print(f"{path}: {report.get('command', '')}")
@@ -763,16 +783,10 @@ def main(argv=None) -> dict | None:
         print(table(b["workload"], b["results"], args.peak))
         print()
     if args.scaling:
-        print(f"cost per sample (microseconds) at {args.scaling_samples} samples per round")
-        print(scaling_table(blocks))
+        print(*scaling_lines(blocks), sep="\n")
         print()
     if args.paper_run:
-        p = report["paper_run"]
-        print(f"paper-scale run (FedAvg, {p['rounds']} rounds, 10 of 1000 clients, batch 10): "
-              f"evaluating every round {p['median_wall_s']['eval_every_round']:.1f} s, "
-              f"only after the last {p['median_wall_s']['eval_last_only']:.1f} s: "
-              f"x{p['ratio']:.2f}; one evaluation of {p['test_samples']:,} samples "
-              f"{_ms(p['eval_s_per_round'])} ({p['eval_forward_gflop']} GFLOP)")
+        print(paper_run_line(report["paper_run"]))
     print(f"load average: start {report['load_start']}, end {report['load_end']}")
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -161,6 +161,32 @@ def test_flower_row_is_no_fraction_of_a_peak_measured_at_other_threads(monkeypat
             in bench.table(w.describe(), results, 100.0, threads=1))
 
 
+def test_show_prints_a_scaling_reports_cost_per_sample_and_its_paper_run(tmp_path, capsys):
+    from benchmarks.bench import show
+
+    def block(clients, fedavg_s):
+        workload = {"clients": clients, "local_steps": 64 // (clients * 8), "batch": 8,
+                    "samples_per_round": 64}
+        return {"workload": workload, "results": {
+            "splitfed_fedavg": {"round_s": [fedavg_s], "samples_per_s": 64 / fedavg_s}}}
+
+    paper = {"rounds": 2, "median_wall_s": {"eval_every_round": 3.0, "eval_last_only": 2.5},
+             "ratio": 1.2, "test_samples": 10000, "eval_s_per_round": 0.5,
+             "eval_forward_gflop": 8.33}
+    out = tmp_path / "scaling.json"
+    out.write_text(json.dumps({"command": "python -m benchmarks.bench --scaling",
+                               "machine": {"threads": 1}, "paper_run": paper,
+                               "scaling": [block(2, 0.064), block(4, 0.128)]}))
+    show([str(out)])
+    shown = capsys.readouterr().out
+    assert "cost per sample (microseconds) at 64 samples per round" in shown
+    # 1e6 / (64 / 0.064) = 1000 us at C=2, 2000 at C=4: 2.00x
+    assert "splitfed_fedavg  1000.0  2000.0       2.00" in shown
+    assert ("paper-scale run (FedAvg, 2 rounds, 10 of 1000 clients, batch 10): evaluating "
+            "every round 3.0 s, only after the last 2.5 s: x1.20; one evaluation of 10,000 "
+            "samples 500 ms (8.33 GFLOP)") in shown
+
+
 def test_memory_probe_reports_peak_rss():
     proc = _bench("--memory-probe", "splitfed_sflv2", "--clients", "2", "--local-steps", "1",
                   "--threads", "1")
