@@ -4,19 +4,21 @@ a per-client loop of plain modules.
 
     python -m benchmarks.cohort_forward [--clients 10] [--batch 32] [--steps 5] [--repeats 7]
 
-Run from the repository root with the project's environment. The two variants alternate
-(so machine noise hits both alike); medians are printed. docs/performance.md.
+Run from the repository root with the project's environment. Each variant runs once as a
+warm-up (the cohort path builds its plans then); then they alternate, the first of them
+rotating every repeat (so machine noise hits both alike); medians are printed.
+docs/performance.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
-import time
 
 import torch
 import torch.nn.functional as F
 
+from benchmarks.bench import interleaved
 from splitfed.models import build_model
 from splitfed.models.cohort import cohort_forward, stack_states
 
@@ -46,12 +48,10 @@ def run(clients: int = 10, batch: int = 32, steps: int = 5, repeats: int = 7) ->
                 with torch.no_grad():
                     torch._foreach_add_(params, torch.autograd.grad(loss, params), alpha=-0.01)
 
-    times = {"cohort": [], "loop": []}
-    for _ in range(repeats):
-        for label, fn in (("cohort", cohort), ("loop", loop)):
-            t = time.perf_counter()
-            fn()
-            times[label].append(time.perf_counter() - t)
+    runs = {"cohort": cohort, "loop": loop}
+    for fn in runs.values():
+        fn()
+    times = interleaved(runs, repeats)
     return {label: clients * steps * batch / sorted(ts)[len(ts) // 2]
             for label, ts in times.items()}
 

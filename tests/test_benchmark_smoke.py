@@ -276,6 +276,28 @@ def test_peer_scripts_run_in_their_own_interpreter(tmp_path, monkeypatch):
     assert why.endswith("; install it")
 
 
+def test_cohort_forward_warms_both_up_and_rotates_the_first(monkeypatch):
+    """The cohort path's one-time plan is built outside the timings, and neither
+    variant always runs first."""
+    import torch.nn.functional as F
+
+    from benchmarks import cohort_forward
+
+    clients, batch, calls = 2, 3, []
+    real = F.cross_entropy
+
+    def spy(logits, target, *a, **k):     # a cohort step's loss has clients * batch rows
+        calls.append("cohort" if len(logits) == clients * batch else "loop")
+        return real(logits, target, *a, **k)
+
+    monkeypatch.setattr(F, "cross_entropy", spy)
+    rates = cohort_forward.run(clients=clients, batch=batch, steps=1, repeats=2)
+    assert set(rates) == {"cohort", "loop"} and all(r > 0 for r in rates.values())
+    loop = ["loop"] * clients                 # a loss per client, one step each
+    #                 warm-up                  repeat 1                 repeat 2
+    assert calls == ["cohort", *loop] + ["cohort", *loop] + [*loop, "cohort"]
+
+
 def test_sl_overhead_probe_runs_and_restores_the_bookkeeping():
     from benchmarks import sl_overhead
     from splitfed.engine import split
