@@ -201,6 +201,18 @@ def run_all(only: str | None) -> dict:
     return results
 
 
+def read_saved(parser: argparse.ArgumentParser, path: str) -> dict:
+    """The cases of a file written by ``--save``, or a usage error before any case runs."""
+    try:
+        with open(path) as f:
+            saved = json.load(f)
+    except (OSError, ValueError) as e:
+        parser.error(f"--compare {path}: cannot read it ({e})")
+    if not isinstance(saved, dict) or not all(isinstance(v, dict) for v in saved.values()):
+        parser.error(f"--compare {path}: not a file written by --save (an object of cases)")
+    return saved
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     mode = p.add_mutually_exclusive_group(required=True)
@@ -216,8 +228,7 @@ def main(argv=None) -> int:
             json.dump(results, f, indent=1, sort_keys=True)
         print(f"wrote {len(results) - 1} cases to {a.save}")
         return 0
-    with open(a.compare) as f:
-        saved = json.load(f)
+    saved = read_saved(p, a.compare)
     if saved.get("_meta", {}).get("torch") != meta["torch"]:
         print(f"WARNING: saved with torch {saved.get('_meta', {}).get('torch')}, "
               f"running torch {meta['torch']}", file=sys.stderr)

@@ -298,6 +298,18 @@ def test_cohort_forward_warms_both_up_and_rotates_the_first(monkeypatch):
     assert calls == ["cohort", *loop] + ["cohort", *loop] + [*loop, "cohort"]
 
 
+def test_bit_identity_compare_with_an_unusable_file_is_a_usage_error(tmp_path):
+    (tmp_path / "cases.json").write_text('{"fedavg": [1]}')     # a case that is a list
+    for name, said in (("missing.json", "cannot read it ("),
+                       ("cases.json", "not a file written by --save")):
+        proc = subprocess.run([sys.executable, "-m", "benchmarks.bit_identity", "--compare",
+                               str(tmp_path / name)], cwd=ROOT, capture_output=True,
+                              text=True, timeout=120)
+        last = proc.stderr.strip().splitlines()[-1]
+        assert proc.returncode == 2 and f"error: --compare {tmp_path / name}: {said}" in last
+        assert "Traceback" not in proc.stderr and "cases" not in proc.stdout, name
+
+
 def test_sl_overhead_probe_runs_and_restores_the_bookkeeping():
     from benchmarks import sl_overhead
     from splitfed.engine import split
