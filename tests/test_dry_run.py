@@ -168,7 +168,8 @@ def test_a_transform_whose_message_bytes_are_not_two_counts_is_named(returned):
     from splitfed.errors import PluginError
 
     step = SimpleNamespace(name="mine", message_bytes=lambda env, part: returned)
-    with pytest.raises(PluginError, match=r"transform 'mine': message_bytes must return"):
+    with pytest.raises(PluginError, match=r"algorithm.client_transforms: transform .mine.: "
+                                          r"message_bytes must return"):
         message_bytes(SimpleNamespace(gradient_transforms=[step]), None, 10)
 
 
@@ -231,5 +232,6 @@ def test_a_transform_whose_client_samples_are_not_counts_is_named(returned):
     from splitfed.errors import PluginError
 
     step = SimpleNamespace(name="mine", client_samples=lambda env, ids: returned)
-    with pytest.raises(PluginError, match=r"transform 'mine': client_samples must return"):
+    with pytest.raises(PluginError, match=r"algorithm.client_transforms: transform .mine.: "
+                                          r"client_samples must return"):
         transform_samples(SimpleNamespace(gradient_transforms=[step]), None, np.arange(3))

@@ -442,6 +442,16 @@ class RaisingTransform(GradientTransform):
     def start(self, env, state, t, cohort, round_):
         return _FailingRound(self.options.mode)
 
+    def message_bytes(self, env, part_bytes):
+        if self.options.mode == "message_bytes":
+            raise RuntimeError("no byte count")
+        return 0, 0
+
+    def client_samples(self, env, ids):
+        if self.options.mode == "client_samples":
+            raise RuntimeError("no sample count")
+        return 0
+
 
 @pytest.mark.parametrize("mode, what", [("init", "RuntimeError: init failed"),
                                         ("finish", "RuntimeError: finish failed")])
@@ -454,6 +464,26 @@ def test_a_transform_failing_on_a_built_in_algorithm_is_one_line(scratch, mode, 
     message = str(info.value)
     assert message.startswith(f"algorithm.client_transforms: transform 'zz_tr' (plugin "
                               f"{HERE}) failed: {what}"), message
+
+
+@pytest.mark.parametrize("mode, what", [("message_bytes", "no byte count"),
+                                        ("client_samples", "no sample count")])
+@pytest.mark.parametrize("dry", [[], ["--dry-run"]])
+def test_a_transforms_failing_count_is_one_line_before_anything_is_written(
+        scratch, tmp_path, capsys, mode, what, dry):
+    """A plugin transform whose message_bytes or client_samples raises stops the run in
+    one line naming it before the run writes anything, with and without over-selection
+    (whose prediction calls them in each round), and --dry-run too."""
+    splitfed.register_transform("zz_tr", RaisingTransform)
+    for over in ("clock.over_select=0", "clock.over_select=0.5"):
+        code = main(["run", "quick_digits", "rounds=1", f"out_dir={tmp_path}", over,
+                     "participation.mode=uniform", "participation.clients_per_round=4",
+                     f"algorithm.client_transforms=[{{name: zz_tr, mode: {mode}}}]", *dry])
+        err = capsys.readouterr().err
+        assert code == 2 and len(err.strip().splitlines()) == 1, err
+        assert err.startswith(f"splitfed: error: algorithm.client_transforms: transform "
+                              f"'zz_tr' (plugin {HERE}) failed: RuntimeError: {what}"), err
+        assert not any(tmp_path.iterdir())
 
 
 def test_a_transform_of_the_right_shapes_changes_nothing(bad_transform):

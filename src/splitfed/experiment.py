@@ -37,7 +37,7 @@ from splitfed.data.server_data import build_server_data
 from splitfed.engine.algorithm import check_plain_steps
 from splitfed.engine.clock import VirtualClock
 from splitfed.engine.env import Environment
-from splitfed.engine.loop import ENDS_EARLY, initial_state, run_rounds
+from splitfed.engine.loop import ENDS_EARLY, check_transform_hooks, initial_state, run_rounds
 from splitfed.engine.participation import make_sampler
 from splitfed.engine.profiles import build_profiles
 from splitfed.errors import ConfigError, FormatError, RunInterrupted, SplitfedError
@@ -448,9 +448,11 @@ def check_algorithm_env(algorithm, env: Environment) -> None:
     """``algorithm.check(env)``: what the algorithm refuses of this run (a plugin's
     failure there is one line naming it, :func:`splitfed.origins.call_algorithm`),
     after the optimizer keys an algorithm with ``plain_steps`` would ignore
-    (:func:`~splitfed.engine.algorithm.check_plain_steps`)."""
+    (:func:`~splitfed.engine.algorithm.check_plain_steps`), then its gradient transforms'
+    counts of samples and bytes (:func:`~splitfed.engine.loop.check_transform_hooks`)."""
     check_plain_steps(algorithm, env.config)
     call_algorithm(env.config.algorithm.name, "check", algorithm.check, env)
+    check_transform_hooks(algorithm, env)
 
 
 def _transforms(cfg: RunConfig, section: str) -> list:

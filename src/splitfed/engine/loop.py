@@ -60,11 +60,12 @@ from splitfed.engine.evaluate import evaluate
 from splitfed.engine.flops import TRAIN_FACTOR, forward_macs
 from splitfed.engine.participation import NOBODY
 from splitfed.engine.rounds import RoundResult
+from splitfed.engine.transforms import describe as describe_transform
 from splitfed.errors import ConfigError, PluginError, is_out_of_memory, one_line, preview
 from splitfed.metrics import (  # noqa: F401 - RESERVED_KEYS: re-exported
     RESERVED_KEYS, divergence, metric_problem)
 from splitfed.models import dry_output, output_shape, split
-from splitfed.origins import call_algorithm, component
+from splitfed.origins import call_algorithm, call_plugin, component
 from splitfed.safeio import unsaveable
 from splitfed.transport import payload_bytes
 
@@ -153,6 +154,20 @@ def client_work(algorithm, env, steps, t: int | None = None, sizes=None,
     return computed, model, up, down, message_bytes(algorithm, env, model)
 
 
+#: the config key of a gradient transform's mistakes
+TRANSFORMS_KEY = "algorithm.client_transforms"
+
+
+def check_transform_hooks(algorithm, env) -> None:
+    """Call ``algorithm``'s gradient transforms' ``client_samples`` (every client) and
+    ``message_bytes`` once, as a round will, so that a plugin's mistake there is its
+    one-line :class:`~splitfed.errors.PluginError` before a run writes anything."""
+    if algorithm.gradient_transforms:
+        transform_samples(algorithm, env, np.arange(env.num_clients))
+        message_bytes(algorithm, env, payload_bytes(
+            algorithm.client_part(env, env.model.state_dict()), per_client=False))
+
+
 def transform_samples(algorithm, env, ids: np.ndarray) -> np.ndarray:
     """The training samples each of the clients ``ids`` computes in a round for
     ``algorithm``'s gradient transforms beyond its local steps
@@ -166,11 +181,12 @@ def transform_samples(algorithm, env, ids: np.ndarray) -> np.ndarray:
 def step_client_samples(step, env, ids: np.ndarray) -> np.ndarray:
     """Gradient transform ``step``'s ``client_samples`` for the clients ``ids``, one per
     id (int64); PluginError naming it when they are not whole numbers >= 0."""
-    got = step.client_samples(env, ids)
+    got = call_plugin("transform", step.name, TRANSFORMS_KEY, step.client_samples, env, ids)
     if not _sample_counts(got, len(ids)):
-        raise PluginError(f"transform {step.name!r}: client_samples must return a whole "
-                          f"number of samples >= 0, or an integer array of one per "
-                          f"client ({len(ids)}); it returned {preview(got)}")
+        raise PluginError(f"{TRANSFORMS_KEY}: {component('transform', step.name)}: "
+                          "client_samples must return a whole number of samples >= 0, or "
+                          f"an integer array of one per client ({len(ids)}); it returned "
+                          f"{preview(got)}")
     return np.broadcast_to(np.asarray(got, dtype=np.int64), (len(ids),))
 
 
@@ -195,11 +211,13 @@ def message_bytes(algorithm, env, part_bytes: int) -> tuple[int, int]:
 def step_message_bytes(step, env, part_bytes: int) -> tuple[int, int]:
     """Gradient transform ``step``'s ``message_bytes`` (down, up); PluginError naming it
     when they are not two whole numbers >= 0."""
-    got = step.message_bytes(env, part_bytes)
+    got = call_plugin("transform", step.name, TRANSFORMS_KEY, step.message_bytes, env,
+                      part_bytes)
     if (not isinstance(got, tuple) or len(got) != 2
             or not all(_whole_bytes(b) for b in got)):
-        raise PluginError(f"transform {step.name!r}: message_bytes must return two "
-                          f"whole numbers of bytes >= 0 (down, up); it returned {got!r}")
+        raise PluginError(f"{TRANSFORMS_KEY}: {component('transform', step.name)}: "
+                          "message_bytes must return two whole numbers of bytes >= 0 "
+                          f"(down, up); it returned {got!r}")
     return int(got[0]), int(got[1])
 
 
@@ -316,12 +334,56 @@ def check_resumable(algorithm, env, skeleton: dict, state: dict, t: int) -> None
                               algorithm.checkpoint_template, env, base, state)
     why = misfit(state, template)
     if why is not None:
+        for key, tr in _transforms_by_key(algorithm).items():   # a transform's own state
+            own = (misfit({key: state[key]}, {key: template[key]})
+                   if key in state and isinstance(template, dict) and key in template
+                   else None)
+            if own is not None:
+                raise PluginError(
+                    f"{_transform_field(algorithm, tr)}: {describe_transform(tr)} kept a "
+                    f"state in round {t} whose checkpoint could not be resumed: {own} (as "
+                    "its init returned it); return from init each entry of the round-0 "
+                    "state with its kind and shape (0.0 for a float, a tensor of the final "
+                    "shape), or declare a state that changes in the transform's "
+                    "checkpoint_template (docs/extending.md, State keys)")
         raise PluginError(
             f"algorithm.name: {describe(algorithm, env)}: round {t} returned a state whose "
             f"checkpoint could not be resumed: {why} (as init_state declared it); give "
             "each entry its kind and shape in init_state (0.0 for a float, a tensor of "
             "the final shape), or declare a state that changes in checkpoint_template "
             "(docs/extending.md, State keys)")
+
+
+def _transforms_by_key(algorithm) -> dict:
+    """``algorithm``'s gradient transforms and server steps by their state keys."""
+    return {tr.key: tr for tr in (*getattr(algorithm, "gradient_transforms", ()),
+                                  *getattr(algorithm, "server_steps", ()))}
+
+
+def _transform_field(algorithm, tr) -> str:
+    """The config key that lists transform ``tr`` of ``algorithm``."""
+    client = tr in tuple(getattr(algorithm, "gradient_transforms", ()))
+    return f"algorithm.{'client' if client else 'server'}_transforms"
+
+
+def _check_saveable(algorithm, state: dict, bad) -> None:
+    """Every entry of ``state`` but the model is one a checkpoint holds; else ``bad(what)``
+    (the algorithm's mistake), or a :class:`~splitfed.errors.PluginError` naming the
+    transform whose state it is."""
+    steps = _transforms_by_key(algorithm)
+    for key in state:
+        where = None if key == "model" else unsaveable(state[key], f"state[{key!r}]",
+                                                        CHECKPOINTED)
+        if where is None:
+            continue
+        what = (f"a state that a checkpoint cannot hold ({where}); the state holds tensors, "
+                "numpy arrays, numbers, strings, modules, optimizers, and lists and dicts "
+                "of these")
+        if key in steps:
+            tr = steps[key]
+            raise PluginError(f"{_transform_field(algorithm, tr)}: {describe_transform(tr)} "
+                              f"kept {what}")
+        raise bad(f"returned {what}")
 
 
 def check_result(algorithm, env, result, t: int, declared: tuple = ()) -> RoundResult:
@@ -351,16 +413,13 @@ def check_result(algorithm, env, result, t: int, declared: tuple = ()) -> RoundR
         allowed = set(call_algorithm(env.config.algorithm.name, "checkpoint_template",
                                      algorithm.checkpoint_template, env, known, state))
         extra, missing = set(state) - allowed, set(declared) - set(state)
-        grad = tuple(getattr(algorithm, "gradient_transforms", ()))
-        steps = {tr.key: tr for tr in (*grad, *getattr(algorithm, "server_steps", ()))}
+        steps = _transforms_by_key(algorithm)
         theirs = sorted(k for k in extra if k in steps)
         if theirs:                           # a transform's state, not the algorithm's
-            from splitfed.engine.transforms import describe as named
-
             tr = steps[theirs[0]]
             raise PluginError(
-                f"algorithm.{'client' if tr in grad else 'server'}_transforms: "
-                f"{named(tr)} kept a state under {theirs[0]!r} in round {t} that "
+                f"{_transform_field(algorithm, tr)}: "
+                f"{describe_transform(tr)} kept a state under {theirs[0]!r} in round {t} that "
                 "its init did not declare (it returned None); return the round-0 state "
                 "from init (or declare it in the transform's checkpoint_template), so "
                 "that the run's checkpoints can be resumed")
@@ -374,13 +433,7 @@ def check_result(algorithm, env, result, t: int, declared: tuple = ()) -> RoundR
                       "and dataclasses.replace(result, state={**result.state, ...}) keep "
                       "the other keys)")
     _check_model(algorithm, env, state, bad)
-    for key in state:
-        where = None if key == "model" else unsaveable(state[key], f"state[{key!r}]",
-                                                        CHECKPOINTED)
-        if where is not None:
-            raise bad(f"returned a state that a checkpoint cannot hold ({where}); the "
-                      "state holds tensors, numpy arrays, numbers, strings, modules, "
-                      "optimizers, and lists and dicts of these")
+    _check_saveable(algorithm, state, bad)
     if result.train_loss is not None and not _real(result.train_loss):
         raise bad(f"returned train_loss {result.train_loss!r:.60} "
                   f"({type(result.train_loss).__name__}); expected None or a real number "
@@ -427,6 +480,8 @@ def initial_state(algorithm, env) -> dict:
         raise PluginError(f"{_named(cfg)}: init_state returned {type(state).__name__}; "
                           "it must return the algorithm's state, a dict")
     _check_model(algorithm, env, state, lambda what: PluginError(
+        f"{_named(cfg)}: init_state {what}"))
+    _check_saveable(algorithm, state, lambda what: PluginError(
         f"{_named(cfg)}: init_state {what}"))
     if getattr(algorithm, "uses_transforms", False):   # a config may add transforms
         own = set(getattr(algorithm, "state_keys", ("model",)))
