@@ -191,8 +191,14 @@ class OddStep(ServerStep):
     Options = ModeOptions
     aggregates = False
 
+    def init(self, env, params):
+        return {"grow": {"count": 0.0}, "init_set": {"s": {1, 2}}}.get(self.options.mode)
+
     def update(self, ctx, model):
         first = next(iter(model))
+        if self.options.mode == "grow":             # a key init did not return
+            ctx.state = {**ctx.state, "extra": torch.zeros(2)}
+            return {}
         if self.options.mode == "late":             # init returned None (the default)
             ctx.state = {"count": 1.0}
             return {}
@@ -229,6 +235,11 @@ class OddStep(ServerStep):
              "that its init did not declare (it returned None)"),
     ("reserved", "the update of transform 'zz_step' (plugin {}) set the metric name "
                  "'test_acc'; a metric is named by a string other than the record's own"),
+    ("grow", "transform 'zz_step' (plugin {}) kept a state in round 1 whose checkpoint "
+             "could not be resumed: state.zz_step has other keys ('extra') (as its init "
+             "returned it)"),
+    ("init_set", "transform 'zz_step' (plugin {}) kept a state that a checkpoint cannot "
+                 "hold (state['zz_step']['s']: a builtins.set)"),
 ])
 def test_a_server_steps_mistake_names_the_step_not_the_algorithm(scratch, mode, what):
     splitfed.register_transform("zz_step", OddStep)
