@@ -11,16 +11,18 @@ import argparse
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
+import splitfed
 from splitfed import safeio
-from splitfed.checkpoint import CHECKPOINT, FREE_KEYS, load_checkpoint
+from splitfed.checkpoint import CHECKPOINT, DATA_KEY, FREE_KEYS, data_digest, load_checkpoint
 from splitfed.cli import main
 from splitfed.config import load_config
 from splitfed.configtools import dump_yaml
 from splitfed.errors import FormatError, RunInterrupted, SplitfedError
-from splitfed.experiment import resume_experiment, run_experiment
+from splitfed.experiment import build_environment, resume_experiment, run_experiment
 from splitfed.sweep import run_sweep
 from tests.helpers import digits_config, interrupt_round
 from tests.test_checkpoint import records, same
@@ -246,3 +248,53 @@ def test_the_sweep_auto_resume_refuses_a_checkpoint_of_another_run(tmp_path, mon
                                             r"train.lr=0.1 but config.yaml says 0.05"):
         run_sweep(str(cfg), axes, out_dir=tmp_path, quiet=True, jobs=1)
     assert snapshot(run_dir) == before
+
+
+def test_data_built_otherwise_on_resume_are_refused(tmp_path, scratch):
+    """A partitioner that draws from numpy's global generator instead of its ``rng``
+    builds another partition on each build: the resume refuses it (``data_sha256``)
+    before any file changes, instead of training the rounds after it on other clients'
+    data. The same partitioner drawing from ``rng`` resumes."""
+    @splitfed.register_partitioner("zz_global")
+    def part(labels, num_clients, rng, own: bool = False):
+        order = rng.permutation(len(labels)) if own else np.random.permutation(len(labels))
+        return np.array_split(order, num_clients)
+
+    for own in (False, True):
+        run_dir = tmp_path / f"own_{own}"
+        cfg = quick(tmp_path, "partition.scheme=zz_global", "~partition.alpha",
+                    "~partition.min_partition_size", f"partition.options.own={own}")
+        run_experiment(cfg, run_dir=run_dir)
+        edit(run_dir, lambda c: c.update(rounds=3))
+        if own:
+            assert resume_experiment(run_dir).status == "completed"
+            continue
+        before = snapshot(run_dir)
+        with pytest.raises(FormatError) as info:
+            resume_experiment(run_dir)
+        assert snapshot(run_dir) == before
+        assert one_line(str(info.value)) == (
+            f"{run_dir / CHECKPOINT}: the data or partition built now are not the run's "
+            "(data_sha256 differs): the data files changed, or a data set or partitioner "
+            "draws from a global random generator instead of the rng it is given "
+            "(docs/extending.md); delete it to rerun the run from the start, or delete "
+            "the run directory")
+
+
+def test_a_checkpoint_without_a_data_digest_is_resumed_and_a_bad_one_refused(tmp_path,
+                                                                             finished):
+    """Checkpoints written before they recorded ``data_sha256`` resume without the check
+    (the resumed run's checkpoints record it); a digest that is not one is a damaged
+    file."""
+    run_dir = copy_run(finished, tmp_path / "run")
+    ckpt = load_checkpoint(run_dir)
+    assert ckpt[DATA_KEY] == data_digest(build_environment(quick(tmp_path)))
+    for bad in ("x" * 64, "ab", 7):
+        safeio.save({**ckpt, DATA_KEY: bad}, run_dir / CHECKPOINT)
+        with pytest.raises(FormatError, match=f"{DATA_KEY} is not a SHA-256 digest"):
+            resume_experiment(run_dir)
+    del ckpt[DATA_KEY]
+    safeio.save(ckpt, run_dir / CHECKPOINT)
+    edit(run_dir, lambda c: c.update(rounds=3))
+    assert resume_experiment(run_dir).status == "completed"
+    assert len(load_checkpoint(run_dir)[DATA_KEY]) == 64

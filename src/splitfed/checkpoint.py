@@ -30,6 +30,10 @@ holds plain data, tensors and numpy arrays only:
   (:func:`check_config`): a run is continued only under the config it was started
   with, and a refusal names the first key that differs and both values. Checkpoints
   written before they held a config have neither key; they are read, without that check.
+- ``data_sha256``: :func:`data_digest` of the run's data and partition (each client's
+  sample indices, the labels, a sample of the inputs); a resume builds them again and
+  refuses data that differ (changed files, or a plugin data set or partitioner drawing
+  from a global random generator). Checkpoints written before it was recorded lack it.
 
 It is written with :func:`splitfed.safeio.save` and read with :func:`splitfed.safeio.load`,
 PyTorch's restricted (weights-only) loader, which builds nothing but those types: loading
@@ -93,6 +97,11 @@ KEYS: dict[str, tuple[type, ...]] = {
     "streams": (dict,), "clock": (dict,), "ledger": (dict,), "components": (dict,)}
 #: keys a checkpoint may lack (those written before checkpoints recorded their config)
 OPTIONAL_KEYS: dict[str, tuple[type, ...]] = {"config": (str,), "config_sha256": (str,)}
+#: the key of the digest of the run's data and partition (:func:`data_digest`), which a
+#: checkpoint written before it was recorded lacks
+DATA_KEY = "data_sha256"
+#: the input values :func:`data_digest` reads of each split, evenly spaced
+DIGEST_VALUES = 1 << 20
 #: config keys a resume may change: ``rounds`` (raised, it extends a finished run) and
 #: the keys that do not change a run's numbers (its name, where it writes, what it shows,
 #: how often it checkpoints, the evaluation's batch size)
@@ -128,10 +137,11 @@ def _plain(obj: Any) -> Any:
 def capture(env, state: dict, t: int, *, records: int, status: str,
             wall_time_s: float, resumed_from: list[int], threads: int | None = None,
             cpu: str | None = None, resumed_threads: list[int] | None = None,
-            config: Mapping | None = None) -> dict:
+            config: Mapping | None = None, data: str | None = None) -> dict:
     """The checkpoint of a run after round ``t`` (see the module doc). ``threads`` and
     ``cpu``: those the run was started with (default: this process's); ``config``: the
-    run's config as plain data (``to_dict``), recorded with :func:`config_record`."""
+    run's config as plain data (``to_dict``), recorded with :func:`config_record`;
+    ``data``: :func:`data_digest` of ``env`` (computed when None)."""
     components = {}
     for name in COMPONENTS:
         saver = getattr(getattr(env, name, None), "state", None)
@@ -144,11 +154,30 @@ def capture(env, state: dict, t: int, *, records: int, status: str,
             "resumed_threads": [int(n) for n in (resumed_threads or [])],
             "state": _plain(state), "streams": env.streams.state(),
             "clock": env.clock.state(), "ledger": env.ledger.state(),
-            "components": components}
+            "components": components, DATA_KEY: data or data_digest(env)}
     if config is not None:
         text = config_record(config)
         ckpt.update(config=text, config_sha256=_sha256(text))
     return ckpt
+
+
+def data_digest(env) -> str:
+    """SHA-256 of the run's data and partition as ``env`` holds them: each client's
+    sample indices, and of each split the labels and the shape, dtype and
+    :data:`DIGEST_VALUES` evenly spaced values of the inputs (their bytes). A resume
+    builds the data again and compares (:func:`restore`): a data set or partitioner
+    that draws from a global random generator builds other data each time."""
+    h = hashlib.sha256()
+    for part in env.client_indices:
+        part = np.ascontiguousarray(part, dtype=np.int64)
+        h.update(np.int64(len(part)).tobytes() + part.tobytes())
+    for split in (env.data.train, env.data.test):
+        for values, whole in ((split.x, False), (split.y, True)):
+            flat = values.detach().reshape(-1)
+            step = 1 if whole else max(1, flat.numel() // DIGEST_VALUES)
+            h.update(f"{tuple(values.shape)} {values.dtype}".encode())
+            h.update(flat[::step].contiguous().cpu().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
 
 
 # ------------------------------------------------------------------ the run's config
@@ -363,7 +392,8 @@ def check_checkpoint(ckpt: Any, path: str | Path = CHECKPOINT, *,
         raise FormatError(f"{path}: a checkpoint of format {_short(fmt)}; this splitfed reads "
                           f"format {FORMAT} only, so the run cannot be resumed: {RERUN}")
     missing = [k for k in KEYS if k not in ckpt]
-    extra = [repr(k)[:40] for k in ckpt if k not in KEYS and k not in OPTIONAL_KEYS]
+    extra = [repr(k)[:40] for k in ckpt
+             if k not in KEYS and k not in OPTIONAL_KEYS and k != DATA_KEY]
     if missing or extra:
         parts = ([f"missing {', '.join(missing)}"] if missing else []) + \
                 ([f"unknown {', '.join(extra[:5])}"] if extra else [])
@@ -373,6 +403,10 @@ def check_checkpoint(ckpt: Any, path: str | Path = CHECKPOINT, *,
         if isinstance(v, bool) or not isinstance(v, types):
             raise _bad(path, f"{key} is a {type(v).__name__}")
     _check_config_record(ckpt, path)
+    digest = ckpt.get(DATA_KEY, "0" * 64)
+    if not (isinstance(digest, str) and len(digest) == 64
+            and all(c in "0123456789abcdef" for c in digest)):
+        raise _bad(path, f"{DATA_KEY} is not a SHA-256 digest")
     t = ckpt["round"]
     if t < 0:
         raise _bad(path, f"round {_short(t)} is not >= 0")
@@ -514,6 +548,12 @@ def restore(env, ckpt: dict, template: Any = None, *, where: str | Path = CHECKP
     naming ``where`` when the checkpoint does not fit the run; changes no file."""
     try:
         _check_env(env, ckpt, where)
+        if DATA_KEY in ckpt and ckpt[DATA_KEY] != data_digest(env):
+            raise FormatError(
+                f"{where}: the data or partition built now are not the run's ({DATA_KEY} "
+                "differs): the data files changed, or a data set or partitioner draws from "
+                "a global random generator instead of the rng it is given (docs/extending.md); "
+                f"{RERUN}")
         env.streams.load_state(ckpt["streams"])
         env.clock.load_state(ckpt["clock"])
         env.ledger.load_state(ckpt["ledger"])
@@ -908,6 +948,7 @@ class Checkpointer:
             self.resumed_threads = [torch.get_num_threads()] * len(self.resumed_from)
         self._clock = clock   # () -> seconds measured since this session's start
         self.saved: list[int] = []
+        self._data: str | None = None             # data_digest(env), at the first save
 
     def due(self, t: int, status: str) -> bool:
         if self.every <= 0:
@@ -921,9 +962,11 @@ class Checkpointer:
         sync = getattr(self.logger, "sync", None)
         if sync is not None:
             sync()                                # the records it counts are on disk first
+        if self._data is None:
+            self._data = data_digest(self.env)
         atomic_save(capture(self.env, state, t, records=len(self.logger.records),
                             status=status, wall_time_s=wall,
                             resumed_from=self.resumed_from, threads=self.threads,
                             cpu=self.cpu, resumed_threads=self.resumed_threads,
-                            config=self.config), self.path)
+                            config=self.config, data=self._data), self.path)
         self.saved.append(t)
