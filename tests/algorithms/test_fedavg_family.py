@@ -24,10 +24,18 @@ def run(cfg):
     return run_experiment(cfg, write=False)
 
 
-def close(got, want, atol=1e-5):
-    assert got.keys() == want.keys()
-    for k in want:
-        assert torch.allclose(got[k], want[k], atol=atol), (k, (got[k] - want[k]).abs().max())
+def close(got, want32, want64, what=""):
+    """``got`` (a dict of float32 tensors) matches the reference run in float32 and in
+    float64 within the rounding bound of tests/helpers.py."""
+    assert got.keys() == want64.keys()
+    for k in want64:
+        assert_float_close(got[k], want32[k], want64[k], what=f"{what} {k}")
+
+
+def _references(cfg, rounds, **kw):
+    """:func:`_reference` computed in float32 and in float64."""
+    return (_reference(cfg, rounds, **kw),
+            _reference(cfg, rounds, dtype=torch.float64, **kw))
 
 
 def _reference(cfg, rounds, mu=0.0, scaffold=False, dtype=torch.float32):
@@ -98,14 +106,16 @@ def test_fedprox_first_local_step_is_fedavg_then_proximal():
     two = dict(rounds=1, partition__num_clients=1, train__local_steps=2)
     cfg = digits_config(algorithm={"name": "fedprox", "mu": 0.5}, **two)
     got = run(cfg).state["model"]
-    close(got, _reference(cfg, 1, mu=0.5)[0])
+    (want32, *_), (want64, *_) = _references(cfg, 1, mu=0.5)
+    close(got, want32, want64)
     avg2 = run(digits_config(**two)).state["model"]
     assert any(not torch.allclose(got[k], avg2[k], atol=1e-6) for k in got)
 
 
 def test_fedprox_matches_reference_with_partial_participation():
     cfg = digits_config(algorithm={"name": "fedprox", "mu": 0.3}, rounds=2, **HETERO)
-    close(run(cfg).state["model"], _reference(cfg, 2, mu=0.3)[0])
+    (want32, *_), (want64, *_) = _references(cfg, 2, mu=0.3)
+    close(run(cfg).state["model"], want32, want64)
 
 
 # ----------------------------------------------------------------------------- FedOpt
@@ -189,19 +199,25 @@ def test_fedopt_state_persists_across_rounds_and_empty_rounds_keep_it():
     algo = Spy(FedOpt.Options(server_optimizer="yogi"))
     state = algo.init_state(env)
     init = state
-    m = {k: torch.zeros_like(v) for k, v in state["fedopt"]["m"].items()}
-    v = {k: torch.full_like(t, 1e-6) for k, t in m.items()}
+    # Algorithm 2 on the observed deltas, computed in float32 and in float64
+    dtypes = (torch.float32, torch.float64)
+    m = {dt: {k: torch.zeros_like(v, dtype=dt) for k, v in state["fedopt"]["m"].items()}
+         for dt in dtypes}
+    v = {dt: {k: torch.full_like(t, 1e-6) for k, t in m[dt].items()} for dt in dtypes}
     for t in (1, 2):
         cohort = env.sampler.sample(env.streams.numpy("participation"))
         old = state
         state = algo.round(env, state, t, cohort).state
-        for k in m:
-            d = seen[-1][k]
-            m[k] = 0.9 * m[k] + 0.1 * d
-            v[k] = v[k] - 0.01 * d * d * torch.sign(v[k] - d * d)
-            want = old["model"][k] + 0.01 * m[k] / (v[k].sqrt() + 1e-3)
-            assert torch.allclose(state["model"][k], want, atol=1e-7), k
-            assert torch.allclose(state["fedopt"]["m"][k], m[k], atol=1e-9)
+        for k in m[torch.float32]:
+            want = {}
+            for dt in dtypes:
+                d, mk, vk = seen[-1][k].to(dt), m[dt], v[dt]
+                mk[k] = 0.9 * mk[k] + 0.1 * d
+                vk[k] = vk[k] - 0.01 * d * d * torch.sign(vk[k] - d * d)
+                want[dt] = old["model"][k].to(dt) + 0.01 * mk[k] / (vk[k].sqrt() + 1e-3)
+            assert_float_close(state["model"][k], *want.values(), what=f"round {t} {k}")
+            assert_float_close(state["fedopt"]["m"][k], *(m[dt][k] for dt in dtypes),
+                               what=f"round {t} m {k}")
     assert all(torch.equal(t, torch.zeros_like(t)) for t in init["fedopt"]["m"].values())
     empty = type(cohort)(np.zeros(0, dtype=np.int64), np.zeros(0))
     result = algo.round(env, state, 3, empty)
@@ -250,13 +266,14 @@ def test_fedopt_and_scaffold_leave_batchnorm_buffers_to_fedavg():
 def test_scaffold_matches_unbatched_reference_over_rounds():
     cfg = digits_config(algorithm={"name": "scaffold"}, rounds=3, **HETERO)
     got = run(cfg).state
-    model, c, ci = _reference(cfg, 3, scaffold=True)
-    close(got["model"], model)
-    close(got["scaffold"]["control"], c, atol=1e-4)
-    for n in c:
+    (model32, c32, ci32), (model64, c64, ci64) = _references(cfg, 3, scaffold=True)
+    close(got["model"], model32, model64, "model")
+    close(got["scaffold"]["control"], c32, c64, "control")
+    for n in c64:
         close({n: got["scaffold"]["client_controls"][n]},
-              {n: torch.stack([row[n] for row in ci])}, atol=1e-4)
-    assert any(got["scaffold"]["control"][n].abs().max() > 1e-3 for n in c)
+              {n: torch.stack([row[n] for row in ci32])},
+              {n: torch.stack([row[n] for row in ci64])}, "client control")
+    assert any(got["scaffold"]["control"][n].abs().max() > 1e-3 for n in c64)
 
 
 def test_scaffold_doubles_model_communication():
@@ -279,7 +296,9 @@ def test_scaffold_server_control_is_weighted_mean_of_client_controls(participati
     res = run(cfg)
     assert any(r.get("participants", 0) > 0 for r in res.records)
     env = build_environment(cfg)
-    a = torch.from_numpy(env.data_sizes / env.data_sizes.sum()).float()
+    a = torch.from_numpy(env.data_sizes / env.data_sizes.sum())
     for n, c in res.state["scaffold"]["control"].items():
-        want = torch.tensordot(a, res.state["scaffold"]["client_controls"][n], dims=1)
-        assert torch.allclose(c, want, atol=1e-5), n
+        ci = res.state["scaffold"]["client_controls"][n]
+        want32 = torch.tensordot(a.float(), ci, dims=1)
+        want64 = torch.tensordot(a, ci.double(), dims=1)
+        assert_float_close(c, want32, want64, what=n)
