@@ -5,7 +5,7 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import digits_config
+from helpers import assert_float_close, digits_config
 
 from splitfed.engine.batches import batch_plan
 from splitfed.experiment import build_environment, run_experiment
@@ -23,30 +23,43 @@ def final(cfg):
     return run_experiment(cfg, write=False).state["model"]
 
 
-def close(got, want, atol=1e-5):
+def close(got, reference, *args, **kw):
+    """``got`` matches ``reference(*args, **kw)`` run in float32 and in float64 (from the
+    same float32 initial model and data) within the rounding bound of tests/helpers.py."""
+    want32 = reference(*args, **kw)
+    want64 = reference(*args, dtype=torch.float64, **kw)
+    assert got.keys() == want64.keys()
+    for k in want64:
+        assert_float_close(got[k], want32[k], want64[k], what=k)
+
+
+def same(got, want):
     assert got.keys() == want.keys()
     for k in want:
-        assert torch.allclose(got[k], want[k], atol=atol), (k, (got[k] - want[k]).abs().max())
+        assert torch.equal(got[k], want[k]), (k, (got[k] - want[k]).abs().max())
 
 
 def test_sflv1_with_server_period_tau_equals_fedavg():
+    """With tau_tilde = tau SFL-V1 computes exactly what FedAvg computes (docs/design.md)."""
     over = dict(SPLIT, participation={"mode": "uniform", "clients_per_round": 3}, rounds=3)
-    close(final(digits_config(algorithm={"name": "sflv1"}, **over)),
-          final(digits_config(algorithm={"name": "fedavg"}, **over)))
+    same(final(digits_config(algorithm={"name": "sflv1"}, **over)),
+         final(digits_config(algorithm={"name": "fedavg"}, **over)))
 
 
 def test_sflv1_epochs_with_unequal_steps_equals_fedavg():
     over = dict(SPLIT, train={"batch_size": 8, "local_steps": None, "local_epochs": 0.3,
                               "lr": 0.1})
-    close(final(digits_config(algorithm={"name": "sflv1"}, **over)),
-          final(digits_config(algorithm={"name": "fedavg"}, **over)))
+    same(final(digits_config(algorithm={"name": "sflv1"}, **over)),
+         final(digits_config(algorithm={"name": "fedavg"}, **over)))
 
 
-def _setup(cfg):
+def _setup(cfg, dtype=torch.float32):
+    """The environment, its model's client and server parts in ``dtype``, the streams and
+    the training data in ``dtype``."""
     env = build_environment(cfg)
-    client, server = split(copy.deepcopy(env.model), env.cut)
+    client, server = split(copy.deepcopy(env.model).to(dtype), env.cut)
     streams = RandomStreams(cfg.seed)
-    return env, client, server, streams
+    return env, client, server, streams, env.data.train.x.to(dtype), env.data.train.y
 
 
 def _sgd_step(module, loss=None, lr=0.1):
@@ -57,12 +70,11 @@ def _sgd_step(module, loss=None, lr=0.1):
                 p.grad = None
 
 
-def test_sl_with_global_lr_one_equals_sequential_training():
-    cfg = digits_config(algorithm={"name": "sl"}, rounds=2, **SPLIT)
-    env, client, server, streams = _setup(cfg)
+def _sequential_reference(cfg, rounds, dtype=torch.float32):
+    """SL with global_lr 1 as sequential SGD on the whole model, in ``dtype``."""
+    env, client, server, streams, x, y = _setup(cfg, dtype)
     full = torch.nn.Sequential(client, server)
-    x, y = env.data.train.x, env.data.train.y
-    for _ in range(2):
+    for _ in range(rounds):
         streams.numpy("participation")          # full participation draws nothing
         order = streams.numpy("order").permutation(env.num_clients)
         for cid in order:
@@ -70,7 +82,12 @@ def test_sl_with_global_lr_one_equals_sequential_training():
             for rows in torch.from_numpy(plan):
                 F.cross_entropy(full(x[rows]), y[rows]).backward()
                 _sgd_step(full)
-    close(final(cfg), {**client.state_dict(), **server.state_dict()})
+    return {**client.state_dict(), **server.state_dict()}
+
+
+def test_sl_with_global_lr_one_equals_sequential_training():
+    cfg = digits_config(algorithm={"name": "sl"}, rounds=2, **SPLIT)
+    close(final(cfg), _sequential_reference, cfg, 2)
 
 
 def test_sl_global_lr_scales_the_round_update():
@@ -78,12 +95,15 @@ def test_sl_global_lr_scales_the_round_update():
     cfg_half = digits_config(algorithm={"name": "sl", "global_lr": 0.5}, rounds=1, **SPLIT)
     start = build_environment(cfg1).model.state_dict()
     one, half = final(cfg1), final(cfg_half)
-    close(half, {k: start[k] + 0.5 * (one[k] - start[k]) for k in start})
+
+    def scaled(dtype=torch.float32):
+        return {k: start[k].to(dtype) + 0.5 * (one[k].to(dtype) - start[k].to(dtype))
+                for k in start}
+    close(half, scaled)
 
 
-def _sflv2_reference(cfg, rounds, order):
-    env, client, server, streams = _setup(cfg)
-    x, y = env.data.train.x, env.data.train.y
+def _sflv2_reference(cfg, rounds, order, dtype=torch.float32):
+    env, client, server, streams, x, y = _setup(cfg, dtype)
     n = env.num_clients
     w = env.data_sizes / env.data_sizes.sum()
     for _ in range(rounds):
@@ -124,15 +144,16 @@ def _sflv2_reference(cfg, rounds, order):
 def test_sflv2_matches_unbatched_reference(order):
     cfg = digits_config(algorithm={"name": "sflv2", "order": order}, rounds=2,
                         engine={"chunk_size": 3}, **SPLIT)
-    close(final(cfg), _sflv2_reference(cfg, 2, order))
+    close(final(cfg), _sflv2_reference, cfg, 2, order)
 
 
-def _sflv1_period_reference(cfg, period, momentum=0.0, weight_decay=0.0, restart=False):
+def _sflv1_period_reference(cfg, period, momentum=0.0, weight_decay=0.0, restart=False,
+                            dtype=torch.float32):
     """One round of Algorithm 1 (paper 002) with tau = 4, tau_tilde = ``period``: plain
     per-client modules, one torch SGD per client and per server copy living for the round
-    (docs/design.md, SFL-V1: a copy keeps its momentum across mid-round averages)."""
-    env, client, server, streams = _setup(cfg)
-    x, y = env.data.train.x, env.data.train.y
+    (docs/design.md, SFL-V1: a copy keeps its momentum across mid-round averages), in
+    ``dtype``."""
+    env, client, server, streams, x, y = _setup(cfg, dtype)
     n = env.num_clients
     w = env.data_sizes / env.data_sizes.sum()
     plans = [batch_plan(env.client_indices[c], 4, 8, streams.numpy("batches"))
@@ -168,7 +189,7 @@ def test_sflv1_server_period_averages_server_copies_mid_round():
                               "lr": 0.1})
     cfg = digits_config(algorithm={"name": "sflv1", "server_period": 2}, rounds=1, **over)
     got = final(cfg)
-    close(got, _sflv1_period_reference(cfg, 2))
+    close(got, _sflv1_period_reference, cfg, 2)
     default = final(digits_config(algorithm={"name": "sflv1"}, rounds=1, **over))
     assert any(not torch.allclose(got[k], default[k]) for k in got)
 
@@ -180,7 +201,7 @@ def test_sflv1_server_copies_keep_their_momentum_across_mid_round_averages():
                               "lr": 0.1, "momentum": 0.9, "weight_decay": 5e-4})
     cfg = digits_config(algorithm={"name": "sflv1", "server_period": 1}, rounds=1, **over)
     got = final(cfg)
-    close(got, _sflv1_period_reference(cfg, 1, momentum=0.9, weight_decay=5e-4))
+    close(got, _sflv1_period_reference, cfg, 1, momentum=0.9, weight_decay=5e-4)
     # the alternative (buffers restarted at every average) gives other numbers
     restarted = _sflv1_period_reference(cfg, 1, momentum=0.9, weight_decay=5e-4,
                                         restart=True)
