@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import bn_mlp, digits_config
+from helpers import assert_float_close, bn_mlp, digits_config
 
 from splitfed.algorithms.fedavg import FedAvg
 from splitfed.algorithms.fedclg import (AggregateCorrection, ClientCorrection, FedCLGC,
@@ -28,10 +28,14 @@ def run(cfg):
     return run_experiment(cfg, write=False)
 
 
-def close(got, want, atol=1e-5):
-    assert got.keys() == want.keys()
-    for k in want:
-        assert torch.allclose(got[k], want[k], atol=atol), (k, (got[k] - want[k]).abs().max())
+def close(got, reference, *args, **kw):
+    """``got`` matches ``reference(*args, **kw)`` computed in float32 and in float64 (from
+    the same float32 model and data) within the rounding bound of tests/helpers.py."""
+    want32 = reference(*args, dtype=torch.float32, **kw)
+    want64 = reference(*args, dtype=torch.float64, **kw)
+    assert got.keys() == want64.keys()
+    for k in want64:
+        assert_float_close(got[k], want32[k], want64[k], what=k)
 
 
 def no_time(records):
@@ -54,8 +58,9 @@ def grad_at(model, state, x, y, rows):
 # ----------------------------------------------------------------------------- reference
 
 
-def _reference(cfg, rounds):
-    """Plain unbatched CLG-SGD / FedCLG-C / FedCLG-S / server-only, one client at a time.
+def _reference(cfg, rounds, dtype=torch.float32):
+    """Plain unbatched CLG-SGD / FedCLG-C / FedCLG-S / server-only, one client at a time,
+    in ``dtype`` from the engine's float32 initial model and data.
 
     Same seed => same cohorts, client batches and server draws as the engine: the
     ``participation`` and ``batches`` streams as FedAvg's, and per round on the
@@ -64,11 +69,11 @@ def _reference(cfg, rounds):
     env = build_environment(cfg)
     o = build_algorithm(cfg).options
     variant = cfg.algorithm.name
-    model, tr, B = env.model, cfg.train, cfg.train.batch_size
+    model, tr, B = env.model.to(dtype), cfg.train, cfg.train.batch_size
     streams = RandomStreams(cfg.seed)
     part_rng, batch_rng = streams.numpy("participation"), streams.numpy("batches")
     server_rng = streams.numpy("server_data")
-    x, y = env.data.train.x, env.data.train.y
+    x, y = env.data.train.x.to(dtype), env.data.train.y
     full = cfg.server_data.full_batch
     names = param_names(model)
     glob = {k: v.clone() for k, v in model.state_dict().items()}
@@ -133,7 +138,7 @@ SERVER = {"samples_per_round": 40}
 def test_matches_unbatched_reference_over_two_rounds(algorithm):
     cfg = digits_config(algorithm=algorithm, rounds=2, server_data=SERVER, **HETERO)
     got = run(cfg).state["model"]
-    close(got, _reference(cfg, 2))
+    close(got, _reference, cfg, 2)
     x0 = build_environment(cfg).model.state_dict()
     assert any(not torch.allclose(got[k], x0[k], atol=1e-4) for k in x0)
 
@@ -144,7 +149,7 @@ def test_fedclg_c_slots_across_chunks_and_repeated_clients_match_reference():
                         engine={"chunk_size": 2},
                         **{**HETERO, "participation": {"mode": "with_replacement",
                                                        "clients_per_round": 5}})
-    close(run(cfg).state["model"], _reference(cfg, 2))
+    close(run(cfg).state["model"], _reference, cfg, 2)
 
 
 def test_fedclg_c_full_gradients_match_reference():
@@ -152,7 +157,7 @@ def test_fedclg_c_full_gradients_match_reference():
     the client's data (unequal client sizes: padded batched pass)."""
     cfg = digits_config(algorithm={"name": "fedclg_c", "client_gradient": "full"},
                         server_data={**SERVER, "full_batch": True}, rounds=2, **HETERO)
-    close(run(cfg).state["model"], _reference(cfg, 2))
+    close(run(cfg).state["model"], _reference, cfg, 2)
 
 
 # ----------------------------------------------------------------------------- E = 0
@@ -267,6 +272,12 @@ def _one_round(algo, cfg, env=None):
     return env, x0, cohort, plans, result.state, result.record()
 
 
+def _in(dtype, model, x, state):
+    """A copy of ``model``, the data ``x`` and the state dict ``state`` in ``dtype``."""
+    return (copy.deepcopy(model).to(dtype), x.to(dtype),
+            {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()})
+
+
 ONE_STEP = dict(rounds=1, train={"batch_size": 8, "local_steps": 1, "local_epochs": None,
                                  "lr": 0.1})
 
@@ -276,13 +287,17 @@ def test_fedclg_c_first_step_is_a_server_gradient_step():
     cfg = digits_config(algorithm={"name": "fedclg_c", "server_epochs": 0}, **ONE_STEP)
     algo = SpyC(FedCLGC.Options(server_epochs=0))
     env, x0, cohort, _, new, _ = _one_round(algo, cfg)
-    x, y = env.data.train.x, env.data.train.y
-    g_s = grad_at(env.model, x0, x, y, torch.from_numpy(algo.batches[0]))
-    want = {n: x0[n] - 0.1 * g_s[n] for n in param_names(env.model)}
+    rows = torch.from_numpy(algo.batches[0])
+
+    def server_step(dtype):
+        model, x, x0_ = _in(dtype, env.model, env.data.train.x, x0)
+        g_s = grad_at(model, x0_, x, env.data.train.y, rows)
+        return {n: x0_[n] - 0.1 * g_s[n] for n in param_names(model)}
+    want = server_step(torch.float32)
     assert len(algo.states) == cohort.size == 3
     for _, state in algo.states:
-        close({n: state[n] for n in want}, want, atol=1e-6)
-    close({n: new["model"][n] for n in want}, want, atol=1e-6)
+        close({n: state[n] for n in want}, server_step)
+    close({n: new["model"][n] for n in want}, server_step)
     avg = _one_round(FedAvg(), cfg)[4]["model"]
     assert any(not torch.allclose(avg[n], want[n], atol=1e-4) for n in want)
 
@@ -293,19 +308,28 @@ def test_fedclg_s_aggregate_is_eq_11_by_hand():
                         partition={"scheme": "iid", "num_clients": 2}, **ONE_STEP)
     algo = SpyS(FedCLGS.Options(server_epochs=0, global_lr=0.7))
     env, x0, cohort, plans, new, _ = _one_round(algo, cfg)
-    x, y, eta, eta_g = env.data.train.x, env.data.train.y, 0.1, 0.7
-    m = env.model
-    g_s = grad_at(m, x0, x, y, torch.from_numpy(algo.batches[0]))
-    want = {n: x0[n].double().clone() for n in param_names(m)}
-    for w, plan in zip(cohort.weights, plans):
-        g_i = grad_at(m, x0, x, y, torch.from_numpy(plan[0]))      # at x_t, first batch
-        delta = {n: -eta * g_i[n] for n in want}                     # one SGD step (K = 1)
-        for n in want:
-            want[n] += eta_g * w * (delta[n] - 1 * eta * (g_s[n] - g_i[n])).double()
-    close({n: new["model"][n].double() for n in want}, want, atol=1e-6)
-    # K = 1 collapses eq. 11 to a server-gradient step: x_t - eta_g eta g_s
-    close({n: new["model"][n] for n in want},
-          {n: x0[n] - eta_g * eta * g_s[n] for n in want}, atol=1e-6)
+    y, eta, eta_g = env.data.train.y, 0.1, 0.7
+    names = param_names(env.model)
+
+    def eq_11(dtype):
+        m, x, x0_ = _in(dtype, env.model, env.data.train.x, x0)
+        g_s = grad_at(m, x0_, x, y, torch.from_numpy(algo.batches[0]))
+        want = {n: x0_[n].clone() for n in names}
+        for w, plan in zip(cohort.weights, plans):
+            g_i = grad_at(m, x0_, x, y, torch.from_numpy(plan[0]))   # at x_t, first batch
+            delta = {n: -eta * g_i[n] for n in want}                 # one SGD step (K = 1)
+            for n in want:
+                want[n] += eta_g * w * (delta[n] - 1 * eta * (g_s[n] - g_i[n]))
+        return want
+
+    def server_step(dtype):
+        # K = 1 collapses eq. 11 to a server-gradient step: x_t - eta_g eta g_s
+        m, x, x0_ = _in(dtype, env.model, env.data.train.x, x0)
+        g_s = grad_at(m, x0_, x, y, torch.from_numpy(algo.batches[0]))
+        return {n: x0_[n] - eta_g * eta * g_s[n] for n in names}
+    got = {n: new["model"][n] for n in names}
+    close(got, eq_11)
+    close(got, server_step)
 
 
 @pytest.mark.parametrize("cls,steps", [(SpyC, 1), (SpyS, 3)], ids=["fedclg_c", "fedclg_s"])
