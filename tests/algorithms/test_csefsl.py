@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import digits_config
+from helpers import assert_float_close, digits_config
 
 from splitfed.algorithms.csefsl import CSEFSL
 from splitfed.engine.batches import batch_plan
@@ -33,10 +33,12 @@ def cfg_for(steps=2, rounds=3, participation=None, chunk=None, name="csefsl", **
         engine={"chunk_size": chunk} if chunk else {})
 
 
-def close(got, want, atol=1e-5):
-    assert got.keys() == want.keys()
-    for k in want:
-        assert torch.allclose(got[k], want[k], atol=atol), (k, (got[k] - want[k]).abs().max())
+def close(got, want32, want64, what=""):
+    """``got`` matches a reference computed in float32 (``want32``) and in float64
+    (``want64``) from the same float32 inputs, within the bound of tests/helpers.py."""
+    assert got.keys() == want64.keys()
+    for k in want64:
+        assert_float_close(got[k], want32[k], want64[k], what=f"{what} {k}")
 
 
 def sgd_step(module, lr):
@@ -103,29 +105,33 @@ def test_first_step_uses_the_true_server_gradient():
     for _ in range(2):                                        # rounds 1 and 2 draw K = 1
         plans = [batch_plan(env.client_indices[c], 1, 8, rng) for c in cohort.ids]
     order = streams.numpy("order").permutation(cohort.size)
-    client, server = split(copy.deepcopy(env.model), env.cut)
-    client.load_state_dict({k: before["model"][k] for k in client.state_dict()})
-    server.load_state_dict({k: before["model"][k] for k in server.state_dict()})
-    x, y = env.data.train.x, env.data.train.y
-    updated = [None] * cohort.size
-    for s in order:
-        rows = torch.from_numpy(plans[s][0])
-        mine = copy.deepcopy(client)
-        acts = mine(x[rows])
-        h = acts.detach().requires_grad_(True)
-        params = list(server.parameters())
-        g_h, *g_s = torch.autograd.grad(F.cross_entropy(server(h), y[rows]), [h, *params])
-        with torch.no_grad():
-            for p, g in zip(params, g_s):
-                p -= 0.1 / cohort.size * g                    # mu / m, m = uploads
-        client_params = list(mine.parameters())
-        g_c = torch.autograd.grad(acts, client_params, g_h)
-        with torch.no_grad():
-            for p, g in zip(client_params, g_c):
-                p -= 0.1 * g
-        updated[s] = mine
-    close(after["model"], {**average(updated, cohort.weights), **server.state_dict()})
-    close(after["aux"], before["aux"], atol=0)
+
+    def expected(dtype):
+        client, server = split(copy.deepcopy(env.model).to(dtype), env.cut)
+        client.load_state_dict({k: before["model"][k] for k in client.state_dict()})
+        server.load_state_dict({k: before["model"][k] for k in server.state_dict()})
+        x, y = env.data.train.x.to(dtype), env.data.train.y
+        updated = [None] * cohort.size
+        for s in order:
+            rows = torch.from_numpy(plans[s][0])
+            mine = copy.deepcopy(client)
+            acts = mine(x[rows])
+            h = acts.detach().requires_grad_(True)
+            params = list(server.parameters())
+            g_h, *g_s = torch.autograd.grad(F.cross_entropy(server(h), y[rows]), [h, *params])
+            with torch.no_grad():
+                for p, g in zip(params, g_s):
+                    p -= 0.1 / cohort.size * g                # mu / m, m = uploads
+            client_params = list(mine.parameters())
+            g_c = torch.autograd.grad(acts, client_params, g_h)
+            with torch.no_grad():
+                for p, g in zip(client_params, g_c):
+                    p -= 0.1 * g
+            updated[s] = mine
+        return {**average(updated, cohort.weights), **server.state_dict()}
+    close(after["model"], expected(torch.float32), expected(torch.float64))
+    assert after["aux"].keys() == before["aux"].keys()
+    assert all(torch.equal(after["aux"][k], v) for k, v in before["aux"].items())
     assert not torch.allclose(after["model"]["out.weight"], before["model"]["out.weight"])
 
 
@@ -166,28 +172,37 @@ def test_one_sequential_server_update_per_upload_in_order(order):
     y = env.transport.tensors(2, "labels")
     down = env.transport.tensors(2, "activation_grads")
     assert h.shape[0] == y.shape[0] == down.shape[0] == cohort.size
-    _, server = split(copy.deepcopy(env.model), env.cut)
-    server.load_state_dict({k: before["model"][k] for k in server.state_dict()})
+    # the same sequence in float32 and in float64, from the recorded float32 activations
+    dtypes = (torch.float32, torch.float64)
+    servers = {dt: split(copy.deepcopy(env.model).to(dt), env.cut)[1] for dt in dtypes}
+    for server in servers.values():
+        server.load_state_dict({k: before["model"][k] for k in server.state_dict()})
     rng = RandomStreams(cfg.seed).numpy("order")
     sequence = rng.permutation(cohort.size) if order == "random" else range(cohort.size)
     for s in sequence:
-        hs = h[s].clone().requires_grad_(True)
-        F.cross_entropy(server(hs), y[s]).backward()
-        assert torch.allclose(hs.grad, down[s], atol=1e-6)
-        sgd_step(server, 0.1 / cohort.size)
-    close({k: after["model"][k] for k in server.state_dict()}, server.state_dict())
+        grads = []
+        for dt, server in servers.items():
+            hs = h[s].to(dt).requires_grad_(True)
+            F.cross_entropy(server(hs), y[s]).backward()
+            grads.append(hs.grad)
+            sgd_step(server, 0.1 / cohort.size)
+        assert_float_close(down[s], *grads, what=f"slot {s} activation gradient")
+    close({k: after["model"][k] for k in servers[torch.float32].state_dict()},
+          *(servers[dt].state_dict() for dt in dtypes))
 
 
-def reference(cfg, rounds):
-    """Algorithm 1, one client at a time, plain modules and autograd."""
+def reference(cfg, rounds, dtype=torch.float32):
+    """Algorithm 1, one client at a time, plain modules and autograd, in ``dtype`` from the
+    engine's float32 initial model, auxiliary head and data."""
     env = build_environment(cfg)
     opts, tr = cfg.algorithm.options, cfg.train
     client, server = split(copy.deepcopy(env.model), env.cut)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(derive_seed(cfg.seed, "aux"))
         head = build_aux_head(client, env.data.input_shape, env.data.num_classes)
+    client, server, head = client.to(dtype), server.to(dtype), head.to(dtype)
     streams = RandomStreams(cfg.seed)
-    x, y = env.data.train.x, env.data.train.y
+    x, y = env.data.train.x.to(dtype), env.data.train.y
     lr, K = tr.lr, tr.local_steps
     for t in range(1, rounds + 1):
         cohort = env.sampler.sample(streams.numpy("participation"))
@@ -226,9 +241,9 @@ def test_matches_unbatched_reference(feedback):
     cfg = cfg_for(rounds=3, period=2, server_feedback=feedback, chunk=2,
                   participation={"mode": "uniform", "clients_per_round": 3})
     state = run_experiment(cfg, write=False).state
-    model, aux = reference(cfg, 3)
-    close(state["model"], model)
-    close(state["aux"], aux)
+    (model32, aux32), (model64, aux64) = reference(cfg, 3), reference(cfg, 3, torch.float64)
+    close(state["model"], model32, model64, "model")
+    close(state["aux"], aux32, aux64, "aux")
 
 
 def test_with_replacement_and_mlp_head_run():
