@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from helpers import digits_config
+from helpers import assert_float_close, digits_config
 
 from splitfed.algorithms.gas import empty_stats, generate, update_stats
 from splitfed.engine.flops import forward_macs
@@ -33,12 +33,15 @@ def test_one_update_keeps_the_class_mean_and_population_variance(covariance):
     stats = empty_stats(4, 6, covariance)
     update_stats(stats, h, y, weight=5.0)
     for k in range(3):
-        f = h.flatten(1)[y == k].double()
-        assert torch.allclose(stats["mean"][k].double(), f.mean(0), atol=1e-6)
-        c = f - f.mean(0)
-        cov = c.T @ c / len(f)
-        want = cov if covariance == "full" else cov.diagonal()
-        assert torch.allclose(stats["var"][k].double(), want, atol=1e-5)
+        want = {}                                     # mean and variance, float32 and float64
+        for dtype in (torch.float32, torch.float64):
+            f = h.flatten(1)[y == k].to(dtype)
+            c = f - f.mean(0)
+            cov = c.T @ c / len(f)
+            want[dtype] = f.mean(0), cov if covariance == "full" else cov.diagonal()
+        (mean32, var32), (mean64, var64) = want.values()
+        assert_float_close(stats["mean"][k], mean32, mean64, what=f"mean {k}")
+        assert_float_close(stats["var"][k], var32, var64, what=f"var {k}")
         assert float(stats["weight"][k]) == 5.0 * len(f)
     assert float(stats["weight"][3]) == 0.0            # never seen
 
@@ -50,15 +53,19 @@ def test_newer_batches_weigh_more():
     stats = empty_stats(3, 6)
     update_stats(stats, h1, y1, 1.0)
     update_stats(stats, h2, y2, 2.0)
-    h = torch.cat([h1, h2]).flatten(1).double()
     y = torch.cat([y1, y2])
-    w = torch.cat([torch.full((50,), 1.0), torch.full((40,), 2.0)]).double()
     for k in range(3):
-        m, wk = y == k, w[y == k]
-        mean = (wk[:, None] * h[m]).sum(0) / wk.sum()
-        var = (wk[:, None] * (h[m] - mean) ** 2).sum(0) / wk.sum()
-        assert torch.allclose(stats["mean"][k].double(), mean, atol=1e-5)
-        assert torch.allclose(stats["var"][k].double(), var, atol=1e-4)
+        want = {}                                     # mean and variance, float32 and float64
+        for dtype in (torch.float32, torch.float64):
+            h = torch.cat([h1, h2]).flatten(1).to(dtype)
+            w = torch.cat([torch.full((50,), 1.0), torch.full((40,), 2.0)]).to(dtype)
+            m, wk = y == k, w[y == k]
+            mean = (wk[:, None] * h[m]).sum(0) / wk.sum()
+            var = (wk[:, None] * (h[m] - mean) ** 2).sum(0) / wk.sum()
+            want[dtype] = mean, var
+        (mean32, var32), (mean, var) = want.values()
+        assert_float_close(stats["mean"][k], mean32, mean, what=f"mean {k}")
+        assert_float_close(stats["var"][k], var32, var, what=f"var {k}")
         # the newer batch pulls the mean more than an unweighted pooling would
         plain = h[m].mean(0)
         new = h[m][-int((y2 == k).sum()):].mean(0)
