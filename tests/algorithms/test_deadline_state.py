@@ -3,9 +3,11 @@ control variates and FedCLG-S's correction term, not only the model average."""
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import torch
-from helpers import digits_config
+from helpers import assert_float_close, digits_config
 from tests.algorithms.test_hybrid import SpyS, grad_at, param_names
 
 from splitfed.engine.loop import run_rounds
@@ -45,8 +47,9 @@ def test_scaffold_deadline_leaves_the_late_clients_controls_alone():
         for k in (0, 1):
             assert torch.count_nonzero(ci[name][k]) > 0, name
         # c started at 0 and every c_i at 0: c = sum over the kept clients of a_i c_i
-        want = sum(float(a[k]) * ci[name][k] for k in (0, 1))
-        assert torch.allclose(c[name], want, atol=1e-6), name
+        want32, want64 = (sum(float(a[k]) * ci[name][k].to(dtype) for k in (0, 1))
+                          for dtype in (torch.float32, torch.float64))
+        assert_float_close(c[name], want32, want64, what=name)
     # without a deadline every client's control moves
     _, rec, state = _run(_config("scaffold", deadline=None))
     assert rec["dropped"] == 0
@@ -68,8 +71,13 @@ def test_fedclg_s_deadline_drops_the_late_clients_correction():
     logger = MetricLogger(None)
     state, _ = run_rounds(algo, env, logger)
     assert logger.records[-1]["dropped"] == 1
-    x, y = env.data.train.x, env.data.train.y
-    g_s = grad_at(env.model, x0, x, y, torch.from_numpy(np.asarray(algo.batches[0])))
+    rows = torch.from_numpy(np.asarray(algo.batches[0]))
+    want = {}                                   # the server-gradient step, float32 and float64
+    for dtype in (torch.float32, torch.float64):
+        model, x = copy.deepcopy(env.model).to(dtype), env.data.train.x.to(dtype)
+        start = {k: v.to(dtype) for k, v in x0.items()}
+        g_s = grad_at(model, start, x, env.data.train.y, rows)
+        want[dtype] = {n: start[n] - eta_g * eta * g_s[n] for n in param_names(model)}
     for n in param_names(env.model):
-        want = x0[n] - eta_g * eta * g_s[n]
-        assert torch.allclose(state["model"][n], want, atol=1e-6), n
+        assert_float_close(state["model"][n], want[torch.float32][n], want[torch.float64][n],
+                           what=n)
