@@ -4,7 +4,7 @@ and weight decay from a fresh optimizer every round, as the paper's public code 
 
 import numpy as np
 import torch
-from helpers import digits_config
+from helpers import assert_float_close, digits_config
 
 from splitfed.engine.batches import batch_plan, local_step_counts
 from splitfed.experiment import run_experiment
@@ -24,6 +24,8 @@ def test_fedavg_momentum_and_weight_decay_restart_every_round():
                                          "local_epochs": None, "lr": 0.05,
                                          "momentum": 0.9, "weight_decay": 1e-4})
     got = run_experiment(cfg, write=False).state["model"]
-    want = _reference_fedavg(cfg, cfg.rounds)   # a new SGD(momentum, weight decay)
-    for k in want:
-        assert torch.allclose(got[k], want[k], atol=1e-5), (k, (got[k] - want[k]).abs().max())
+    # a new SGD(momentum, weight decay) per client and round, in float32 and in float64
+    want32 = _reference_fedavg(cfg, cfg.rounds)
+    want64 = _reference_fedavg(cfg, cfg.rounds, torch.float64)
+    for k in want64:
+        assert_float_close(got[k], want32[k], want64[k], what=k)
