@@ -3,10 +3,12 @@ max-pool as the maximum of four strided views) give bit for bit the logits of
 ``model(x)``, for every model of the zoo and for inputs with NaN, infinities, ties and odd
 spatial sizes; modules with hooks run as they are."""
 
+import copy
 import math
 
 import pytest
 import torch
+from helpers import assert_float_close
 from torch import nn
 
 from splitfed.engine.evaluate import evaluate, forward_eval
@@ -26,6 +28,19 @@ MODELS = [
 def _model(name, shape, opts):
     torch.manual_seed(0)
     return build_model(name, shape, 10, **opts).eval()   # every model listed builds
+
+
+def _mean_losses(model, x, y):
+    """The mean cross-entropy of ``model`` on ``x``, ``y``, in float32 and in float64 (a
+    float64 copy of the model on the same inputs)."""
+    with torch.no_grad():
+        return tuple(nn.functional.cross_entropy(copy.deepcopy(model).eval().to(dtype)(
+            x.to(dtype)), y) for dtype in (torch.float32, torch.float64))
+
+
+def _loss(value):
+    """A metric's loss (a Python float of a float32 computation) as a float32 tensor."""
+    return torch.tensor(value, dtype=torch.float32)
 
 
 @pytest.mark.parametrize("name,shape,opts", MODELS, ids=[f"{m[0]}-{m[1][1]}" for m in MODELS])
@@ -69,8 +84,7 @@ def test_evaluate_matches_a_plain_loop():
         out = model(x)
     res = evaluate(model.train(), x, y, batch_size=64)
     assert res["test_acc"] == int((out.argmax(1) == y).sum()) / 250
-    assert res["test_loss"] == pytest.approx(
-        float(nn.functional.cross_entropy(out.double(), y, reduction="sum")) / 250, rel=1e-6)
+    assert_float_close(_loss(res["test_loss"]), *_mean_losses(model, x, y), what="test_loss")
     assert model.training  # mode restored
 
 
@@ -78,15 +92,17 @@ def test_evaluate_matches_a_plain_loop():
 def test_metrics_do_not_depend_on_the_batch_size():
     """The same per-sample losses summed in the same order whatever the batch; only the
     logits' last bits may move, where a CPU's convolution picks another kernel for another
-    batch size (at batch 1 on an AMD EPYC): a few float32 ulps of a loss near 2.3, so
-    1e-6 relative on the mean, and the same predictions."""
+    batch size (at batch 1 on an AMD EPYC): every batch size's loss lies within float32
+    rounding of the mean loss computed in float32 and float64, with the same
+    predictions."""
     model = _model("lenet5", (1, 28, 28), {})
     g = torch.Generator().manual_seed(3)
     x, y = torch.randn(301, 1, 28, 28, generator=g), torch.randint(0, 10, (301,), generator=g)
     results = [evaluate(model, x, y, batch_size=b) for b in (1, 7, 256, 301, 10_000)]
     assert all(r["test_acc"] == results[0]["test_acc"] for r in results)
-    assert all(r["test_loss"] == pytest.approx(results[0]["test_loss"], rel=1e-6)
-               for r in results)
+    want = _mean_losses(model, x, y)
+    for b, r in zip((1, 7, 256, 301, 10_000), results):
+        assert_float_close(_loss(r["test_loss"]), *want, what=f"batch {b}")
     # batches that hold the whole set are one call: the same bits
     assert results[3] == results[4]
 
@@ -102,10 +118,10 @@ def test_a_low_precision_models_loss_is_taken_from_its_logits_in_float32(dtype):
     model = nn.Linear(8, 5).to(dtype)
     x, y = torch.randn(1000, 8).to(dtype), torch.randint(0, 5, (1000,))
     with torch.no_grad():
-        want = F.cross_entropy(model(x).double(), y, reduction="none")
-    got = evaluate(model, x, y)["test_loss"]
-    # float32 cross-entropy of the same logits: a few float32 ulps per sample
-    assert abs(got - float(want.mean())) <= 1e-6 * float(want.mean())
+        logits = model(x)
+    # the cross-entropy of the same logits, in float32 and in float64
+    want32, want64 = (F.cross_entropy(logits.to(t), y) for t in (torch.float32, torch.float64))
+    assert_float_close(_loss(evaluate(model, x, y)["test_loss"]), want32, want64)
     big = nn.Linear(1, 2, bias=False).to(dtype)
     with torch.no_grad():
         big.weight.copy_(torch.tensor([[40000.0], [-40000.0]]))
