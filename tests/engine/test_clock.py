@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from helpers import digits_config
+from helpers import assert_float_close, digits_config
 
 from splitfed.algorithms import ALGORITHMS
 from splitfed.engine.aggregate import DeltaAccumulator
@@ -72,14 +72,20 @@ def sizes(env):
                 A=B * math.prod(cut) * 4, L=B * 8)
 
 
-def kept_average(start, uploads, weights, kept, keys):
+def kept_average(start, uploads, weights, kept, keys, dtype=torch.float32):
+    """start + the kept clients' renormalised weighted updates, in ``dtype``."""
     w = {c: weights[c] / sum(weights[k] for k in kept) for c in kept}
-    return {k: start[k] + sum(w[c] * (uploads[c][k] - start[k]) for c in kept) for k in keys}
+    return {k: start[k].to(dtype) + sum(w[c] * (uploads[c][k].to(dtype) - start[k].to(dtype))
+                                        for c in kept) for k in keys}
 
 
-def close(got, want, atol=1e-5):
-    for k in want:
-        assert torch.allclose(got[k], want[k], atol=atol), k
+def close(got, *average):
+    """``got`` matches ``kept_average(*average)`` computed in float32 and in float64 within
+    the rounding bound of tests/helpers.py."""
+    want32 = kept_average(*average)
+    want64 = kept_average(*average, dtype=torch.float64)
+    for k in want64:
+        assert_float_close(got[k], want32[k], want64[k], what=k)
 
 
 def check_round(rec, times, deadline=None):
@@ -120,7 +126,7 @@ def test_fedavg_deadline_drops_the_late_client_and_renormalises():
     late = check_round(rec[1], times, deadline)
     assert late == [int(np.argmax(times))]
     kept = [c for c in range(3) if c not in late]
-    close(state["model"], kept_average(start, uploads, env.data_sizes, kept, start))
+    close(state["model"], start, uploads, env.data_sizes, kept, start)
     _, rec, *_ = run(config("fedavg", deadline=max(times) + 1))   # nobody is late
     check_round(rec[1], times, max(times) + 1)
 
@@ -220,7 +226,8 @@ def test_sl_deadline_skips_late_turns_and_keeps_the_last_timely_hand_over():
     assert set(uploads) == {int(order[0]), int(order[1])}
     assert env.ledger.per_client(1, "model", "down")[order[2]] == 0   # never started
     client_keys = list(split(env.model, env.cut)[0].state_dict())
-    close(state["model"], {k: uploads[int(order[0])][k] for k in client_keys}, atol=1e-7)
+    # global_lr 1: the start moved by the whole of the last timely client's update
+    close(state["model"], start, uploads, env.data_sizes, [int(order[0])], client_keys)
 
 
 # ------------------------------------------------------------------- SFL-V1
@@ -248,7 +255,7 @@ def test_sflv1_deadline_aggregates_the_kept_clients_on_both_sides():
     # SFL-V1 with tau_tilde = tau is FedAvg on the whole model: the kept clients' FedAvg
     # models, averaged over the kept clients only
     _, _, _, full, _ = run(config("fedavg"))
-    close(state["model"], kept_average(start, full, env.data_sizes, kept, start))
+    close(state["model"], start, full, env.data_sizes, kept, start)
 
 
 # ------------------------------------------------------------------- SFL-V2
@@ -288,7 +295,7 @@ def test_sflv2_deadline_drops_client_models_but_keeps_server_updates():
     late = check_round(rec[1], times, deadline)
     kept = [c for c in range(3) if c not in late]
     client_keys, server_keys = (list(m.state_dict()) for m in split(env.model, env.cut))
-    close(state["model"], kept_average(start, uploads, env.data_sizes, kept, client_keys))
+    close(state["model"], start, uploads, env.data_sizes, kept, client_keys)
     for k in server_keys:
         assert torch.equal(state["model"][k], free["model"][k])
 
