@@ -808,6 +808,34 @@ def test_a_plugins_digest_covers_the_helper_modules_beside_it(scratch, plugin_fi
         LOADED_PLUGINS[:] = saved
 
 
+def test_a_plugins_digest_covers_the_helpers_its_helpers_import(scratch, plugin_files,
+                                                                tmp_path):
+    """A helper of the plugin's directory that imports another one there: editing the
+    second helper changes the plugin's recorded digest too; helpers that import each
+    other, and the plugin, are each read once."""
+    from splitfed.origins import LOADED_PLUGINS
+    from splitfed.provenance import _helpers, plugin_digests
+
+    plugin_files({"zz_chain_helper2.py": "import zz_chain_helper\nimport zz_chain_lab\n"
+                                         "FACTOR = 2\n",
+                  "zz_chain_helper.py": "from zz_chain_helper2 import FACTOR\n",
+                  "zz_chain_lab.py": "import zz_chain_helper\n"
+                                     "from splitfed import register_model\n"
+                                     "@register_model('zz_chain')\n"
+                                     "def f(input_shape, num_classes): ...\n"})
+    saved = list(LOADED_PLUGINS)
+    try:
+        registry.load_plugins(["zz_chain_lab"])
+        assert [p.name for p in _helpers(sys.modules["zz_chain_lab"])] == [
+            "zz_chain_helper.py", "zz_chain_helper2.py"]
+        first = plugin_digests()["zz_chain_lab"]
+        (tmp_path / "zz_chain_helper2.py").write_text("import zz_chain_helper\n"
+                                                      "import zz_chain_lab\nFACTOR = 3\n")
+        assert plugin_digests()["zz_chain_lab"] != first
+    finally:
+        LOADED_PLUGINS[:] = saved
+
+
 def test_options_that_are_an_instance_are_refused_when_registered(scratch):
     @dataclasses.dataclass
     class Opts:

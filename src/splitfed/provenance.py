@@ -77,7 +77,8 @@ def plugin_digests() -> dict[str, str]:
     """``{module: digest}`` of the plugins imported so far
     (:data:`splitfed.origins.LOADED_PLUGINS`): a package's files as
     :func:`tree_digest` takes them, a single module's file, and with either the files of
-    the helper modules its source imports from its own directory (:func:`_helpers`);
+    the helper modules its source imports from its own directory, and those their
+    sources import from it in turn (:func:`_helpers`);
     ``"unknown"`` where the module has no file (built in memory)."""
     from splitfed.origins import LOADED_PLUGINS
 
@@ -105,11 +106,10 @@ def _helpers(module) -> list[Path]:
     (``import x``, ``from x import y``; read from the source, so every process finds the
     same ones whatever it imported before) and that lie beside it: in a single module's
     directory, or a package's parent directory, e.g. ``lab_helpers.py`` beside
-    ``lab.py``, or a helper package's directory (its ``.py`` files count). None when
-    that directory is an installation's site-packages (an installed plugin's neighbours
-    are other distributions)."""
-    import ast
-
+    ``lab.py``, or a helper package's directory (its ``.py`` files count); and, the same
+    way, the modules beside it that those helpers import, and so on (each once, so helpers
+    that import each other end). None when that directory is an installation's
+    site-packages (an installed plugin's neighbours are other distributions)."""
     paths = list(getattr(module, "__path__", None) or [])
     file = getattr(module, "__file__", None)
     try:
@@ -119,7 +119,25 @@ def _helpers(module) -> list[Path]:
     root = own.parent
     if root.name in ("site-packages", "dist-packages"):
         return []
-    sources = sorted(own.rglob("*.py")) if paths else [own]
+    names: set[str] = set()
+    found: dict[str, list[Path]] = {}
+    todo = [own]
+    while todo:
+        for name in _imported_names(todo.pop()) - names:
+            names.add(name)
+            found[name] = [c for c in (root / f"{name}.py", root / name)
+                           if c != own and (c.is_file() or c.is_dir())]
+            todo.extend(found[name])
+    return [path for name in sorted(found) for path in found[name]]
+
+
+def _imported_names(path: Path) -> set[str]:
+    """The top-level module names that the source of ``path`` imports (``import x``,
+    ``from x import y``; not relative imports): a module's file, or every ``.py`` file
+    under a package's directory; an unreadable or unparsable file imports nothing."""
+    import ast
+
+    sources = sorted(path.rglob("*.py")) if path.is_dir() else [path]
     names: set[str] = set()
     for source in sources:
         try:
@@ -131,12 +149,7 @@ def _helpers(module) -> list[Path]:
                 names.update(a.name.split(".")[0] for a in node.names)
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                 names.add(node.module.split(".")[0])
-    out = []
-    for name in sorted(names):
-        for candidate in (root / f"{name}.py", root / name):
-            if candidate.is_file() or (candidate.is_dir() and candidate != own):
-                out.append(candidate)
-    return out
+    return names
 
 
 def _module_digest(module) -> str:
