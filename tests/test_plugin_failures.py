@@ -133,13 +133,17 @@ def zz_clock(scratch):
         return {"ok": lambda: Profiles(ones * 1e9, ones * 1e7, ones * 1e7, 1e10),
                 "tuple": lambda: (ones, ones),
                 "fewer": lambda: Profiles(ones[:-1] * 1e9, ones[:-1] * 1e7, ones[:-1] * 1e7,
-                                          1e10)}[mode]()
+                                          1e10),
+                "short_compute": lambda: Profiles(ones[:-1] * 1e9, ones * 1e7, ones * 1e7,
+                                                  1e10)}[mode]()
 
 
 @pytest.mark.parametrize("mode, what", [
     ("raise", "failed: RuntimeError: trace server unreachable"),
     ("tuple", "returned tuple; it must return Profiles for the 6 clients"),
     ("fewer", "returned profiles of 5 clients; it must return Profiles for the 6 clients"),
+    ("short_compute", "failed: ValueError: compute: 5 values, but uplink and downlink have "
+                      "6; expected one value per client in each"),
 ])
 def test_a_clock_profiles_failure_names_it(zz_clock, mode, what):
     with pytest.raises(PluginError) as info:

@@ -3,6 +3,7 @@ with three clients at fixed, distinct speeds, with and without a deadline; deter
 speeds change only the times; the profile generators and the trace loader."""
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ from splitfed.engine.clock import CLIENT, SERVER_COPY, EventQueue, VirtualClock
 from splitfed.engine.flops import forward_macs
 from splitfed.engine.loop import run_rounds
 from splitfed.engine.participation import Cohort
-from splitfed.engine.profiles import build_profiles, fixed, load_trace
+from splitfed.engine.profiles import Profiles, build_profiles, fixed, load_trace
 from splitfed.errors import ConfigError
 from splitfed.experiment import build_algorithm, build_environment
 from splitfed.metrics import MetricLogger
@@ -385,6 +386,25 @@ def test_speeds_a_yaml_file_reads_as_text_are_numbers():
 TRACE = ("client_id,compute_macs_per_s,uplink_bytes_per_s,downlink_bytes_per_s,"
          "available_from,available_until\n"
          "0,1e5,1e4,4e4,,\n1,2e5,2e4,1e4,1e9,\n2,4e5,5e3,2e4,0,\n")
+
+
+@pytest.mark.parametrize("sizes, windows, says", [
+    ((3, 4, 4), (), "compute: 3 values, but uplink and downlink have 4;"),
+    ((4, 4, 5), (), "downlink: 5 values, but compute and uplink have 4;"),
+    ((4, 4, 4), (3,), "available_from: 3 values, but compute, uplink and downlink have 4;"),
+    ((4, 4, 4), (3, 3), "available_from and available_until: 3 and 3 values, but compute, "
+                        "uplink and downlink have 4;"),
+    ((2, 3, 4), (), "compute, uplink and downlink: 2, 3 and 4 values;"),
+], ids=["compute", "downlink", "one_window", "both_windows", "no_majority"])
+def test_profiles_name_the_field_whose_number_of_clients_differs(sizes, windows, says):
+    """Profiles know no number of clients of their own: a field with more or fewer values
+    than the others is named, not the field after it."""
+    speeds = [np.ones(k) for k in sizes]
+    available = dict(zip(("available_from", "available_until"),
+                         [np.zeros(k) for k in windows]))
+    with pytest.raises(ValueError, match=re.escape(says) + " expected one value per client "
+                                                           "in each$"):
+        Profiles(*speeds, 1e10, **available)
 
 
 def test_trace_profile_speeds_and_availability(tmp_path):

@@ -42,6 +42,7 @@ from __future__ import annotations
 import csv
 import inspect
 import math
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,21 +79,23 @@ class Profiles:
     delay_mean: float | None = None            # per-round exponential start delay (s)
 
     def __post_init__(self):
-        n = len(self.compute)
-        for name in ("compute", "uplink", "downlink"):
-            v = np.asarray(getattr(self, name), dtype=np.float64).reshape(-1)
-            if v.shape != (n,) or not (np.isfinite(v).all() and (v > 0).all()):
+        speeds = {name: np.asarray(getattr(self, name), dtype=np.float64).reshape(-1)
+                  for name in ("compute", "uplink", "downlink")}
+        windows = {name: np.asarray(getattr(self, name), dtype=np.float64).reshape(-1)
+                   for name in ("available_from", "available_until")
+                   if getattr(self, name) is not None}
+        n = _clients_of({**speeds, **windows})
+        for name, v in speeds.items():
+            if not (np.isfinite(v).all() and (v > 0).all()):
                 raise ValueError(f"{name}: expected {n} positive finite values")
             setattr(self, name, v)
         if not (math.isfinite(self.server_compute) and self.server_compute > 0):
             raise ValueError(f"server_compute: expected a positive number, "
                              f"got {self.server_compute}")
         self.server_compute = float(self.server_compute)
-        if self.available_from is not None or self.available_until is not None:
-            lo = np.full(n, -np.inf) if self.available_from is None else self.available_from
-            hi = np.full(n, np.inf) if self.available_until is None else self.available_until
-            self.available_from = np.asarray(lo, dtype=np.float64).reshape(-1)
-            self.available_until = np.asarray(hi, dtype=np.float64).reshape(-1)
+        if windows:
+            self.available_from = windows.get("available_from", np.full(n, -np.inf))
+            self.available_until = windows.get("available_until", np.full(n, np.inf))
 
     @property
     def num_clients(self) -> int:
@@ -120,6 +123,31 @@ class Profiles:
         if self.available_from is None:
             return np.ones(len(ids), dtype=bool)
         return (self.available_from[ids] <= t) & (t < self.available_until[ids])
+
+
+def _clients_of(fields: dict[str, np.ndarray]) -> int:
+    """The number of clients that the per-client ``fields`` (``{name: values}``) agree
+    on; ValueError naming the fields whose number of values differs from the one most of
+    them have, or every field where no number is the most common."""
+    lengths = {name: len(v) for name, v in fields.items()}
+    counts = Counter(lengths.values()).most_common()
+    if len(counts) == 1:
+        return counts[0][0]
+    if counts[0][1] == counts[1][1]:
+        odd, others = list(lengths), []
+    else:
+        odd = [name for name, k in lengths.items() if k != counts[0][0]]
+        others = [name for name in lengths if name not in odd]
+    got = f"{_listing([str(lengths[name]) for name in odd])} values"
+    if others:
+        verb = "has" if len(others) == 1 else "have"
+        got += f", but {_listing(others)} {verb} {counts[0][0]}"
+    raise ValueError(f"{_listing(odd)}: {got}; expected one value per client in each")
+
+
+def _listing(words: list[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return " and ".join([", ".join(words[:-1]), words[-1]] if len(words) > 2 else words)
 
 
 def _per_client(value, n: int, name: str) -> np.ndarray:
