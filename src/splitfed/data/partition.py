@@ -317,7 +317,7 @@ def partition(labels, num_clients: int, scheme: str, rng: np.random.Generator,
     """Split ``range(len(labels))`` among ``num_clients`` clients with ``scheme``."""
     y = as_labels(labels)
     if scheme not in PARTITIONERS:
-        raise ConfigError(f"unknown partition scheme {scheme!r}; "
+        raise ConfigError(f"partition.scheme: unknown partition scheme {scheme!r}; "
                           f"known: {', '.join(PARTITIONERS)}")
     _int_param(scheme, "num_clients", num_clients, 1, max(1, len(y)))
     if not isinstance(rng, np.random.Generator):
