@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING
 
 from splitfed.errors import ConfigError, PluginError, RunInterrupted, SplitfedError, one_line
 from splitfed.files import is_user_os_error, os_error_message
-from splitfed.locking import LOCK_NAME, check_free
+from splitfed.locking import LOCK_NAME
 
 if TYPE_CHECKING:
     from splitfed.config import RunConfig
@@ -197,6 +197,7 @@ def run_point(task: PointTask) -> PointResult:
     import torch
 
     from splitfed.checkpoint import CHECKPOINT
+    from splitfed.experiment import lock_run_dir
     from splitfed.registry import load_entry_points, load_plugins
     from splitfed.study.reuse import FINISHED, read_json
     from splitfed.tracking import discard_recorded_run
@@ -212,10 +213,10 @@ def run_point(task: PointTask) -> PointResult:
             result = resume_experiment(d)
         else:
             if d.is_dir() and any(p.name != LOCK_NAME for p in d.iterdir()):
-                check_free(d, "run directory")       # never clear a run being written
-                if not finished:                     # an interrupted attempt's MLflow
-                    discard_recorded_run(d)          # run in a shared store goes too
-                shutil.rmtree(d)
+                with lock_run_dir(d):                # never clear a run being written
+                    if not finished:                 # an interrupted attempt's MLflow
+                        discard_recorded_run(d)      # run in a shared store goes too
+                    clear_dir(d)
             cfg = dataclasses.replace(task.config, progress=task.progress)
             result = run_experiment(cfg, run_dir=d)
         prov = read_json(d / "summary.json").get("provenance")
@@ -242,6 +243,18 @@ def run_point(task: PointTask) -> PointResult:
             code = e.code if isinstance(e.code, int) else repr(e.code)[:80]
             return PointResult(task.index, error=f"the run called exit (SystemExit: {code})")
         return PointResult(task.index, error=f"{type(e).__name__}: {e}")
+
+
+def clear_dir(d: Path) -> None:
+    """Remove everything in ``d`` but its lock file, which the caller holds: deleting
+    a held lock file would let another process lock a new one and write ``d`` too."""
+    for p in d.iterdir():
+        if p.name == LOCK_NAME:
+            continue
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        else:
+            p.unlink()
 
 
 def _experiment():
