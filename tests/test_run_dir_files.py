@@ -358,3 +358,28 @@ def test_a_huge_secret_file_is_refused(tmp_path):
         secure.read_secret(str(path), {})
     path.write_text("0123456789abcdef" * 4 + "\n")
     assert secure.read_secret(str(path), {}) == "0123456789abcdef" * 4
+
+
+def test_a_lock_that_only_a_holder_probe_has_is_taken(tmp_path, monkeypatch):
+    """``holder()`` (the check before a study or sweep takes its locks) holds a shared
+    lock on a free lock file for a moment; an ``acquire`` at that moment waits it out
+    instead of refusing a directory that nobody holds."""
+    import fcntl
+
+    import splitfed.locking as locking
+
+    (tmp_path / LOCK_NAME).write_text("")
+    probe = os.open(tmp_path / LOCK_NAME, os.O_RDONLY)
+    fcntl.flock(probe, fcntl.LOCK_SH | fcntl.LOCK_NB)       # as holder() takes it
+    assert holder(tmp_path) is None
+    waited = []
+
+    def sleep(seconds):                                     # the probe ends meanwhile
+        waited.append(seconds)
+        os.close(probe)
+    monkeypatch.setattr(locking.time, "sleep", sleep)
+    with DirLock.acquire(tmp_path, "run directory") as lock:
+        assert lock.held and len(waited) == 1
+        with pytest.raises(ConfigError, match=f"in use by another splitfed process "
+                                              f"\\(pid {os.getpid()}\\)"):
+            DirLock.acquire(tmp_path, "run directory")

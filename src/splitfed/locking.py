@@ -22,6 +22,7 @@ import errno
 import fcntl
 import os
 import stat
+import time
 from pathlib import Path
 
 from splitfed.errors import ConfigError
@@ -51,7 +52,8 @@ class DirLock:
             raise ConfigError(f"cannot create the {what} {directory} "
                               f"({e.strerror or e}); choose another --out-dir") from None
         path = directory / LOCK_NAME
-        for _ in range(10):   # the holder may remove the file between our open and flock
+        for _ in range(10):   # the holder may remove the file between our open and flock,
+            # or another process's holder() take a moment's shared lock on a free one
             try:
                 fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
                              | os.O_NOCTTY | os.O_CLOEXEC, 0o644)
@@ -71,7 +73,11 @@ class DirLock:
                 if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                     raise ConfigError(f"cannot lock {path} ({e.strerror or e}); the file "
                                       "system may not support locks") from None
-                raise ConfigError(_in_use(what, directory, holder(directory), hint)) from None
+                pid = holder(directory)
+                if pid is None:       # only another process's holder() probe had it
+                    time.sleep(0.001)
+                    continue
+                raise ConfigError(_in_use(what, directory, pid, hint)) from None
             try:
                 same = os.fstat(fd).st_ino == os.lstat(path).st_ino
             except FileNotFoundError:
