@@ -331,6 +331,46 @@ def test_cifar_data_of_a_doctored_dtype_is_refused_in_one_line(cifar_dir, capfd,
     assert capfd.readouterr().err == ""
 
 
+class _DtypeWithState:
+    """A pickle that builds numpy.dtype(``spec``) and then sets ``state`` on it."""
+
+    def __init__(self, spec, state):
+        self.spec, self.state = spec, state
+
+    def __reduce__(self):
+        return np.dtype, (self.spec, False, True), self.state
+
+
+@pytest.mark.parametrize("dt", [
+    # a 2-byte dtype whose field lies 1 GB past its items: reading one label would read
+    # memory far outside the array
+    _DtypeWithState("V2", (3, "|", None, ("a",), {"a": (np.dtype("i8"), 10**9)}, 2, 1, 16)),
+    _DtypeWithState("V2", (3, "|", (np.dtype("u1"), (2,)), None, None, 2, 1, 0)),  # subarray
+    _DtypeWithState("V2", (3, "|", None, None, None, 2, 1, 1)),    # flagged as holding objects
+    _DtypeWithState("u1", (3, "|", None, None, None, 1 << 30, 1, 0)),   # another item size
+    _DtypeWithState("i8,i8", None),                      # fields from a type string
+    _DtypeWithState("(2,)u1", None),                     # a subarray from a type string
+])
+def test_cifar_labels_of_a_dtype_with_fields_are_refused_unread(tmp_path, dt):
+    path = tmp_path / "batch"
+    dump(path, {b"data": np.zeros((3, 3072), np.uint8),
+                b"labels": _Array((5,), dt, b"\0" * 80)})
+    with pytest.raises(DataError, match="corrupt pickle.*refusing numpy dtype") as err:
+        read_pickle(path)
+    assert str(path) in str(err.value)
+
+
+@pytest.mark.parametrize("order", ["<", ">", b"<", b">"])
+def test_cifar_dtype_states_numpy_writes_are_read(tmp_path, order):
+    """The state a plain dtype's pickle sets, as numpy writes it (text) and as Python 2
+    pickles are read (bytes), in either byte order."""
+    state = (3, order, None, None, None, -1, -1, 0)
+    raw = np.arange(2, dtype=f"{order if isinstance(order, str) else order.decode()}i8")
+    path = tmp_path / "batch"
+    dump(path, {b"labels": _Array((2,), _DtypeWithState("i8", state), raw.tobytes())})
+    assert read_pickle(path)[b"labels"].tolist() == [0, 1]
+
+
 class _Strided:
     """numpy.ndarray called by the pickle itself: ``shape`` over a one-byte buffer with
     zero strides (a few hundred bytes of file for any number of images)."""

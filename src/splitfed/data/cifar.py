@@ -89,19 +89,47 @@ def _dtype_spec(spec):
                                  f"{preview(spec)} (only a dtype or a short type string)")
 
 
+def _plain_dtype(dtype):
+    """``dtype`` if it is a plain scalar dtype (no fields, no subarray, no Python objects),
+    as every array of a batch has; anything else is refused before an array uses it."""
+    if not isinstance(dtype, np.dtype):
+        raise pickle.UnpicklingError(f"refusing a numpy dtype given as {type(dtype).__name__}")
+    if dtype.fields is not None or dtype.subdtype is not None or dtype.hasobject:
+        raise pickle.UnpicklingError(f"refusing numpy dtype {preview(dtype)} (only plain "
+                                     "scalar dtypes: no fields, subarrays or objects)")
+    return dtype
+
+
 def _guard_dtype(dtype):
     """``numpy.dtype`` as the pickle of a dtype calls it: a type string, align, copy."""
     def guarded(spec, *args):
         if len(args) > 2:
             raise pickle.UnpicklingError(f"refusing numpy.dtype with {len(args) + 1} arguments")
-        return dtype(_dtype_spec(spec), *args)
+        return _plain_dtype(dtype(_dtype_spec(spec), *args))
     return guarded
+
+
+def _dtype_state(target: np.dtype, state) -> None:
+    """The state BUILD may give the dtype ``target``: the one numpy pickles with it, its
+    byte order aside. Any other (fields or a subarray, at offsets numpy does not check
+    against the item size, or other sizes or flags) is refused: an array of such a dtype
+    would read memory outside its own."""
+    own = target.__reduce__()[2]
+    order = state[1] if type(state) is tuple and len(state) == len(own) else None
+    if isinstance(order, bytes):
+        order = order.decode("latin-1")
+    if not (type(order) is str and order in ("<", ">", "|", "=")
+            and type(state[0]) is int and state[0] == own[0]
+            and all(b is None and a is None or type(a) is int and type(b) is int and a == b
+                    for a, b in zip(state[2:], own[2:]))):
+        raise pickle.UnpicklingError(f"refusing numpy dtype state {preview(state)} (only "
+                                     "that of a plain scalar dtype)")
 
 
 def _guard_frombuffer(frombuffer):
     """numpy's ``_frombuffer`` (protocol-5 arrays) with a dtype :func:`_dtype_spec` admits."""
     def guarded(buf, dtype, *args):
-        return frombuffer(buf, _dtype_spec(dtype), *args)
+        return frombuffer(buf, _plain_dtype(np.dtype(_dtype_spec(dtype))), *args)
     return guarded
 
 
@@ -113,7 +141,7 @@ def _guard_reconstruct(reconstruct):
         if subtype is not _NDARRAY or type(shape) is not tuple or shape != (0,):
             raise pickle.UnpicklingError(f"refusing numpy _reconstruct({subtype!r}, "
                                          f"{preview(shape)})")
-        return reconstruct(np.ndarray, shape, _dtype_spec(dtype))
+        return reconstruct(np.ndarray, shape, _plain_dtype(np.dtype(_dtype_spec(dtype))))
     return guarded
 
 
@@ -183,7 +211,8 @@ class _SafeUnpickler(pickle._Unpickler):
       code named by the file runs (``os.system``, ``builtins.eval``, ...), and numpy's
       constructors only with the arguments arrays' pickles give them;
     - dicts whose keys are bytes, str, numbers or None (hashed in linear time); items
-      added only to dicts and lists; state set only on arrays and dtypes;
+      added only to dicts and lists; state set only on arrays and dtypes, and only that
+      of plain scalar dtypes (no fields, subarrays or objects);
     - integers of at most 8 bytes; at most :data:`MAX_MEMO` memo entries;
     - no sets, persistent ids, extension codes, class instances or out-of-band buffers,
       which no batch contains.
@@ -284,6 +313,13 @@ class _SafeUnpickler(pickle._Unpickler):
         if not isinstance(target, (np.ndarray, np.dtype)):
             raise pickle.UnpicklingError(f"refusing BUILD on a {type(target).__name__} "
                                          "(only on a numpy array or dtype)")
+        state = self.stack[-1]
+        if isinstance(target, np.dtype):
+            _dtype_state(target, state)
+        elif type(state) is tuple and len(state) in (4, 5):  # ([version,] shape, dtype, ...)
+            _plain_dtype(state[-3])
+        else:
+            raise pickle.UnpicklingError(f"refusing numpy array state {preview(state)}")
         pickle._Unpickler.load_build(self)
     dispatch[pickle.BUILD[0]] = load_build
 
