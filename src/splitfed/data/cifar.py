@@ -27,6 +27,7 @@ import numpy as np
 from splitfed.data.datasets import (
     ArrayDataset,
     DataBundle,
+    check_regular,
     find_file,
     labels_tensor,
     standardise,
@@ -325,10 +326,11 @@ class _SafeUnpickler(pickle._Unpickler):
 
 
 def read_pickle(path: Path, max_bytes: int | None = None) -> dict:
-    """The dict in a CIFAR pickle (bytes keys); DataError naming the file if it is corrupt,
-    larger than ``max_bytes`` (default :data:`MAX_PICKLE_BYTES`) or names anything but
-    the numpy constructs of an array."""
+    """The dict in a CIFAR pickle (bytes keys); DataError naming the file if it is not a
+    regular file, is corrupt, larger than ``max_bytes`` (default :data:`MAX_PICKLE_BYTES`)
+    or names anything but the numpy constructs of an array."""
     limit = MAX_PICKLE_BYTES if max_bytes is None else int(max_bytes)
+    check_regular(path)             # a pipe or a device is never opened
     try:
         size = Path(path).stat().st_size
         if size > limit:
@@ -411,7 +413,11 @@ def _read_split(paths, label_keys, num_classes):
 def _meta_names(dirs, name: str, key: bytes, num_classes: int) -> list[str] | None:
     for d in dirs:
         path = Path(d) / name
-        if path.is_file():
+        if path.exists():           # a directory, a pipe or a device is refused
+            try:
+                check_regular(path)
+            except DataError as e:
+                raise DataError(f"{e}; fix or delete the file (it is optional)") from None
             names = read_pickle(path).get(key)
             if names is None:
                 return None

@@ -9,6 +9,8 @@ with the mean and (population) standard deviation of the *train* split:
 
 from __future__ import annotations
 
+import os
+import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +19,7 @@ import numpy as np
 import torch
 
 from splitfed.errors import ConfigError, DataError, preview
+from splitfed.files import NOT_REGULAR
 
 
 @dataclass
@@ -59,17 +62,31 @@ class DataBundle:
 def find_file(name: str, dirs: Sequence[Path], how_to: str, gz: bool = False) -> Path:
     """The first existing ``dir/name`` (or ``dir/name.gz`` when ``gz``), in the order of ``dirs``.
 
-    Raises DataError (one line) listing every path looked at, followed by ``how_to``.
+    Raises DataError (one line) listing every path looked at, followed by ``how_to``, or
+    naming the first existing path if it is not a regular file (:func:`check_regular`).
     """
     tried = []
     for d in dirs:
         for candidate in (name, name + ".gz") if gz else (name,):
             path = Path(d) / candidate
             tried.append(str(path))
-            if path.is_file():
+            if path.exists():
+                check_regular(path)
                 return path
     looked = ", ".join(tried)
     raise DataError(f"data file {name!r} not found; looked at: {looked}. {how_to}")
+
+
+def check_regular(path: Path) -> None:
+    """DataError naming ``path`` if it is not a regular file (a symbolic link to one is
+    fine): a directory, a pipe, a socket or a device is refused before it is opened (a
+    pipe with no writer would block the process, a device never ends)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as e:
+        raise DataError(f"{path}: cannot read ({e.strerror or e})") from e
+    if not stat.S_ISREG(mode):
+        raise DataError(f"{path}: {NOT_REGULAR}")
 
 
 def int_option(where: str, name: str, value, low: int, high: int) -> int:
@@ -84,11 +101,10 @@ def int_option(where: str, name: str, value, low: int, high: int) -> int:
 
 
 def check_file_size(path: Path, limit: int, what: str) -> None:
-    """DataError naming ``path`` if it is larger than ``limit`` bytes."""
-    try:
-        size = Path(path).stat().st_size
-    except OSError as e:
-        raise DataError(f"{path}: cannot read ({e.strerror or e})") from e
+    """DataError naming ``path`` if it is not a regular file (:func:`check_regular`) or
+    is larger than ``limit`` bytes."""
+    check_regular(path)
+    size = os.stat(path).st_size
     if size > limit:
         raise DataError(f"{path}: {size} bytes, more than the {limit} a {what} may have")
 

@@ -18,6 +18,7 @@ import torch
 from splitfed.data.datasets import (
     ArrayDataset,
     DataBundle,
+    check_regular,
     find_file,
     labels_tensor,
     standardise,
@@ -99,7 +100,8 @@ def _parse_header(path: Path, f) -> tuple[tuple[int, ...], int]:
 
 
 def read_idx(path: str | Path, max_bytes: int | None = None) -> np.ndarray:
-    """The uint8 array stored in the IDX file ``path``; DataError naming the file if malformed.
+    """The uint8 array stored in the IDX file ``path``; DataError naming the file if it is
+    malformed or not a regular file.
 
     The header is read first: a file declaring more than ``max_bytes`` (default
     :data:`MAX_IDX_BYTES`) data bytes is refused before its data is read, and a gzip file
@@ -113,6 +115,7 @@ def read_idx(path: str | Path, max_bytes: int | None = None) -> np.ndarray:
     """
     path = Path(path)
     limit = MAX_IDX_BYTES if max_bytes is None else int(max_bytes)
+    check_regular(path)             # a pipe or a device is never opened
     try:
         with _open(path) as f:
             dims, header = _parse_header(path, f)

@@ -53,6 +53,7 @@ from splitfed.data.datasets import (
     ArrayDataset,
     DataBundle,
     check_file_size,
+    check_regular,
     int_option,
     labels_tensor,
 )
@@ -433,10 +434,12 @@ def parquet_rows(frame, path) -> tuple[list[str], np.ndarray]:
 
 
 def _sst2_split(root: Path, tsv: str, parquet: str) -> tuple[list[str], np.ndarray]:
-    if (root / tsv).is_file():
+    if (root / tsv).exists():       # a directory or a pipe is refused, not skipped
         return _read_tsv(root / tsv)
     found = sorted(root.glob(f"{parquet}*.parquet"))
     if found:
+        for p in found:             # before any is opened (a pipe would block the open)
+            check_regular(p)
         if len(found) > 1:          # the split's files together, before any is read
             _check_rows(f"{root}/{parquet}*.parquet ({len(found)} files)",
                         sum(_parquet_rows_declared(p) for p in found))
