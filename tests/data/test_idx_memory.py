@@ -101,3 +101,58 @@ def test_a_loaders_other_runtime_error_is_not_taken_for_memory(monkeypatch):
     monkeypatch.setitem(registry.registry("dataset"), "mnist", loader)
     with pytest.raises(RuntimeError, match="a bug"):
         load_dataset("mnist", "/nowhere")
+
+
+def _data_set(folder, train_images, test_images):
+    """The four files of an IDX data set, headers only (the declared sizes are refused
+    before any data is read): images of the dims given, labels of as many samples."""
+    for (img, lbl), dims in ((("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+                              train_images),
+                             (("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
+                              test_images)):
+        _write(folder / (img + ".gz"), dims, b"")
+        _write(folder / (lbl + ".gz"), dims[:1], b"")
+
+
+def test_a_data_set_of_too_many_tiny_samples_is_refused_from_its_headers(tmp_path):
+    """1x1 images take one byte each, but every sample costs tens of bytes of labels and
+    index arrays: a data set's samples are bounded, train and test together."""
+    from splitfed.data import load_dataset
+    from splitfed.limits import MAX_SAMPLES
+
+    _data_set(tmp_path, (MAX_SAMPLES, 1, 1), (1, 1, 1))
+    with pytest.raises(DataError) as err:
+        load_dataset("mnist", str(tmp_path))
+    assert str(err.value) == (
+        f"{tmp_path}/t10k-images-idx3-ubyte.gz: IDX dims (1, 1, 1) make the data set's "
+        f"images {MAX_SAMPLES + 1} samples, more than the {MAX_SAMPLES} a data set may hold "
+        "(train and test together)")
+
+
+def test_a_data_set_whose_files_declare_too_much_together_is_refused(tmp_path):
+    """Each file within the limit, the four together not."""
+    _data_set(tmp_path, (600, 1000, 1000), (600, 1000, 1000))
+    from splitfed.data import load_dataset
+
+    with pytest.raises(DataError, match=r"^.*/t10k-images-idx3-ubyte.gz: IDX dims \(600, 1000, "
+                                        r"1000\) make the data set's files declare 1200000600 "
+                                        r"data bytes, more than the 1073741824 accepted"):
+        load_dataset("mnist", str(tmp_path))
+
+
+def test_a_partition_larger_than_the_memory_is_one_line(monkeypatch):
+    from splitfed import experiment
+    from splitfed.config import build_config
+    from splitfed.rng import RandomStreams
+
+    def no_memory(*args, **kwargs):
+        raise MemoryError
+
+    cfg = build_config({"name": "t", "data": {"name": "digits"},
+                        "partition": {"scheme": "iid", "num_clients": 4}})
+    bundle = experiment.load_data(cfg, RandomStreams(cfg.seed), experiment.torch.device("cpu"))
+    monkeypatch.setattr(experiment, "partition", no_memory)
+    with pytest.raises(DataError, match=r"^partition: this machine has not the memory to "
+                                        r"partition the 1438 training samples of digits among "
+                                        r"4 clients$"):
+        experiment.client_data(cfg, bundle, RandomStreams(cfg.seed))

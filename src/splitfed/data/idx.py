@@ -25,6 +25,7 @@ from splitfed.data.datasets import (
     to_unit_float,
 )
 from splitfed.errors import DataError
+from splitfed.limits import MAX_SAMPLES
 
 FASHION_CLASSES = [
     "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
@@ -39,9 +40,9 @@ _LAYOUT = ("the four files train-images-idx3-ubyte, train-labels-idx1-ubyte, "
            "t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte (plain or .gz)")
 
 
-#: the most data bytes an IDX file may declare (1 GiB; MNIST's train images are 47 MB,
-#: EMNIST's largest split 550 MB): a header declaring more is refused before anything is
-#: read or inflated
+#: the most data bytes an IDX file may declare, and a data set's four files together (1
+#: GiB; MNIST's train images are 47 MB, EMNIST's largest split 550 MB): a header
+#: declaring more is refused before anything is read or inflated
 MAX_IDX_BYTES = 1 << 30
 #: the most dimensions an IDX header may declare (images: 3, labels: 1; numpy takes 64)
 MAX_IDX_DIMS = 16
@@ -99,6 +100,42 @@ def _parse_header(path: Path, f) -> tuple[tuple[int, ...], int]:
     return dims, header
 
 
+def idx_dims(path: Path) -> tuple[int, ...]:
+    """The dims the header of the IDX file ``path`` declares (only the header is read);
+    DataError naming the file if it is not a regular file or its header is malformed."""
+    check_regular(path)
+    try:
+        with _open(path) as f:
+            return _parse_header(path, f)[0]
+    except (OSError, EOFError, zlib.error) as e:
+        raise DataError(f"{path}: cannot read ({e})") from e
+
+
+def check_declared(paths: dict[str, tuple[Path, Path]], max_bytes: int | None = None,
+                   max_samples: int | None = None) -> None:
+    """The headers of a data set's IDX files (``{split: (images, labels)}``), read before
+    any data: DataError naming the file that takes the data set past ``max_bytes`` data
+    bytes (default :data:`MAX_IDX_BYTES`) or its images or labels past ``max_samples``
+    samples (default :data:`~splitfed.limits.MAX_SAMPLES`), train and test together."""
+    max_bytes = MAX_IDX_BYTES if max_bytes is None else int(max_bytes)
+    max_samples = MAX_SAMPLES if max_samples is None else int(max_samples)
+    total, samples = 0, [0, 0]
+    for files in paths.values():
+        for kind, path in enumerate(files):
+            dims = idx_dims(path)
+            total += math.prod(dims)
+            samples[kind] += dims[0] if dims else 0
+            if samples[kind] > max_samples:
+                raise DataError(f"{path}: IDX dims {dims} make the data set's "
+                                f"{('images', 'labels')[kind]} {samples[kind]} samples, more "
+                                f"than the {max_samples} a data set may hold (train and test "
+                                "together)")
+            if total > max_bytes:
+                raise DataError(f"{path}: IDX dims {dims} make the data set's files declare "
+                                f"{total} data bytes, more than the {max_bytes} accepted "
+                                "(all four files together)")
+
+
 def read_idx(path: str | Path, max_bytes: int | None = None) -> np.ndarray:
     """The uint8 array stored in the IDX file ``path``; DataError naming the file if it is
     malformed or not a regular file.
@@ -143,10 +180,7 @@ def read_idx(path: str | Path, max_bytes: int | None = None) -> np.ndarray:
     return data.reshape(dims)
 
 
-def _read_split(dirs: list[Path], split: str, how_to: str) -> tuple[np.ndarray, torch.Tensor]:
-    img_name, lbl_name = FILES[split]
-    img_path = find_file(img_name, dirs, how_to, gz=True)
-    lbl_path = find_file(lbl_name, dirs, how_to, gz=True)
+def _read_split(img_path: Path, lbl_path: Path) -> tuple[np.ndarray, torch.Tensor]:
     images, labels = read_idx(img_path), read_idx(lbl_path)
     if images.ndim != 3:
         raise DataError(f"{img_path}: expected 3 IDX dims [N, rows, cols], got {images.shape}")
@@ -160,7 +194,10 @@ def _read_split(dirs: list[Path], split: str, how_to: str) -> tuple[np.ndarray, 
 
 
 def _load_idx_bundle(name: str, dirs: list[Path], how_to: str, classes) -> DataBundle:
-    (xtr, ytr), (xte, yte) = (_read_split(dirs, s, how_to) for s in ("train", "test"))
+    paths = {split: tuple(find_file(n, dirs, how_to, gz=True) for n in names)
+             for split, names in FILES.items()}
+    check_declared(paths)
+    (xtr, ytr), (xte, yte) = (_read_split(*paths[s]) for s in ("train", "test"))
     if xtr.shape[1:] != xte.shape[1:]:
         raise DataError(f"{name}: train images {xtr.shape[1:]} but test images {xte.shape[1:]}")
     train_x = to_unit_float(xtr, 255.0).unsqueeze(1)
