@@ -786,3 +786,22 @@ def test_a_stored_array_with_a_shape_that_is_no_list_of_sizes_is_refused(shape):
 
     with pytest.raises(FormatError, match=r"^a stored numpy array is malformed"):
         safeio.decode({safeio.TAG: ["<f4", shape, b"\0\0\0\0"]})
+
+
+def test_a_recorded_key_that_a_resume_may_change_is_not_compared():
+    """A record holding a key that a resume may change (splitfed leaves them out; an
+    older version, or an edit, may not) is compared without it: the message names the
+    key that does differ, never "config.yaml has no rounds"."""
+    import hashlib
+
+    from splitfed.checkpoint import check_config
+
+    def ckpt(record):
+        text = json.dumps(record, allow_nan=True)
+        return {"config": text, "config_sha256": hashlib.sha256(text.encode()).hexdigest()}
+
+    config = {"rounds": 2, "name": "t", "train": {"lr": 0.1}}
+    assert check_config(ckpt({"rounds": float("nan"), "train": {"lr": 0.1}}), config)
+    with pytest.raises(FormatError, match=r"it was written with train\.lr=0\.5 but config\.yaml "
+                                          r"says 0\.1; a resume continues"):
+        check_config(ckpt({"rounds": float("nan"), "name": [], "train": {"lr": 0.5}}), config)

@@ -260,7 +260,10 @@ def check_config(ckpt: dict, config: Mapping, where: str | Path = CHECKPOINT) ->
     if _sha256(text) == ckpt["config_sha256"]:
         return True
     current = json.loads(json.dumps(_identity(config), allow_nan=True, default=str))
-    found = _first_difference(safeio.loads_json(ckpt["config"]), current)
+    saved = safeio.loads_json(ckpt["config"])
+    if isinstance(saved, dict):     # the keys a resume may change are never compared
+        saved = _identity(saved)
+    found = _first_difference(saved, current)
     if found is None:
         return True
     key, old, new = found
