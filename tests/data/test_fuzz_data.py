@@ -815,3 +815,42 @@ def test_text_files_beyond_the_limit_or_not_utf8(tmp_path, monkeypatch):
     with pytest.raises(DataError, match="more than the 10") as err:
         load_dataset("sst2", str(root))
     assert str(root / "train.tsv") in str(err.value)
+
+
+@pytest.mark.parametrize("protocol", [2, 3, 5])
+def test_cifar_batch_of_no_images_says_so(cifar_dir, protocol):
+    """numpy pickles an empty array's data as ``bytes()`` under protocol 2."""
+    for i in range(1, 6):
+        path = cifar_dir / "cifar-10-batches-py" / f"data_batch_{i}"
+        path.write_bytes(pickle.dumps({b"data": np.zeros((0, 3072), np.uint8),
+                                       b"labels": []}, protocol=protocol))
+    msg = load_cifar_error(cifar_dir, cifar_dir / "cifar-10-batches-py" / "data_batch_1")
+    assert msg.endswith("no images (b'data' is empty)"), msg
+
+
+def test_cifar_bytes_is_admitted_only_empty(tmp_path):
+    path = tmp_path / "batch"
+    path.write_bytes(b"\x80\x02c__builtin__\nbytes\nK\x05\x85R.")     # bytes(5)
+    with pytest.raises(DataError, match=r"refusing bytes\(\) with arguments"):
+        read_pickle(path)
+
+
+def test_cifar_images_not_in_c_order_are_named_so(cifar_dir):
+    bad = bad_batch(cifar_dir)
+    dump(bad, {b"data": np.asfortranarray(np.zeros((3, 3072), np.uint8)), b"labels": [0, 1, 2]})
+    msg = load_cifar_error(cifar_dir, bad)
+    assert msg == f"{bad}: b'data' is not a C-contiguous array (rows one after another, as the " \
+                  "real files store them); not an array the file stores", msg
+
+
+@pytest.mark.parametrize("labels, found", [
+    (np.full(3, 2**64 - 1, np.uint64), "min 18446744073709551615, max 18446744073709551615"),
+    (np.array([0, 2**63, 1], np.uint64), "min 0, max 9223372036854775808"),
+    (np.array([0, 1e20, 1]), "min 0.0, max 1e+20"),
+])
+def test_cifar_labels_out_of_range_are_reported_as_the_file_holds_them(cifar_dir, labels,
+                                                                         found):
+    bad = bad_batch(cifar_dir)
+    dump(bad, {b"data": np.zeros((3, 3072), np.uint8), b"labels": labels})
+    msg = load_cifar_error(cifar_dir, bad)
+    assert msg.endswith(f"labels out of range [0, 10): found {found}"), msg

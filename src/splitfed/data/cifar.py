@@ -44,6 +44,8 @@ _ALLOWED = {
     "numpy.core.numeric": {"_frombuffer"},
     "numpy._core.numeric": {"_frombuffer"},
     "_codecs": {"encode"},
+    "__builtin__": {"bytes"},
+    "builtins": {"bytes"},
 }
 #: the largest pickle read (CIFAR-100's train file is 155 MB)
 MAX_PICKLE_BYTES = 1 << 30
@@ -146,6 +148,15 @@ def _guard_reconstruct(reconstruct):
     return guarded
 
 
+def _empty_bytes(*args):
+    """``bytes()`` as protocol-2 pickles write an empty byte string (an empty array's
+    data), nothing else."""
+    if args:
+        raise pickle.UnpicklingError("refusing bytes() with arguments (only the empty "
+                                     "byte string)")
+    return b""
+
+
 def _encode(text, encoding="utf-8", errors="strict"):
     """``_codecs.encode`` as Python 2 pickles use it (str -> latin-1 bytes), nothing else."""
     if not isinstance(text, str) or str(encoding).lower().replace("_", "-") not in (
@@ -210,7 +221,8 @@ class _SafeUnpickler(pickle._Unpickler):
 
     - globals: only the numpy and codec names an array's pickle needs (``_ALLOWED``), so no
       code named by the file runs (``os.system``, ``builtins.eval``, ...), and numpy's
-      constructors only with the arguments arrays' pickles give them;
+      constructors only with the arguments arrays' pickles give them (``bytes`` only
+      with none: protocol 2's empty byte string, an empty array's data);
     - dicts whose keys are bytes, str, numbers or None (hashed in linear time); items
       added only to dicts and lists; state set only on arrays and dtypes, and only that
       of plain scalar dtypes (no fields, subarrays or objects);
@@ -231,6 +243,8 @@ class _SafeUnpickler(pickle._Unpickler):
         if name in _ALLOWED.get(module, ()):
             if name == "encode":
                 return _encode
+            if name == "bytes":
+                return _empty_bytes
             if name == "ndarray":
                 return _NDARRAY
             found = super().find_class(module, name)
@@ -395,8 +409,12 @@ def _read_batch(path: Path, label_keys: list[bytes],
 def _check_stored(path: Path, key: bytes, array: np.ndarray) -> None:
     """An array read from a pickle holds bytes the file stored: contiguous, and no larger
     than the file (no view that repeats a few bytes over a large shape)."""
+    if not array.flags.c_contiguous:
+        raise DataError(f"{path}: {key!r} is not a C-contiguous array (rows one after "
+                        "another, as the real files store them); not an array the file "
+                        "stores")
     size = Path(path).stat().st_size
-    if not array.flags.c_contiguous or array.nbytes > size:
+    if array.nbytes > size:
         raise DataError(f"{path}: {key!r} declares {array.nbytes} bytes of array in a file of "
                         f"{size} bytes; not an array the file stores")
 

@@ -148,12 +148,13 @@ def labels_tensor(labels: np.ndarray, num_classes: int, source: str) -> torch.Te
     if y.size and not whole:
         raise DataError(f"{source}: labels must be integers, got dtype {y.dtype} "
                         f"(e.g. {preview(y.ravel()[0])})")
-    y = y.astype(np.int64, copy=False)
-    if y.size and (y.min() < 0 or y.max() >= num_classes):
+    if y.size and (y.min() < 0 or y.max() >= num_classes):   # the file's values, uncast
+        lo, hi = (v.item() if np.issubdtype(y.dtype, np.integer) else v
+                  for v in (y.min(), y.max()))
         raise DataError(
-            f"{source}: labels out of range [0, {num_classes}): found min {y.min()}, max {y.max()}"
+            f"{source}: labels out of range [0, {num_classes}): found min {lo}, max {hi}"
         )
-    return torch.from_numpy(np.ascontiguousarray(y))
+    return torch.from_numpy(np.ascontiguousarray(y.astype(np.int64, copy=False)))
 
 
 def limit_bundle(
