@@ -39,3 +39,20 @@ def test_an_unknown_name_is_one_line_naming_its_key(tmp_path, monkeypatch, capsy
     err = capsys.readouterr().err
     assert err.startswith(f"splitfed: error: {says}") and len(err.splitlines()) == 1, err
     assert not any(tmp_path.iterdir())
+
+
+def test_a_missing_partition_parameter_names_its_key(tmp_path, monkeypatch, capsys):
+    """As an unknown one does (the config's check of the scheme's options)."""
+    from splitfed.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "quick_digits", "~partition.alpha", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("splitfed: error: partition.alpha: partition scheme 'dirichlet': "
+                          "missing ['alpha'] parameter(s); allowed: alpha, "), err
+    assert len(err.splitlines()) == 1
+    assert main(["run", "quick_digits", "partition.scheme=iid",
+                 "~partition.min_partition_size", "--dry-run"]) == 2
+    assert capsys.readouterr().err.startswith("splitfed: error: partition.alpha: not an "
+                                              "option of scheme 'iid'")
+    assert not any(tmp_path.iterdir())

@@ -298,8 +298,9 @@ def _check_params(scheme: str, params: dict) -> None:
     missing = [p.name for p in sig if p.default is p.empty and p.name not in params]
     if unknown or missing:
         what = f"unknown {unknown}" if unknown else f"missing {missing}"
-        raise ConfigError(f"partition scheme {scheme!r}: {what} parameter(s); "
-                          f"allowed: {', '.join(names) or 'none'}")
+        raise ConfigError(f"partition.{(unknown or missing)[0]}: partition scheme "
+                          f"{scheme!r}: {what} parameter(s); allowed: "
+                          f"{', '.join(names) or 'none'}")
 
 
 def as_labels(labels) -> np.ndarray:
