@@ -1,7 +1,8 @@
 """Exceptions raised by splitfed. Every user-facing error derives from SplitfedError;
 SIGTERM becomes :class:`Terminated` while :func:`sigterm_interrupts` is active.
 :func:`one_line` and :func:`describe` quote another library's exception in one of them;
-:func:`is_out_of_memory` recognises a failed allocation."""
+:func:`is_out_of_memory` recognises a failed allocation, and :func:`out_of_memory_as`
+turns one into a one-line error."""
 
 from __future__ import annotations
 
@@ -30,6 +31,19 @@ def is_out_of_memory(e: BaseException) -> bool:
     if isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError":
         return True
     return isinstance(e, RuntimeError) and "can't allocate memory" in str(e)
+
+
+@contextlib.contextmanager
+def out_of_memory_as(error):
+    """Within the block, a failed allocation (:func:`is_out_of_memory`) raises
+    ``error(e)``, a one-line error saying what did not fit, in place of its traceback;
+    other exceptions pass unchanged."""
+    try:
+        yield
+    except (MemoryError, RuntimeError) as e:  # numpy's, or torch's allocator's
+        if not is_out_of_memory(e):
+            raise
+        raise error(e) from None
 
 
 class _Preview(reprlib.Repr):

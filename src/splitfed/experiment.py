@@ -41,7 +41,7 @@ from splitfed.engine.loop import ENDS_EARLY, check_transform_hooks, initial_stat
 from splitfed.engine.participation import make_sampler
 from splitfed.engine.profiles import build_profiles
 from splitfed.errors import (ConfigError, DataError, FormatError, RunInterrupted,
-                             SplitfedError, is_out_of_memory)
+                             SplitfedError, out_of_memory_as)
 from splitfed.files import atomic_write_text, read_json_object
 from splitfed.locking import LOCK_NAME, DirLock
 from splitfed.metrics import (MetricLogger, decode_record, divergence, is_finite_number,
@@ -223,16 +223,13 @@ def client_data(cfg: RunConfig, bundle, streams: RandomStreams):
     server's pool first when the algorithm uses server data, then the partition of the
     rest (``server_data.disjoint``) or of the whole training set. A machine without
     the memory to draw them gets a one-line DataError, as the loader's does."""
-    try:
+    with out_of_memory_as(lambda e: DataError(
+            f"partition: this machine has not the memory to partition the "
+            f"{len(bundle.train)} training samples of {bundle.name} among "
+            f"{cfg.partition.num_clients} clients")):
         server = _server_data(cfg, bundle, streams)
         pool = server.pool if server is not None and cfg.server_data.disjoint else None
         return server, make_partition(cfg, bundle, streams, exclude=pool)
-    except (MemoryError, RuntimeError) as e:  # numpy's, or torch's allocator's
-        if not is_out_of_memory(e):
-            raise
-        raise DataError(f"partition: this machine has not the memory to partition the "
-                        f"{len(bundle.train)} training samples of {bundle.name} among "
-                        f"{cfg.partition.num_clients} clients") from None
 
 
 def uses_server_data(cfg: RunConfig) -> bool:

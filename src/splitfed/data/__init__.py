@@ -22,7 +22,7 @@ from splitfed.data.idx import load_fashion_mnist, load_mnist, read_idx
 from splitfed.data.partition import PARTITIONERS, partition, partition_stats, partition_summary
 from splitfed.data.synthetic import load_synthetic
 from splitfed.data.text import load_sst2, load_synthetic_text
-from splitfed.errors import ConfigError, DataError, is_out_of_memory
+from splitfed.errors import ConfigError, DataError, out_of_memory_as
 from splitfed.origins import call_plugin, component, origin
 
 DEFAULT_DATASET = "fashion_mnist"
@@ -107,14 +107,11 @@ def load_dataset(name: str, data_dir: str | None = None, *,
     options = typed_options(loader, options, "data")
     rng = np.random.default_rng(0) if rng is None else rng
     key = dataset_key(name)
-    try:
+    with out_of_memory_as(lambda e: DataError(
+            f"data.name: this machine has not the memory to load "
+            f"{component('dataset', key)} (from {data_dir or 'its default'}); its files "
+            "declare more than fits")):
         bundle = call_plugin("dataset", key, "data.name", loader, data_dir, rng, **options)
-    except (MemoryError, RuntimeError) as e:  # numpy's, or torch's allocator's
-        if not is_out_of_memory(e):
-            raise
-        raise DataError(f"data.name: this machine has not the memory to load "
-                        f"{component('dataset', key)} (from {data_dir or 'its default'}); "
-                        "its files declare more than fits") from None
     if origin("dataset", key) is not None:
         check_bundle(bundle, key)
     for split in ("train", "test"):      # an empty test set would report accuracy 0

@@ -61,7 +61,7 @@ from splitfed.engine.flops import TRAIN_FACTOR, forward_macs
 from splitfed.engine.participation import NOBODY
 from splitfed.engine.rounds import RoundResult
 from splitfed.engine.transforms import describe as describe_transform
-from splitfed.errors import ConfigError, PluginError, is_out_of_memory, one_line, preview
+from splitfed.errors import ConfigError, PluginError, one_line, out_of_memory_as, preview
 from splitfed.metrics import (  # noqa: F401 - RESERVED_KEYS: re-exported
     RESERVED_KEYS, divergence, metric_problem)
 from splitfed.models import dry_output, output_shape, split
@@ -113,6 +113,14 @@ def server_copy_bytes(algorithm, env) -> int:
     return payload_bytes(split(env.model, env.cut)[1].state_dict(), per_client=False)
 
 
+def client_part_bytes(algorithm, env) -> int:
+    """Bytes of the model part a client receives and sends each way (the algorithm's
+    ``client_part``: the client blocks of a split algorithm, FedLoRA's adapters and
+    head, else the whole model)."""
+    return payload_bytes(algorithm.client_part(env, env.model.state_dict()),
+                         per_client=False)
+
+
 def work_sizes(algorithm, env) -> tuple[int, int, int, int]:
     """The sizes behind a client's cost (:func:`client_work`), computed once a run:
     (MACs per training sample, bytes of the model part it receives and sends each way
@@ -120,8 +128,7 @@ def work_sizes(algorithm, env) -> tuple[int, int, int, int]:
     adapters and head), bytes of one training sample's activation at the cut, in the
     model's dtype, and of its label; 0 and 0 unsplit)."""
     macs = macs_per_sample(algorithm, env)[0]
-    model = payload_bytes(algorithm.client_part(env, env.model.state_dict()),
-                          per_client=False)
+    model = client_part_bytes(algorithm, env)
     if not algorithm.split:
         return macs, model, 0, 0
     out = dry_output(split(env.model, env.cut)[0], tuple(env.data.input_shape))
@@ -164,8 +171,7 @@ def check_transform_hooks(algorithm, env) -> None:
     one-line :class:`~splitfed.errors.PluginError` before a run writes anything."""
     if algorithm.gradient_transforms:
         transform_samples(algorithm, env, np.arange(env.num_clients))
-        message_bytes(algorithm, env, payload_bytes(
-            algorithm.client_part(env, env.model.state_dict()), per_client=False))
+        message_bytes(algorithm, env, client_part_bytes(algorithm, env))
 
 
 def transform_samples(algorithm, env, ids: np.ndarray) -> np.ndarray:
@@ -462,20 +468,19 @@ def initial_state(algorithm, env) -> dict:
     keys; else :class:`~splitfed.errors.PluginError` naming the algorithm. A run calls it before
     it creates its run directory, and ``--dry-run`` calls it too."""
     cfg = env.config
-    try:
-        state = call_algorithm(cfg.algorithm.name, "init_state", algorithm.init_state, env)
-    except (MemoryError, RuntimeError) as e:
-        if not is_out_of_memory(e):
-            raise
+
+    def too_large(e: BaseException) -> ConfigError:
         asked = re.search(r"allocate (\d+) bytes", str(e))
         what = (f"an allocation of {int(asked[1]) / 2**30:.1f} GiB failed" if asked
                 else f"{type(e).__name__}: {one_line(e, 100)}")
-        raise ConfigError(f"{_named(cfg)}: its state does not fit in this machine's memory "
-                          f"({what}); it holds the model and whatever the algorithm "
-                          "and its transforms keep, and what they keep per client "
-                          "(as SCAFFOLD's control variates) grows with "
-                          f"partition.num_clients ({env.num_clients}): use fewer "
-                          "clients or a smaller model") from None
+        return ConfigError(f"{_named(cfg)}: its state does not fit in this machine's memory "
+                           f"({what}); it holds the model and whatever the algorithm "
+                           "and its transforms keep, and what they keep per client "
+                           "(as SCAFFOLD's control variates) grows with "
+                           f"partition.num_clients ({env.num_clients}): use fewer "
+                           "clients or a smaller model")
+    with out_of_memory_as(too_large):
+        state = call_algorithm(cfg.algorithm.name, "init_state", algorithm.init_state, env)
     if not isinstance(state, dict):
         raise PluginError(f"{_named(cfg)}: init_state returned {type(state).__name__}; "
                           "it must return the algorithm's state, a dict")
