@@ -158,6 +158,16 @@ def read_regular(path: str | Path, what: str, max_bytes: int, *,
     return b"".join(iter_regular(path, what, max_bytes, error=error, hint=hint))
 
 
+def check_regular(path: str | Path, what: str, *, error: type[Exception] = FormatError,
+                  hint: str = "") -> None:
+    """Refuse ``path`` unless it is a regular file (a symbolic link to one is fine),
+    before anything opens it: a pipe with no writer would block the process, a device
+    never ends. Raises ``error`` with one line ``<what>: not a regular file ...[; <hint>]``;
+    the file not existing raises the :class:`OSError` as is."""
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        raise error(f"{what}: {NOT_REGULAR}" + (f"; {hint}" if hint else ""))
+
+
 def iter_regular(path: str | Path, what: str, max_bytes: int, *,
                  error: type[Exception] = FormatError, hint: str = "",
                  chunk: int = 1 << 20) -> Iterator[bytes]:
@@ -168,8 +178,7 @@ def iter_regular(path: str | Path, what: str, max_bytes: int, *,
     def refuse(reason: str) -> Exception:
         return error(f"{what}: {reason}" + (f"; {hint}" if hint else ""))
 
-    if not stat.S_ISREG(os.stat(path).st_mode):      # no open (a device's side effects)
-        raise refuse(NOT_REGULAR)
+    check_regular(path, what, error=error, hint=hint)   # no open (a device's side effects)
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     try:
         st = os.fstat(fd)                             # what was opened, not what was seen

@@ -10,7 +10,6 @@ with the mean and (population) standard deviation of the *train* split:
 from __future__ import annotations
 
 import os
-import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from splitfed import files
 from splitfed.errors import ConfigError, DataError, preview
-from splitfed.files import NOT_REGULAR
 
 
 @dataclass
@@ -82,11 +81,9 @@ def check_regular(path: Path) -> None:
     fine): a directory, a pipe, a socket or a device is refused before it is opened (a
     pipe with no writer would block the process, a device never ends)."""
     try:
-        mode = os.stat(path).st_mode
+        files.check_regular(path, str(path), error=DataError)
     except OSError as e:
         raise DataError(f"{path}: cannot read ({e.strerror or e})") from e
-    if not stat.S_ISREG(mode):
-        raise DataError(f"{path}: {NOT_REGULAR}")
 
 
 def int_option(where: str, name: str, value, low: int, high: int) -> int:
