@@ -549,7 +549,7 @@ def at_least(low: int):
         except ValueError:
             value = None
         if value is None or value < low:
-            raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {text!r}")
+            raise argparse.ArgumentTypeError(f"expected a whole number >= {low}, got {text!r}")
         return value
     return parse
 
@@ -561,7 +561,7 @@ def positive(text: str) -> float:
     except ValueError:
         value = None
     if value is None or not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
     return value
 
 
@@ -572,7 +572,8 @@ def client_counts(text: str) -> list[int]:
     except ValueError:
         counts = []
     if not counts or min(counts) < 1:
-        raise argparse.ArgumentTypeError(f"must be comma-separated integers >= 1, got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated whole numbers >= 1, got {text!r}")
     return counts
 
 
@@ -584,7 +585,8 @@ def paper_rounds(text: str) -> int:
     except ValueError:
         value = None
     if value is None or value < 0 or value == 1:
-        raise argparse.ArgumentTypeError(f"must be 0 (none) or at least 2 rounds, got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"expected 0 (none) or a whole number of rounds >= 2, got {text!r}")
     return value
 
 

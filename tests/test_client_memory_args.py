@@ -21,11 +21,11 @@ def refused(capsys, *argv):
 
 @pytest.mark.parametrize("argv, message", [
     (["--method", "fedavg", "--seq-len", "0"],
-     "argument --seq-len: must be a positive integer, got 0"),
+     "argument --seq-len: expected a whole number >= 1, got '0'"),
     (["--method", "fedavg", "--batch-size", "-1"],
-     "argument --batch-size: must be a positive integer, got -1"),
+     "argument --batch-size: expected a whole number >= 1, got '-1'"),
     (["--method", "fedlora", "--lora-rank", "0"],
-     "argument --lora-rank: must be a positive integer, got 0"),
+     "argument --lora-rank: expected a whole number >= 1, got '0'"),
     (["--method", "fedavg", "--option", "foo=1", "--seq-len", "8"],
      "model: unknown option(s) ['foo'] for model opt"),
     (["--method", "fedavg", "--option", "foo=[", "--seq-len", "8"],
