@@ -168,6 +168,24 @@ def check_regular(path: str | Path, what: str, *, error: type[Exception] = Forma
         raise error(f"{what}: {NOT_REGULAR}" + (f"; {hint}" if hint else ""))
 
 
+def open_regular(path: str | Path, what: str, mode: str = "rb", *,
+                 error: type[Exception] = FormatError, hint: str = "", **kwargs):
+    """``open(path, mode, **kwargs)`` for reading, refused unless what was opened is a
+    regular file: the path is opened non-blocking (a pipe with no writer returns at once)
+    and checked with ``fstat``, so a path swapped for a pipe or a device after
+    :func:`check_regular` looked at it is refused too, with the same one line. The file
+    not existing or not being readable raises the :class:`OSError` as is."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise error(f"{what}: {NOT_REGULAR}" + (f"; {hint}" if hint else ""))
+        os.set_blocking(fd, True)
+        return open(fd, mode, **kwargs)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def iter_regular(path: str | Path, what: str, max_bytes: int, *,
                  error: type[Exception] = FormatError, hint: str = "",
                  chunk: int = 1 << 20) -> Iterator[bytes]:

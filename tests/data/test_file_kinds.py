@@ -118,3 +118,35 @@ def test_readers_refuse_a_pipe_before_opening_it(tmp_path):
     for read in (read_idx, read_pickle):
         with PipeWriter(path), pytest.raises(DataError, match=f"^{path}: not a regular file"):
             read(path)
+
+
+CHECKERS = ("splitfed.data.datasets", "splitfed.data.idx", "splitfed.data.cifar",
+            "splitfed.data.text")
+
+
+@pytest.mark.parametrize("data_name, name", [
+    ("mnist", IDX_NAMES["test"][1]),
+    ("mnist", IDX_NAMES["test"][1] + ".gz"),
+    ("cifar10", "cifar-10-batches-py/test_batch"),
+    ("sst2", "dev.tsv"),
+    ("sst2", "train-00000-of-00001.parquet"),
+])
+def test_a_file_swapped_for_a_pipe_after_the_check_is_refused_when_opened(
+        tmp_path, monkeypatch, data_name, name):
+    """The check that looks at a path runs before the open; a path swapped for a pipe in
+    between (the check is skipped here, as if the swap came right after it) is refused
+    on what was opened, in the same line, not read as an empty file."""
+    if data_name == "mnist":
+        fake_idx(tmp_path, gz=name.endswith(".gz"))
+    elif data_name == "cifar10":
+        fake_cifar10(tmp_path, n=3)
+    else:
+        _sst2(tmp_path)
+        if name.endswith(".parquet"):
+            (tmp_path / "train.tsv").unlink()
+    for module in CHECKERS:
+        monkeypatch.setattr(f"{module}.check_regular", lambda path: None)
+    path = tmp_path / name
+    make(path, "pipe")
+    with PipeWriter(path):
+        refused(data_name, tmp_path, path)

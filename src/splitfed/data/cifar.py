@@ -28,6 +28,7 @@ from splitfed.data.datasets import (
     ArrayDataset,
     DataBundle,
     check_regular,
+    open_regular,
     find_file,
     labels_tensor,
     standardise,
@@ -350,7 +351,10 @@ def read_pickle(path: Path, max_bytes: int | None = None) -> dict:
         if size > limit:
             raise DataError(f"{path}: {size} bytes, more than the {limit} a CIFAR batch "
                             "may have")
-        raw = Path(path).read_bytes()
+        with open_regular(Path(path)) as f:
+            raw = f.read(limit + 1)
+        if len(raw) > limit:
+            raise DataError(f"{path}: more than the {limit} bytes a CIFAR batch may have")
     except OSError as e:
         raise DataError(f"{path}: cannot read ({e})") from e
     unraisable = []                     # errors numpy reports while freeing what it built

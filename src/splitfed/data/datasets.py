@@ -86,6 +86,12 @@ def check_regular(path: Path) -> None:
         raise DataError(f"{path}: cannot read ({e.strerror or e})") from e
 
 
+def open_regular(path: Path, mode: str = "rb", **kwargs):
+    """``path`` opened for reading (:func:`splitfed.files.open_regular`): DataError naming
+    it if what was opened is not a regular file, as :func:`check_regular` words it."""
+    return files.open_regular(path, str(path), mode, error=DataError, **kwargs)
+
+
 def int_option(where: str, name: str, value, low: int, high: int) -> int:
     """``value`` as an int in [low, high]; ConfigError naming the key ``data.name``
     (and the data set ``where``, unless it is ``"data"``) otherwise."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import gzip
 import math
 import zlib
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +20,7 @@ from splitfed.data.datasets import (
     ArrayDataset,
     DataBundle,
     check_regular,
+    open_regular,
     find_file,
     labels_tensor,
     standardise,
@@ -48,8 +50,16 @@ MAX_IDX_BYTES = 1 << 30
 MAX_IDX_DIMS = 16
 
 
+@contextmanager
 def _open(path: Path):
-    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
+    """``path`` opened for reading (a regular file, :func:`open_regular`), inflated if it
+    ends in ``.gz``."""
+    with open_regular(path) as raw:
+        if path.suffix != ".gz":
+            yield raw
+            return
+        with gzip.GzipFile(fileobj=raw, mode="rb") as f:
+            yield f
 
 
 def _read_exactly(f, n: int) -> bytes:

@@ -54,6 +54,7 @@ from splitfed.data.datasets import (
     DataBundle,
     check_file_size,
     check_regular,
+    open_regular,
     int_option,
     labels_tensor,
 )
@@ -248,7 +249,7 @@ def _count_lines(path: Path, chunk_bytes: int = 1 << 24) -> int:
     or a lone ``\\r`` ends one; a last line without an end counts), from its raw bytes
     (read ``chunk_bytes`` at a time)."""
     lines, prev_cr, last = 0, False, b""
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
         while chunk := f.read(chunk_bytes):
             lines += chunk.count(b"\n") + chunk.count(b"\r") - chunk.count(b"\r\n")
             if prev_cr and chunk.startswith(b"\n"):    # a CRLF split between two chunks
@@ -270,7 +271,7 @@ def _read_tsv(path: Path) -> tuple[list[str], np.ndarray]:
     except OSError as e:
         raise DataError(f"{path}: cannot read ({e})") from e
     try:
-        with open(path, newline="", encoding="utf-8-sig") as f:   # a BOM is dropped
+        with open_regular(path, "r", newline="", encoding="utf-8-sig") as f:  # BOM dropped
             rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
     except UnicodeDecodeError as e:
         raise DataError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason})") from e
@@ -299,9 +300,12 @@ def _parquet_rows_declared(path: Path) -> int:
                         "-e '.[data]')") from None
     check_file_size(path, MAX_TEXT_BYTES, "parquet file")
     try:
-        meta = pq.ParquetFile(path).metadata
+        with open_regular(path) as f:
+            meta = pq.ParquetFile(f).metadata
         inflated = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
         rows = int(meta.num_rows)
+    except DataError:
+        raise
     except Exception as e:  # noqa: BLE001 - pyarrow raises many kinds on corrupt files
         raise DataError(f"{path}: not a readable parquet file "
                         f"({describe(e)})") from e
@@ -381,23 +385,26 @@ def _read_parquet(path: Path, text_budget: int | None = None,
                         "-e '.[data]')") from None
     size, read, batches = 0, 0, []
     try:
-        reader = pq.ParquetFile(path, read_dictionary=["sentence"])
-        for batch in reader.iter_batches(batch_size=_PARQUET_BATCH_ROWS,
-                                         columns=["sentence", "label"], use_threads=False):
-            sentence = batch.column("sentence")
-            size += _text_bytes(sentence)
-            read += batch.num_rows
-            if size > budget:
-                break
-            if pa.types.is_dictionary(sentence.type):   # a dictionary of this batch's
-                sentence = sentence.dictionary_decode().dictionary_encode()   # own only
-            batches.append(pa.RecordBatch.from_arrays([sentence, batch.column("label")],
-                                                      names=["sentence", "label"]))
+        with open_regular(path) as f:
+            reader = pq.ParquetFile(f, read_dictionary=["sentence"])
+            for batch in reader.iter_batches(batch_size=_PARQUET_BATCH_ROWS,
+                                             columns=["sentence", "label"], use_threads=False):
+                sentence = batch.column("sentence")
+                size += _text_bytes(sentence)
+                read += batch.num_rows
+                if size > budget:
+                    break
+                if pa.types.is_dictionary(sentence.type):   # a dictionary of this batch's
+                    sentence = sentence.dictionary_decode().dictionary_encode()   # own only
+                batches.append(pa.RecordBatch.from_arrays([sentence, batch.column("label")],
+                                                          names=["sentence", "label"]))
         if size <= budget:
             schema = reader.schema_arrow
             schema = batches[0].schema if batches else pa.schema(
                 [schema.field("sentence"), schema.field("label")])
             table = pa.Table.from_batches(batches, schema)
+    except DataError:
+        raise
     except Exception as e:  # noqa: BLE001 - corrupt files raise many kinds
         raise DataError(f"{path}: not a readable parquet file "
                         f"({describe(e)})") from e
