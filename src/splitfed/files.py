@@ -197,19 +197,16 @@ def iter_regular(path: str | Path, what: str, max_bytes: int, *,
         return error(f"{what}: {reason}" + (f"; {hint}" if hint else ""))
 
     check_regular(path, what, error=error, hint=hint)   # no open (a device's side effects)
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
-    try:
-        st = os.fstat(fd)                             # what was opened, not what was seen
-        if not stat.S_ISREG(st.st_mode):
-            raise refuse(NOT_REGULAR)
-        if st.st_size > max_bytes:
-            raise refuse(f"{st.st_size} bytes, more than the {max_bytes} allowed")
+    with open_regular(path, what, "rb", buffering=0, error=error, hint=hint) as f:
+        size = os.fstat(f.fileno()).st_size         # what was opened, not what was seen
+        if size > max_bytes:
+            raise refuse(f"{size} bytes, more than the {max_bytes} allowed")
         left, got = max_bytes + 1, 0
         while left > 0:
-            # os.read allocates what it is asked for: ask for what the file holds (then
+            # a raw read allocates what it is asked for: ask for what the file holds (then
             # a little, for what was appended since), not a whole chunk for a small file
-            want = st.st_size - got + 1 if got < st.st_size else 1 << 16
-            piece = os.read(fd, min(left, chunk, want))
+            want = size - got + 1 if got < size else 1 << 16
+            piece = f.read(min(left, chunk, want))
             got += len(piece)
             if not piece:
                 return
@@ -217,8 +214,6 @@ def iter_regular(path: str | Path, what: str, max_bytes: int, *,
             if left <= 0:
                 raise refuse(f"more than the {max_bytes} bytes allowed")
             yield piece
-    finally:
-        os.close(fd)
 
 
 #: the deepest nesting of JSON arrays and objects read back: records and summaries are a
