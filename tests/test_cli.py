@@ -387,3 +387,30 @@ def test_a_synthetic_test_fraction_that_leaves_no_test_samples_is_refused(tmp_pa
             "data.test_fraction=1e-17", f"out_dir={tmp_path}"]
     assert main(argv) == 2
     assert "data.test_fraction: 1e-17 leaves no test samples" in capsys.readouterr().err
+
+
+def test_ctrl_c_after_a_run_has_ended_keeps_its_status(tmp_path):
+    """A run that has printed its result is done: Ctrl-C then (here again every 0.2 s
+    until the process ends, which takes a while as the interpreter shuts down) neither
+    says "interrupted" nor changes the exit status, and the process is not killed by
+    the signal."""
+    import signal
+    import time
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "splitfed", "run", "quick_digits", "rounds=1",
+         "progress=false", f"out_dir={tmp_path / 'runs'}"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        for line in proc.stdout:
+            if line.startswith("run directory:"):
+                break
+        while proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            time.sleep(0.2)
+        err = proc.stderr.read()
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 0, err
+    assert "interrupted" not in err and "Traceback" not in err, err

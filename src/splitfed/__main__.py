@@ -1,5 +1,3 @@
-import sys
+from splitfed.cli import entry
 
-from splitfed.cli import main
-
-sys.exit(main())
+entry()

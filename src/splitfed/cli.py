@@ -93,9 +93,10 @@ def _cmd_run(args) -> int:
         result = run_experiment(cfg, overrides=args.overrides)
     from splitfed.experiment import summary_line
 
+    args.outcome = 0 if result.status == "completed" else 3   # a Ctrl-C now changes nothing
     print(summary_line(cfg, result))
     print(f"run directory: {result.run_dir}")
-    return 0 if result.status == "completed" else 3
+    return args.outcome
 
 
 def _cmd_config(args) -> int:
@@ -455,6 +456,8 @@ def main(argv: list[str] | None = None) -> int:
         with sigterm_interrupts() as terminated:
             return args.func(args)
     except (KeyboardInterrupt, RunInterrupted) as e:
+        if getattr(args, "outcome", None) is not None:     # the run had ended and saved all
+            return args.outcome
         line = _interrupted(args, argv, e)
         if terminated:
             print(f"splitfed: terminated{line.removeprefix('interrupted')}", file=sys.stderr)
@@ -473,6 +476,19 @@ def main(argv: list[str] | None = None) -> int:
             raise                                   # not about the user's files: a bug
         print(f"splitfed: error: {_printable(os_error_message(e))}", file=sys.stderr)
         return 2
+
+
+def entry() -> None:
+    """The ``splitfed`` command: :func:`main`, then exit with its status. Once ``main``
+    has returned, the command's work is done and reported, so Ctrl-C and SIGTERM are
+    ignored while the interpreter shuts down (about a second, after a run): a signal
+    then would turn a finished command's status into an interruption."""
+    code = main()
+    import signal
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    sys.exit(code)
 
 
 def _printable(message: str) -> str:
@@ -533,4 +549,4 @@ def _stdout_closed() -> bool:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()
