@@ -64,3 +64,41 @@ def test_a_run_whose_checkpoint_cannot_be_written_stops_with_one_line(tmp_path, 
         "splitfed: error: File too large; check the output directory and the free space")
     (run,) = tmp_path.iterdir()
     assert not any(p.name.endswith(".tmp") for p in run.iterdir())
+
+
+def test_an_out_dir_on_a_read_only_file_system_says_so(tmp_path, monkeypatch, capsys):
+    """The nearest existing directory of out_dir lies on a read-only mount (simulated:
+    no write access, and statvfs says ST_RDONLY): the one line says "read-only file
+    system", not "permission denied", and nothing is written."""
+    import os
+    import types
+
+    real_statvfs = os.statvfs
+    monkeypatch.setattr(os, "access", lambda path, mode, **kw: False)
+    monkeypatch.setattr(os, "statvfs", lambda path: types.SimpleNamespace(
+        f_flag=real_statvfs(path).f_flag | os.ST_RDONLY))
+    assert main(["run", "quick_digits", "rounds=1", f"out_dir={tmp_path}/runs"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("splitfed: error: out_dir: cannot create the run directory ")
+    assert err.endswith(f"({tmp_path}: read-only file system); choose another out_dir"), err
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_run_directory_whose_lock_cannot_be_made_names_no_option(tmp_path, monkeypatch):
+    """A run directory's lock file that cannot be created (a read-only mount on resume)
+    is one line with the reason; no remedy naming an option `splitfed run` lacks (a
+    resume cannot move its directory anyway)."""
+    import os
+
+    from splitfed import locking
+    from splitfed.errors import ConfigError
+    from splitfed.experiment import lock_run_dir
+
+    def refuse(path, *a, **kw):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+
+    monkeypatch.setattr(locking.os, "open", refuse)
+    with pytest.raises(ConfigError) as err:
+        lock_run_dir(tmp_path)
+    assert str(err.value) == (f"cannot create the lock file {tmp_path}/.splitfed.lock "
+                              f"({os.strerror(errno.EROFS)})")

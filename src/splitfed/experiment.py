@@ -565,6 +565,14 @@ def _override_parts(overrides: list[str]) -> list[str]:
 STAMP = "YYYYmmdd-HHMMSS"
 
 
+def _read_only(path: Path) -> bool:
+    """True when ``path`` lies on a file system mounted read-only."""
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
 def check_out_dir(cfg, overrides: list[str] | None = None) -> Path:
     """The run directory a run would create (``<out_dir>/<run_dir_name>-<time>``), after
     checking, without creating anything, that it could: the nearest existing ancestor of
@@ -580,7 +588,8 @@ def check_out_dir(cfg, overrides: list[str] | None = None) -> Path:
     if not probe.is_dir():
         problem = f"{probe} is not a directory"
     elif not os.access(probe, os.W_OK | os.X_OK):
-        problem = f"{probe}: permission denied"
+        problem = f"{probe}: " + ("read-only file system" if _read_only(probe)
+                                  else "permission denied")
     else:
         try:
             longest = os.pathconf(probe, "PC_NAME_MAX")
@@ -652,7 +661,7 @@ def lock_run_dir(run_dir: str | Path) -> DirLock:
     writes into the directory; the kernel releases it when the process dies."""
     return DirLock.acquire(run_dir, "run directory",
                            hint="wait for it to end, or stop it (a run directory has one "
-                                "writer at a time)")
+                                "writer at a time)", remedy="")
 
 
 def write_summary(run_dir: Path, summary: dict, *, finished: bool = False) -> None:

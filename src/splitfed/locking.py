@@ -42,15 +42,18 @@ class DirLock:
 
     @classmethod
     def acquire(cls, directory: str | Path, what: str = "directory", *,
-                hint: str = HINT) -> DirLock:
+                hint: str = HINT, remedy: str = "choose another --out-dir") -> DirLock:
         """Lock ``directory`` (created if missing) or raise :class:`ConfigError`:
-        ``<what> <directory> is in use by another splitfed process (pid N); <hint>``."""
+        ``<what> <directory> is in use by another splitfed process (pid N); <hint>``;
+        a directory or lock file that cannot be created: ``cannot create ... (<why>);
+        <remedy>`` (nothing after the reason when ``remedy`` is empty)."""
         directory = Path(directory)
+        then = f"; {remedy}" if remedy else ""
         try:
             directory.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise ConfigError(f"cannot create the {what} {directory} "
-                              f"({e.strerror or e}); choose another --out-dir") from None
+                              f"({e.strerror or e}){then}") from None
         path = directory / LOCK_NAME
         for _ in range(10):   # the holder may remove the file between our open and flock,
             # or another process's holder() take a moment's shared lock on a free one
@@ -62,7 +65,7 @@ class DirLock:
                     kind = "a symbolic link" if e.errno == errno.ELOOP else "not a regular file"
                     raise ConfigError(_damaged(path, kind)) from None
                 raise ConfigError(f"cannot create the lock file {path} "
-                                  f"({e.strerror or e}); choose another --out-dir") from None
+                                  f"({e.strerror or e}){then}") from None
             if not stat.S_ISREG(os.fstat(fd).st_mode):   # a pipe, a device
                 os.close(fd)
                 raise ConfigError(_damaged(path, "not a regular file"))
