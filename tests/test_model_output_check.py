@@ -156,6 +156,52 @@ def test_one_sample_batches_through_batch_norm_are_refused(tmp_path, model, algo
     assert msg.endswith("use a batch of at least 2 samples"), msg
 
 
+RESNET = {"name": "resnet18", "width": 4}
+SHARDS_OF_ONE = {"scheme": "shard", "num_clients": 8, "num_shards_per_partition": 1,
+                 "shard_size": 1}
+
+
+@pytest.mark.parametrize("over, key, remedy", [
+    ({"algorithm": {"name": "fedavg", "server_transforms": [
+        {"name": "server_train", "server_batch_size": 1, "server_steps": 2}]}},
+     "algorithm.server_transforms[0].server_batch_size", "use a batch of at least 2 samples"),
+    ({"algorithm": {"name": "clgsgd"},
+      "server_data": {"samples_per_round": 1, "full_batch": True}},
+     "server_data.samples_per_round", "give it at least 2"),
+    ({"algorithm": {"name": "fedclg_s", "server_gradient": "full"},
+      "server_data": {"samples_per_round": 1}},
+     "server_data.samples_per_round", "give it at least 2"),
+    ({"algorithm": {"name": "fedclg_c", "client_gradient": "full"},
+      "partition": SHARDS_OF_ONE},
+     "algorithm.client_gradient", "every client at least 2 samples"),
+])
+def test_every_pass_of_one_sample_through_batch_norm_is_refused(tmp_path, over, key, remedy):
+    """Not only a batch size of 1: a server step's B_s, a full-batch server pass on a
+    D_s^t of one sample, and FedCLG's full-data pass of a client holding one sample give
+    a training pass one sample too (they crashed the first round, after writing)."""
+    cfg = digits_config(model=RESNET, train={"batch_size": 4, "local_steps": 1,
+                                             "local_epochs": None, "lr": 0.1}, **over)
+    msg = refused(cfg, tmp_path)
+    assert msg.startswith(f"{key}: 1 sample per batch cannot train resnet18 on digits: a "
+                          "batch normalisation layer would see one value per channel"), msg
+    assert msg.endswith(remedy), msg
+
+
+@pytest.mark.parametrize("over", [
+    {"algorithm": {"name": "fedavg", "server_transforms": [
+        {"name": "server_train", "server_batch_size": 2, "server_steps": 1}]}},
+    {"algorithm": {"name": "clgsgd"}, "server_data": {"samples_per_round": 2,
+                                                       "full_batch": True}},
+    {"algorithm": {"name": "fedclg_c", "client_gradient": "fresh_batch"},
+     "partition": SHARDS_OF_ONE},
+])
+def test_the_same_passes_of_two_samples_run(tmp_path, over):
+    cfg = digits_config(model=RESNET, rounds=1, train={"batch_size": 4, "local_steps": 1,
+                                                       "local_epochs": None, "lr": 0.01},
+                        **over)
+    assert run_experiment(cfg, run_dir=tmp_path / "run").status == "completed"
+
+
 def test_one_sample_batches_that_batch_norm_can_take_run(tmp_path, monkeypatch):
     # 28x28 images keep 2x2 positions at ResNet-18's last BatchNorm: batch 1 trains; the
     # check's pass leaves the model's running statistics as they were
@@ -169,7 +215,7 @@ def test_one_sample_batches_that_batch_norm_can_take_run(tmp_path, monkeypatch):
     before = {k: v.clone() for k, v in model.state_dict().items()}
     from splitfed.data import load_dataset
 
-    _check_single_sample_batches(cfg, model, load_dataset("zz_images28"))
+    _check_single_sample_batches(cfg, model, load_dataset("zz_images28"), [5, 6], None)
     after = model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
     assert model.training

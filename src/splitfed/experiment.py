@@ -305,17 +305,46 @@ def _check_forward(cfg: RunConfig, model, bundle) -> None:
     _check_output(cfg, out, int(bundle.num_classes))
 
 
-def _check_single_sample_batches(cfg: RunConfig, model, bundle) -> None:
+def single_sample_batches(cfg: RunConfig, data_sizes,
+                          server_rows: int | None) -> list[tuple[str, str]]:
+    """The config keys that give some training pass a batch of one sample, each with its
+    remedy: a batch size of 1 (``train.batch_size``, ``algorithm.server_batch_size``, a
+    ``server_train`` step's), a full-batch server pass (``server_data.full_batch``,
+    ``server_gradient: full``) on a D_s^t of ``server_rows`` = 1 sample, a full-data
+    client pass (``client_gradient: full``) of a client holding 1 of ``data_sizes``."""
+    opts, found = cfg.algorithm.options, []
+    batch = "use a batch of at least 2 samples"
+    if cfg.train.batch_size == 1:
+        found.append(("train.batch_size", batch))
+    if opts.get("server_batch_size") == 1:
+        found.append(("algorithm.server_batch_size", batch))
+    for i, spec in enumerate(cfg.algorithm.server_transforms):
+        if (isinstance(spec, dict) and spec.get("name") == "server_train"
+                and spec.get("server_batch_size") == 1):
+            found.append((f"algorithm.server_transforms[{i}].server_batch_size", batch))
+    if server_rows == 1 and (cfg.server_data.full_batch or opts.get("server_gradient") == "full"):
+        found.append(("server_data.samples_per_round" if cfg.server_data.samples_per_round
+                      else "server_data.fraction",
+                      "the full-batch server pass trains on D_s^t, of 1 sample; give it at "
+                      "least 2"))
+    if opts.get("client_gradient") == "full" and 1 in data_sizes:
+        found.append(("algorithm.client_gradient",
+                      "its pass 'full' trains on all of a client's data, and a client holds "
+                      "1 sample; use first_batch or fresh_batch, or a partition that gives "
+                      "every client at least 2 samples"))
+    return found
+
+
+def _check_single_sample_batches(cfg: RunConfig, model, bundle, data_sizes,
+                                 server_rows: int | None) -> None:
     """A batch of one sample cannot train a model whose batch normalisation then sees
     one value per channel (ResNet-18 or MobileNetV2 on small images: the statistics of
-    one value are undefined, and PyTorch raises in the first step). When a training
-    batch (``train.batch_size``, ``algorithm.server_batch_size``) is 1 and the model has
-    a BatchNorm layer, one sample goes through it in training mode here, so that such a
-    config is refused before anything is written; the model's state is restored (its
-    running statistics) and no random numbers are drawn."""
-    sizes = {("train.batch_size", cfg.train.batch_size),
-             ("algorithm.server_batch_size", cfg.algorithm.options.get("server_batch_size"))}
-    ones = sorted(key for key, b in sizes if b == 1)
+    one value are undefined, and PyTorch raises in the first step). When a training pass
+    has one sample (:func:`single_sample_batches`) and the model has a BatchNorm layer,
+    one sample goes through it in training mode here, so that such a config is refused
+    before anything is written; the model's state is restored (its running statistics)
+    and no random numbers are drawn."""
+    ones = single_sample_batches(cfg, data_sizes, server_rows)
     if not ones or not any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm)
                            for m in model.modules()):
         return
@@ -333,10 +362,11 @@ def _check_single_sample_batches(cfg: RunConfig, model, bundle) -> None:
     except ValueError as e:
         if "value per channel" not in str(e):
             raise
-        raise ConfigError(f"{ones[0]}: 1 sample per batch cannot train {cfg.model.name} on "
+        key, remedy = ones[0]
+        raise ConfigError(f"{key}: 1 sample per batch cannot train {cfg.model.name} on "
                           f"{cfg.data.name}: a batch normalisation layer would see one value "
-                          "per channel (PyTorch: " + str(e).splitlines()[0] + "); use a "
-                          "batch of at least 2 samples") from None
+                          "per channel (PyTorch: " + str(e).splitlines()[0] + f"); {remedy}"
+                          ) from None
     finally:
         model.load_state_dict(saved)
         model.train(was_training)
@@ -404,7 +434,8 @@ def build_environment(cfg: RunConfig, *, data_cache: dict | None = None) -> Envi
     model, cut = _build_model(cfg, bundle, streams)
     model.to(device)
     _check_forward(cfg, model, bundle)
-    _check_single_sample_batches(cfg, model, bundle)
+    _check_single_sample_batches(cfg, model, bundle, [len(i) for i in parts],
+                                 server.samples_per_round if server is not None else None)
     clock = build_clock(cfg, len(parts), streams)
     never = clock.profiles.never_available()
     if cfg.rounds and never.all():
