@@ -127,3 +127,29 @@ def test_a_low_precision_models_loss_is_taken_from_its_logits_in_float32(dtype):
         big.weight.copy_(torch.tensor([[40000.0], [-40000.0]]))
     out = evaluate(big, torch.ones(4, 1, dtype=dtype), torch.tensor([1, 1, 0, 0]))
     assert out["test_acc"] == 0.5 and out["test_loss"] == pytest.approx(40000.0, rel=1e-2)
+
+
+class _Logits(nn.Module):
+    """A model whose logits are given: ``forward`` returns the rows of ``out`` asked for."""
+
+    def __init__(self, out):
+        super().__init__()
+        self.out = out
+
+    def forward(self, x):
+        return self.out[x[:, 0].long()]
+
+
+def test_a_sample_whose_logits_hold_a_nan_is_a_miss():
+    """argmax of logits holding a NaN returns the NaN's position: a diverged model would
+    score as often as its classes happen to be those positions (0.1 on balanced digits);
+    such a sample is a miss, one with an infinite logit keeps its argmax."""
+    nan, inf = math.nan, math.inf
+    out = torch.tensor([[nan, nan, nan],     # label 0: argmax 0, but NaN -> miss
+                        [0.0, nan, 1.0],     # label 1: argmax 1 (the NaN) -> miss
+                        [0.0, 1.0, inf],     # label 2: argmax 2, a hit
+                        [2.0, 1.0, 0.0]])    # label 0: a hit
+    y = torch.tensor([0, 1, 2, 0])
+    x = torch.arange(4.0).unsqueeze(1)
+    for batch in (1, 3, 256):
+        assert evaluate(_Logits(out), x, y, batch_size=batch)["test_acc"] == 0.5

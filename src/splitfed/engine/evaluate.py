@@ -43,6 +43,8 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
     neither metric depends on ``batch_size`` beyond the logits' last bits (a CPU's
     convolution may pick another kernel for another batch size: at batch 1 on an AMD
     EPYC a loss moved by a float32 ulp).
+    A sample whose logits hold a NaN (a diverged model) is a miss: argmax would return
+    the NaN's position, and all-NaN logits would score as often as class 0 occurs.
     ``batch_size`` None: :data:`DEFAULT_BATCH` for the device of ``x``."""
     if batch_size is None:
         batch_size = default_batch(x.device)
@@ -60,6 +62,7 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
             logits = out if out.dtype in (torch.float32, torch.float64) else out.float()
             losses[i:i + len(yb)] = F.cross_entropy(logits, yb, reduction="none")
             torch.eq(out.argmax(1), yb, out=hits[i:i + len(yb)])
+            hits[i:i + len(yb)].logical_and_(~out.isnan().any(1))
     finally:
         model.train(was_training)
     # read once at the end: on a GPU a read per batch would wait for each batch in turn
