@@ -27,7 +27,7 @@ cohort after availability and over-selection, less the clients the deadline drop
 federated run (``algorithm.federated``) whose rounds all had ``clients_used == 0`` (every
 client unavailable, late or dropped, in every round) ends with status
 ``no_client_trained`` instead of ``completed``: no client's update reached an aggregate.
-(The server side of SL, SFL-V2 and CSE-FSL, and SFL-V1's mid-round server averages, may
+(The server side of SL, SFL-V2, CSE-FSL and GAS, and SFL-V1's mid-round server averages, may
 still have trained on a late client's activations, docs/clock.md "Deadline"; the status
 says that the clients' work was never aggregated.) Runs
 where the server alone trains (``centralized``, ``server_only``: ``algorithm.federated``
