@@ -51,7 +51,8 @@ import torch
 from splitfed.engine.algorithm import Algorithm
 from splitfed.engine.rounds import Round
 from splitfed.engine.split import (SplitModel, participation_probability, return_gradients,
-                                   send_activations, server_opt_template, server_step, sgd)
+                                   send_activations, server_opt_template, server_step, sgd,
+                                   starts_with_flatten)
 from splitfed.errors import ConfigError
 
 
@@ -129,7 +130,13 @@ class SFLV2(Algorithm):
         clients = [env.stacked(parts.client, client_start, len(g), ids=cohort.ids[g], **kw)
                    for g in groups]
         losses = rnd.losses
+        loss_sums = [0.0] * cohort.size     # float64 sums per slot, as losses[slot] += would
         x_all, y_all = env.data.train.x, env.data.train.y
+        # a server part that flattens its input first gets each group's activations in C
+        # order, copied once: each step's flatten is then a view of the same values, not
+        # a copy from the folded layout (any other first layer sees them as they came:
+        # a convolution's kernel depends on its input's memory layout)
+        flat_first = starts_with_flatten(parts.server)
 
         def iterate(members: list[int], k: int) -> None:
             """Iteration k for the client groups ``members`` (their active prefixes)."""
@@ -142,18 +149,21 @@ class SFLV2(Algorithm):
                 acts = clients[j].forward(x_all[rows], a)
                 h, y = send_activations(env, cohort.ids[g[:a]], acts, y_all[rows])
                 sent.append((j, a, acts, h, y))
-            served = [(i, r) for i, (_, a, _, _, _) in enumerate(sent) for r in range(a)]
-            grads = [torch.zeros_like(h) for (_, _, _, h, _) in sent]
-            for pos in rng.permutation(len(served)):
-                i, r = served[pos]
-                j, _, _, h, y = sent[i]
-                slot = int(groups[j][r])
-                loss, grads[i][r] = server_step(env, server, opt, h[r], y[r],
-                                                server_lr[slot], cohort.ids[slot],
+            # per served row: (sent entry, row, its activations and labels, slot, step
+            # size, client id), as plain Python values once per iteration
+            served = [(i, r, h_c[r], y[r], slot, float(server_lr[slot]),
+                       int(cohort.ids[slot]))
+                      for i, (j, a, _, h, y) in enumerate(sent)
+                      for h_c in (h.detach().contiguous() if flat_first else h,)
+                      for r, slot in enumerate(groups[j][:a].tolist())]
+            grads = [[None] * a for (_, a, _, _, _) in sent]
+            for pos in rng.permutation(len(served)).tolist():
+                i, r, h_r, y_r, slot, lr_r, cid = served[pos]
+                loss, grads[i][r] = server_step(env, server, opt, h_r, y_r, lr_r, cid,
                                                 params=server_params)
-                losses[slot] += float(loss)
-            for (j, a, acts, _, _), g_h in zip(sent, grads):
-                down = return_gradients(env, cohort.ids[groups[j][:a]], g_h)
+                loss_sums[slot] += float(loss)
+            for (j, a, acts, _, _), g_rows in zip(sent, grads):
+                down = return_gradients(env, cohort.ids[groups[j][:a]], torch.stack(g_rows))
                 clients[j].step(acts, down, lr=env.lr(t), ids=groups[j][:a], hook=rnd.hook)
 
         if order == "iteration":
@@ -165,6 +175,7 @@ class SFLV2(Algorithm):
                     iterate([j], k)
         for g, client in zip(groups, clients):
             rnd.upload(g, client.final())
+        losses += torch.tensor(loss_sums, dtype=torch.float64)
         losses /= torch.from_numpy(steps).to(torch.float64)
         server_state = {k: v.detach().clone() for k, v in server.state_dict().items()}
         return rnd.finish(state={"model": server_state,

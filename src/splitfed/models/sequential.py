@@ -290,10 +290,96 @@ def _global_hooks() -> bool:
     return bool(mod._global_forward_hooks or mod._global_forward_pre_hooks)
 
 
+# ------------------------------------------------- training's flat plan
+
+def _linear(m: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    p = m._parameters                                       # m.weight, m.bias
+    return F.linear(x, p["weight"], p["bias"])              # nn.Linear.forward
+
+
+def _relu(m: nn.ReLU, x: torch.Tensor) -> torch.Tensor:
+    return torch.relu_(x) if m.inplace else torch.relu(x)   # F.relu, as nn.ReLU calls it
+
+
+def _flatten(m: nn.Flatten, x: torch.Tensor) -> torch.Tensor:
+    return x.flatten(m.start_dim, m.end_dim)                # nn.Flatten.forward
+
+
+def _call(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return m(x)
+
+
+#: leaf layers whose forward :func:`forward_train` runs as the same operator directly
+#: (their exact class: a subclass may override ``forward``)
+_DIRECT = {nn.Linear: _linear, nn.ReLU: _relu, nn.Flatten: _flatten}
+
+
+class _FlatPlan:
+    """What :func:`_walk` runs for a plain Sequential without max-pools (nothing for
+    it to rewrite): its leaves in order, each as ``fn(module, x)``, and every module the
+    walk passes through. Valid while none of them has a hook (checked at each call)."""
+
+    __slots__ = ("steps", "modules")
+
+    def __init__(self, steps: list, modules: list) -> None:
+        self.steps, self.modules = steps, modules
+
+    def hooked(self) -> bool:
+        for m in self.modules:
+            if (m._forward_hooks or m._forward_pre_hooks or m._backward_hooks
+                    or m._backward_pre_hooks):
+                return True
+        return False
+
+
+#: :func:`_flat_plan` per module (None: the walk applies; a module's layers do not change)
+_FLAT_PLANS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _flat_plan(module: nn.Module) -> _FlatPlan | None:
+    try:
+        return _FLAT_PLANS[module]
+    except KeyError:
+        pass
+    steps, modules = [], []
+
+    def flatten(m: nn.Module) -> bool:
+        modules.append(m)
+        for c in m:
+            if isinstance(c, nn.MaxPool2d):        # pools are rewritten by shape: walk
+                return False
+            if _is_plain_sequential(c):
+                if not flatten(c):
+                    return False
+            else:
+                fn = _DIRECT.get(type(c))
+                if fn is not None:
+                    modules.append(c)
+                steps.append((fn or _call, c))
+        return True
+
+    plan = (_FlatPlan(steps, modules)
+            if _is_plain_sequential(module) and flatten(module) else None)
+    _FLAT_PLANS[module] = plan
+    return plan
+
+
+def _module_hooks() -> bool:
+    mod = torch.nn.modules.module
+    return bool(mod._global_forward_hooks or mod._global_forward_pre_hooks
+                or mod._global_backward_hooks or mod._global_backward_pre_hooks)
+
+
 def forward_train(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """``module(x)`` for a training step, bit for bit (outputs and gradients), with the
     max-pooling of the module docstring on a CPU. Under ``torch.no_grad`` nothing is
-    kept for a backward pass either way."""
+    kept for a backward pass either way.
+
+    A plain Sequential without max-pools (a split model's server side: SL, SFL-V2 and
+    CSE-FSL's server step) runs as a flat list of its leaves, and its linear layers,
+    ReLUs and flattens as their operators (what their ``forward`` calls), without the
+    recursive walk and the modules' calls: the same operators on the same tensors, while
+    no module involved has a hook (else the walk, which calls them)."""
     if x.device.type != "cpu":
         return module(x)
     if (x.dim() == 4 and not x.is_contiguous() and torch.is_grad_enabled()
@@ -301,6 +387,11 @@ def forward_train(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
         x = x.contiguous()       # not channels_last for oneDNN's strided 1x1 (strided_1x1)
     if _global_hooks():
         return module(x)
+    plan = _flat_plan(module)
+    if plan is not None and not plan.hooked() and not _module_hooks():
+        for fn, m in plan.steps:
+            x = fn(m, x)
+        return x
     return _walk(module, x, _train_pool, _train_first)
 
 
