@@ -53,6 +53,7 @@ import torch
 
 from splitfed.engine.aggregate import DeltaAccumulator
 from splitfed.engine.algorithm import Algorithm
+from splitfed.engine.batches import gather
 from splitfed.engine.clock import SERVER_COPY
 from splitfed.engine.rounds import Round
 from splitfed.engine.split import SplitModel, per_client_loss, return_gradients, send_activations
@@ -94,7 +95,7 @@ class _Chunk:
             return
         ids = self.ids[:a]
         rows = torch.from_numpy(np.stack([p[k] for p in self.plans[:a]])).to(env.device)
-        x, y = env.data.train.x[rows], env.data.train.y[rows]
+        x, y = gather(env.data.train.x, rows), gather(env.data.train.y, rows)
         acts = self.client.forward(x, a)
         h, y_server = send_activations(env, ids, acts, y)
         losses = per_client_loss(self.server.forward(h, a), y_server)

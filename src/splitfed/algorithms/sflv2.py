@@ -49,6 +49,7 @@ import numpy as np
 import torch
 
 from splitfed.engine.algorithm import Algorithm
+from splitfed.engine.batches import gather
 from splitfed.engine.rounds import Round
 from splitfed.engine.split import (SplitModel, participation_probability, return_gradients,
                                    send_activations, server_opt_template, server_step, sgd,
@@ -146,8 +147,8 @@ class SFLV2(Algorithm):
                 a = int((steps[g] > k).sum())
                 rows = torch.from_numpy(np.stack([plans[s][k] for s in g[:a]]))
                 rows = rows.to(env.device)
-                acts = clients[j].forward(x_all[rows], a)
-                h, y = send_activations(env, cohort.ids[g[:a]], acts, y_all[rows])
+                acts = clients[j].forward(gather(x_all, rows), a)
+                h, y = send_activations(env, cohort.ids[g[:a]], acts, gather(y_all, rows))
                 sent.append((j, a, acts, h, y))
             # per served row: (sent entry, row, its activations and labels, slot, step
             # size, client id), as plain Python values once per iteration

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import torch
 
 from splitfed.exact import ceil_times
 
@@ -46,3 +47,11 @@ def batch_plan(indices: np.ndarray, steps: int, batch_size: int,
                rng: np.random.Generator) -> np.ndarray:
     """Sample indices for ``steps`` batches, shape [steps, batch_size]."""
     return sample_stream(indices, steps * batch_size, rng).reshape(steps, batch_size)
+
+
+def gather(t: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """``t[rows]`` for an integer index tensor ``rows`` of any shape (a batched step's
+    [C, B] sample indices): the same tensor, gathered as whole rows by ``index_select``
+    (a row copy each) instead of advanced indexing's element-wise kernel, which took
+    1.7x as long for 320 Fashion-MNIST images (one CPU thread)."""
+    return t.index_select(0, rows.reshape(-1)).view(*rows.shape, *t.shape[1:])

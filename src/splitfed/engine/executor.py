@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from splitfed.engine.batches import batch_plan
+from splitfed.engine.batches import batch_plan, gather
 from splitfed.engine.placement import Placement
 from splitfed.engine.stacked import GradHook, placed_stacked
 from splitfed.models.cohort import SAMPLES_PER_CALL
@@ -97,8 +97,8 @@ class ClientExecutor:
         for k in range(int(steps[0])):
             a = int((steps > k).sum())
             idx = torch.from_numpy(np.stack([p[k] for p in plans[:a]])).to(device)
-            out = model.forward(self.x[idx], a)
-            losses = F.cross_entropy(out.flatten(0, 1), self.y[idx].flatten(),
+            out = model.forward(gather(self.x, idx), a)
+            losses = F.cross_entropy(out.flatten(0, 1), gather(self.y, idx).flatten(),
                                      reduction="none").view(a, -1).mean(1)
             model.step(losses.sum(), lr=lr, ids=slots[:a], hook=grad_hook)
             loss_sum[:a] += losses.detach()

@@ -79,8 +79,17 @@ class Ledger:
         add = np.broadcast_to(np.asarray(add, dtype=np.int64), ids.shape)
         if not twice and not have.size:                 # ids distinct and increasing
             sent.ids, sent.nbytes = ids.copy(), add.copy()
-        else:
-            self._merge(sent, ids, add)
+            return
+        if not twice:              # a chunk of the cohort: often all new, or all known
+            if ids[0] > have[-1]:                       # all after the recorded ones
+                sent.ids = np.concatenate([have, ids])
+                sent.nbytes = np.concatenate([sent.nbytes, add])
+                return
+            at = have.searchsorted(ids)
+            if at[-1] < have.size and (have[at] == ids).all():
+                sent.nbytes[at] += add                  # all recorded: distinct positions
+                return
+        self._merge(sent, ids, add)
 
     def _find(self, sent: _Sent, c: int) -> None:
         """Make ``c`` the last client of ``sent`` (with 0 bytes if it had none)."""
