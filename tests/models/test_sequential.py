@@ -258,3 +258,53 @@ def test_sflv2_and_csefsl_train_a_narrow_resnet_cut_before_a_strided_shortcut(
         env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "status completed" in proc.stdout, proc.stdout
+
+
+def _server_part():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Sequential(nn.Flatten(), nn.Linear(400, 120), nn.ReLU(inplace=True)),
+                         nn.Sequential(nn.Linear(120, 84), nn.ReLU()), nn.Tanh(),
+                         nn.Linear(84, 10))
+
+
+def test_forward_train_of_a_pool_free_sequential_is_the_module_bit_for_bit():
+    # the flat plan (leaves in order, Linear / ReLU / Flatten as their operators): the
+    # outputs and gradients of module(x), over three SGD steps from the same weights
+    a = _server_part()
+    b = copy.deepcopy(a)
+    x = torch.randn(32, 16, 5, 5).permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
+    y = torch.randint(0, 10, (32,))
+    assert sequential._flat_plan(b) is not None
+    for _ in range(3):
+        grads = []
+        for model, forward in ((a, a), (b, lambda z: sequential.forward_train(b, z))):
+            h = x.detach().requires_grad_(True)
+            loss = F.cross_entropy(forward(h), y)
+            g = torch.autograd.grad(loss, [*model.parameters(), h])
+            with torch.no_grad():
+                torch._foreach_add_(list(model.parameters()), list(g[:-1]), alpha=-0.1)
+            grads.append(g)
+        assert all(torch.equal(p, q) for p, q in zip(*grads))
+    assert all(torch.equal(p, q) for p, q in zip(a.state_dict().values(),
+                                                 b.state_dict().values()))
+
+
+def test_forward_train_runs_the_hooks_added_after_its_first_call():
+    model = _server_part()
+    x = torch.randn(4, 16, 5, 5)
+    sequential.forward_train(model, x)                      # the plan is cached now
+    seen = []
+    for m in (model[0], model[0][1], model[1][1], model[3]):
+        handle = m.register_forward_hook(lambda mod, i, o: seen.append(type(mod)))
+        out = sequential.forward_train(model, x)
+        handle.remove()
+        assert torch.equal(out, model(x))
+    assert seen == [nn.Sequential, nn.Linear, nn.ReLU, nn.Linear]
+    pre = []
+    handle = nn.modules.module.register_module_forward_pre_hook(
+        lambda mod, i: pre.append(type(mod)))
+    try:
+        sequential.forward_train(model, x)
+    finally:
+        handle.remove()
+    assert nn.Linear in pre

@@ -277,3 +277,19 @@ def test_a_forged_ledger_entry_is_refused_in_one_line(tmp_path, stopped, how):
     assert str(run_dir / CHECKPOINT) in lines[0] and what in lines[0], lines[0]
     assert "not a valid splitfed checkpoint" in lines[0]
     assert {p.name: p.read_bytes() for p in run_dir.iterdir()} == before
+
+
+def test_chunks_of_a_cohort_add_up_as_one_record_of_them_all():
+    # chunks in increasing order (appended), then the same chunks again and a chunk of
+    # known clients out of order (added at their positions), then new clients in the
+    # middle and a client twice (merged): every total is the per-client sum
+    ledger = Ledger(num_clients=12)
+    expected = np.zeros(12, dtype=np.int64)
+    records = [([0, 1, 2], 5), ([3, 4], [1, 2]), ([7, 9], 3), ([0, 1, 2], 5),
+               ([9, 3], [4, 6]), ([1, 7], 2), ([5, 6], 8), ([11, 11, 2], [1, 1, 1])]
+    for ids, nbytes in records:
+        ledger.record("activations", "up", np.asarray(ids, dtype=np.int64), nbytes)
+        np.add.at(expected, ids, np.broadcast_to(np.asarray(nbytes), (len(ids),)))
+    assert ledger.per_client(0, "activations", "up").tolist() == expected.tolist()
+    state = ledger.state()["rounds"][0]["activations|up"]
+    assert state["ids"].tolist() == np.flatnonzero(expected).tolist()
