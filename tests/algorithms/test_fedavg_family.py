@@ -61,7 +61,9 @@ def _reference(cfg, rounds, mu=0.0, scaffold=False, dtype=torch.float32):
         steps = local_step_counts(sizes[cohort.ids], tr.batch_size, tr.local_steps,
                                   tr.local_epochs)
         new = {k: v.clone() for k, v in glob.items()}
-        dc_sum = {n: torch.zeros_like(v) for n, v in c.items()}
+        # a client drawn in several slots trains each from the round's c_i; its control
+        # moves by the mean of its slots' deltas, applied once (module doc of scaffold.py)
+        dci_sum, slots_of = {}, {}
         for cid, k, w in zip(cohort.ids, steps, cohort.weights):
             plan = batch_plan(env.client_indices[cid], int(k), tr.batch_size, batch_rng)
             model.load_state_dict(glob)
@@ -79,8 +81,14 @@ def _reference(cfg, rounds, mu=0.0, scaffold=False, dtype=torch.float32):
             trained = {n: v.detach().clone() for n, v in model.state_dict().items()}
             for n in new:
                 new[n] += float(w) * (trained[n] - glob[n])
+            slots_of[int(cid)] = slots_of.get(int(cid), 0) + 1
+            acc = dci_sum.setdefault(int(cid), {n: 0.0 for n in names})
             for n in names:
-                dci = (glob[n] - trained[n]) / (int(k) * tr.lr) - c[n]
+                acc[n] = acc[n] + (glob[n] - trained[n]) / (int(k) * tr.lr) - c[n]
+        dc_sum = {n: torch.zeros_like(v) for n, v in c.items()}
+        for cid, count in slots_of.items():
+            for n in names:
+                dci = dci_sum[cid][n] / count
                 ci[cid][n] = ci[cid][n] + dci
                 dc_sum[n] += float(a[cid]) * dci
         glob = new
@@ -274,6 +282,27 @@ def test_scaffold_matches_unbatched_reference_over_rounds():
               {n: torch.stack([row[n] for row in ci32])},
               {n: torch.stack([row[n] for row in ci64])}, "client control")
     assert any(got["scaffold"]["control"][n].abs().max() > 1e-3 for n in c64)
+
+
+def test_scaffold_with_replacement_averages_a_clients_slot_deltas():
+    """A client drawn in several slots of a round (``with_replacement``) trains once per
+    slot from the same c_i, and c_i moves by the MEAN of its slots' option-II deltas
+    (x - y_s) / (K eta_l) - c, applied once; c <- c + sum_i a_i Delta c_i (Karimireddy et
+    al. 2020, Algorithm 1 lines 12-17; the repeated-slot rule of scaffold.py's module doc).
+    Two rounds, so the second round's corrections use the first round's controls."""
+    cfg = digits_config(algorithm={"name": "scaffold"}, rounds=2,
+                        partition={"scheme": "iid", "num_clients": 2},
+                        participation={"mode": "with_replacement", "clients_per_round": 5},
+                        train={"batch_size": 8, "local_steps": 2, "local_epochs": None,
+                               "lr": 0.1})
+    got = run(cfg).state
+    (model32, c32, ci32), (model64, c64, ci64) = _references(cfg, 2, scaffold=True)
+    close(got["model"], model32, model64, "model")
+    close(got["scaffold"]["control"], c32, c64, "control")
+    for n in c64:
+        close({n: got["scaffold"]["client_controls"][n]},
+              {n: torch.stack([row[n] for row in ci32])},
+              {n: torch.stack([row[n] for row in ci64])}, "client control")
 
 
 def test_scaffold_doubles_model_communication():
