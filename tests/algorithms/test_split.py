@@ -102,13 +102,20 @@ def test_sl_global_lr_scales_the_round_update():
     close(half, scaled)
 
 
-def _sflv2_reference(cfg, rounds, order, dtype=torch.float32):
+def _sflv2_reference(cfg, rounds, order, dtype=torch.float32, q=None):
+    """Algorithm 2 of paper 002, one plain module per client, in ``dtype``. With ``q``
+    (bernoulli probabilities per client) the round's cohort is the sampler's draw, the
+    server steps with eta / q_n on client n's activations (line 12) and the client-side
+    model moves by sum_n (a_n / q_n) (x_c,n - x_c) (line 20)."""
     env, client, server, streams, x, y = _setup(cfg, dtype)
-    n = env.num_clients
-    w = env.data_sizes / env.data_sizes.sum()
+    a = env.data_sizes / env.data_sizes.sum()
+    q = [1.0] * env.num_clients if q is None else q
     for _ in range(rounds):
+        ids = [int(c) for c in env.sampler.sample(streams.numpy("participation")).ids]
+        n = len(ids)
+        w = [float(a[c]) / q[c] for c in ids]
         plans = [batch_plan(env.client_indices[c], 3, 8, streams.numpy("batches"))
-                 for c in range(n)]
+                 for c in ids]
         clients = [copy.deepcopy(client) for _ in range(n)]
         rng = streams.numpy("order")
 
@@ -116,7 +123,7 @@ def _sflv2_reference(cfg, rounds, order, dtype=torch.float32):
             acts = clients[c](x[plans[c][k]])
             h = acts.detach().requires_grad_(True)
             F.cross_entropy(server(h), y[plans[c][k]]).backward()
-            _sgd_step(server)
+            _sgd_step(server, lr=0.1 / q[ids[c]])
             return acts, h.grad
 
         if order == "iteration":
@@ -134,8 +141,10 @@ def _sflv2_reference(cfg, rounds, order, dtype=torch.float32):
                     acts, g = serve(c, k)
                     acts.backward(g)
                     _sgd_step(clients[c])
-        avg = {k: sum(float(w[c]) * clients[c].state_dict()[k] for c in range(n))
-               for k in client.state_dict()}
+        start = client.state_dict()
+        avg = {k: start[k] + sum(w[c] * (clients[c].state_dict()[k] - start[k])
+                                 for c in range(n))
+               for k in start}
         client.load_state_dict(avg)
     return {**client.state_dict(), **server.state_dict()}
 
@@ -145,6 +154,19 @@ def test_sflv2_matches_unbatched_reference(order):
     cfg = digits_config(algorithm={"name": "sflv2", "order": order}, rounds=2,
                         engine={"chunk_size": 3}, **SPLIT)
     close(final(cfg), _sflv2_reference, cfg, 2, order)
+
+
+def test_sflv2_bernoulli_server_steps_with_eta_over_q():
+    """Under bernoulli participation the server's step on client n's activations is
+    eta / q_n (paper 002, Algorithm 2 line 12) and the client-side aggregate weighs
+    a_n / q_n (line 20; eq. 3): unbiased for full participation's update."""
+    q = [0.5, 0.8, 0.6, 0.9]
+    cfg = digits_config(algorithm={"name": "sflv2", "order": "per_client"}, rounds=1,
+                        participation={"mode": "bernoulli", "q": q}, **SPLIT)
+    env = build_environment(cfg)
+    cohort = env.sampler.sample(RandomStreams(cfg.seed).numpy("participation"))
+    assert 1 < cohort.size < 4 and min(q[c] for c in cohort.ids) < 1   # a real sample
+    close(final(cfg), _sflv2_reference, cfg, 1, "per_client", q=q)
 
 
 def _sflv1_period_reference(cfg, period, momentum=0.0, weight_decay=0.0, restart=False,
