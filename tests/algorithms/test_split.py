@@ -170,11 +170,11 @@ def test_sflv2_bernoulli_server_steps_with_eta_over_q():
 
 
 def _sflv1_period_reference(cfg, period, momentum=0.0, weight_decay=0.0, restart=False,
-                            dtype=torch.float32):
+                            dtype=torch.float32, server_lr=0.1):
     """One round of Algorithm 1 (paper 002) with tau = 4, tau_tilde = ``period``: plain
     per-client modules, one torch SGD per client and per server copy living for the round
     (docs/design.md, SFL-V1: a copy keeps its momentum across mid-round averages), in
-    ``dtype``."""
+    ``dtype``; the clients step with 0.1, the server copies with ``server_lr``."""
     env, client, server, streams, x, y = _setup(cfg, dtype)
     n = env.num_clients
     w = env.data_sizes / env.data_sizes.sum()
@@ -182,8 +182,9 @@ def _sflv1_period_reference(cfg, period, momentum=0.0, weight_decay=0.0, restart
              for c in range(n)]
     clients = [copy.deepcopy(client) for _ in range(n)]
     servers = [copy.deepcopy(server) for _ in range(n)]
-    opts = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=momentum,
-                            weight_decay=weight_decay) for m in clients + servers]
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1 if i < n else server_lr,
+                            momentum=momentum, weight_decay=weight_decay)
+            for i, m in enumerate(clients + servers)]
     for k in range(4):
         for c in range(n):
             acts = clients[c](x[plans[c][k]])
@@ -228,6 +229,15 @@ def test_sflv1_server_copies_keep_their_momentum_across_mid_round_averages():
     restarted = _sflv1_period_reference(cfg, 1, momentum=0.9, weight_decay=5e-4,
                                         restart=True)
     assert any(not torch.allclose(got[k], restarted[k], atol=1e-4) for k in got)
+
+
+def test_sflv1_server_copies_step_with_server_lr():
+    """``algorithm.server_lr`` is the server copies' step size; the clients keep
+    ``train.lr`` (sflv1.py module doc; paper 002 Algorithm 1 with a server-side eta)."""
+    over = dict(SPLIT, train={"batch_size": 8, "local_steps": 4, "local_epochs": None,
+                              "lr": 0.1})
+    cfg = digits_config(algorithm={"name": "sflv1", "server_lr": 0.05}, rounds=1, **over)
+    close(final(cfg), _sflv1_period_reference, cfg, 4, server_lr=0.05)
 
 
 def test_sflv1_server_period_must_divide_local_steps():
