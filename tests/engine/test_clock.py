@@ -421,6 +421,19 @@ def test_trace_profile_speeds_and_availability(tmp_path):
     assert rec[1]["sim_round_s"] == pytest.approx(max(times[0], times[2]), rel=1e-12)
 
 
+def test_a_trace_offline_client_is_dropped_and_the_others_weights_renormalised(tmp_path):
+    """docs/clock.md (trace profile): the clock takes the clients a trace makes
+    unavailable out of the sampled cohort and renormalises the others' weights, so FedAvg
+    averages the available clients' models, x + sum_{n avail} a_n / sum a (x_n - x), with
+    no silent shrink of the step."""
+    path = tmp_path / "trace.csv"
+    path.write_text(TRACE)                       # client 1 comes online at 1e9 s
+    env, rec, state, uploads, start = run(config(
+        "fedavg", profile="trace", speeds={"path": str(path), "server_compute": SERVER}))
+    assert rec[1]["participants"] == 2 and sorted(uploads) == [0, 2]
+    close(state["model"], start, uploads, env.data_sizes, [0, 2], start)
+
+
 def test_a_round_with_no_client_online_waits_for_the_next_window(tmp_path):
     probe = build_environment(config("fedavg"))
     times = fedavg_times(sizes(probe))
