@@ -219,6 +219,57 @@ def test_server_batch_is_topped_up_to_the_batch_size_per_class():
     assert rec[1]["server_macs"] == (2 * 6 * B + 2 * (24 + topped)) * fs
 
 
+def test_a_run_weighs_the_s_th_server_steps_activations_by_s():
+    """docs/design.md ("newer weighted more") and gas.py's module doc: the activations of
+    the s-th server step weigh s in the per-class running statistics, so after a run
+    weight_k = sum_s s n_{s,k} and mean / var are the s-weighted pooled mean and
+    population variance of every activation the server stepped on. buffer_size 1: server
+    step s is the s-th upload served (3 clients x 2 steps); each upload's h and labels
+    are taken from the transport."""
+    cfg = gas_config(buffer_size=1)
+    env = build_environment(cfg)
+    sent, since, served = {}, [], []      # per client: its (h, y) uploads, in order
+    upload, download = env.transport.upload, env.transport.download
+
+    def spy_up(kind, ids, payload):
+        out = upload(kind, ids, payload)
+        if kind == "activations":
+            since.append(out)
+        elif kind == "labels":           # the last upload of a step: h was its first
+            sent.setdefault(int(np.atleast_1d(ids)[0]), []).append((since[0][0], out[0]))
+            since.clear()
+        return out
+
+    def spy_down(kind, ids, payload):
+        if kind == "scalars":
+            served.append(int(np.atleast_1d(ids)[0]))
+        return download(kind, ids, payload)
+    env.transport.upload, env.transport.download = spy_up, spy_down
+    state, _ = run_rounds(build_algorithm(cfg), env, MetricLogger(None))
+    assert len(served) == 3 * K and state["server_steps"] == 3 * K
+    h, y, w = [], [], []
+    for s, c in enumerate(served, start=1):
+        h_s, y_s = sent[c].pop(0)
+        h.append(h_s.flatten(1))
+        y.append(y_s)
+        w.append(torch.full((len(y_s),), float(s)))
+    h, y, w = torch.cat(h), torch.cat(y), torch.cat(w)
+    stats = state["stats"]
+    for k in range(10):
+        m = y == k
+        assert float(stats["weight"][k]) == float(w[m].sum()), k      # integers: exact
+        if not m.any():
+            continue
+        want = {}
+        for dtype in (torch.float32, torch.float64):
+            f, wk = h[m].to(dtype), w[m].to(dtype)
+            mean = (wk[:, None] * f).sum(0) / wk.sum()
+            want[dtype] = mean, (wk[:, None] * (f - mean) ** 2).sum(0) / wk.sum()
+        (mean32, var32), (mean64, var64) = want.values()
+        assert_float_close(stats["mean"][k], mean32, mean64, what=f"mean {k}")
+        assert_float_close(stats["var"][k], var32, var64, what=f"var {k}")
+
+
 def test_full_covariance_beyond_the_memory_bound_is_refused_before_writing(tmp_path, capsys):
     """A split transformer's cut activation has sequence length x (hidden + 1) values:
     full class covariances of that size would be allocated once the run directory
