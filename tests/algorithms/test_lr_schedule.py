@@ -6,8 +6,10 @@ from the primitives that take them."""
 from __future__ import annotations
 
 import pytest
+import torch
 from helpers import digits_config
 
+from splitfed.algorithms.centralized import Centralized
 from splitfed.algorithms.gas import GAS
 from splitfed.algorithms.musplitfed import MUSplitFed
 from splitfed.engine import stacked, zo
@@ -63,3 +65,37 @@ def test_split_zeroth_order_servers_follow_the_schedule(monkeypatch, cls, option
         assert per_round[t]["server"] == {server / divisor}, t
         assert per_round[t]["client"] == {client}, t
     assert _expected(SERVER_LR, rounds)[-1] == FLOOR           # the floor was reached
+
+
+def test_centralized_steps_follow_the_schedule(monkeypatch):
+    """The centralized baseline (the curve every federated run is compared with) steps
+    with ``Environment.lr(t)`` in round t: lr * lr_decay ** (t - 1), floored at lr_min
+    (docs of ``train.lr_decay`` / ``lr_min``; engine/env.py ``Environment.lr``)."""
+    rounds, log = 4, []
+    round_, step = Centralized.round, torch.optim.SGD.step
+
+    def marked(self, env, state, t, cohort):
+        log.append(("round", t))
+        return round_(self, env, state, t, cohort)
+
+    def recorded(self, *args, **kwargs):
+        log.append(("step", self.param_groups[0]["lr"]))
+        return step(self, *args, **kwargs)
+
+    monkeypatch.setattr(Centralized, "round", marked)
+    monkeypatch.setattr(torch.optim.SGD, "step", recorded)
+    cfg = digits_config(rounds=rounds, algorithm={"name": "centralized"}, eval_every=rounds,
+                        model={"name": "mlp", "hidden": [16]},
+                        train={"batch_size": 8, "local_steps": 2, "local_epochs": None,
+                               "lr": CLIENT_LR, "lr_decay": DECAY, "lr_min": FLOOR})
+    run_experiment(cfg, write=False)
+    per_round: dict[int, list] = {}
+    for kind, value in log:
+        if kind == "round":
+            t = value
+            per_round[t] = []
+        else:
+            per_round[t].append(value)
+    assert per_round == {t: [lr, lr] for t, lr in enumerate(_expected(CLIENT_LR, rounds),
+                                                            start=1)}
+    assert _expected(CLIENT_LR, rounds)[-1] == FLOOR > CLIENT_LR * DECAY ** (rounds - 1)
