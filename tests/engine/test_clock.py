@@ -579,6 +579,34 @@ def test_a_repeated_client_runs_its_slots_one_after_the_other():
     assert (rec["sim_round_s"], rec["slowest_client"], rec["dropped"]) == (14.0, 0, 0)
 
 
+def test_a_single_clients_compute_is_multiplied_by_its_round_slowdown():
+    """docs/clock.md, ``exponential`` profile: each client's computation time is
+    multiplied by an Exp(mean) draw, fresh every round. One client's work (SL's turns, the
+    scalar path, and a replayed turn) costs macs * scale_c / compute_c, the same float64
+    value as the array path for several clients."""
+    def clock():
+        rng = np.random.default_rng(0)
+        p = fixed(3, rng, client_compute=[10.0, 20.0, 40.0])
+        p.slowdown_mean = 2.0                       # exponential with per_round: true
+        c = VirtualClock(p, rng)
+        c.begin_round(Cohort([0, 1, 2], [0.2, 0.3, 0.5]))
+        return c
+
+    scale = np.random.default_rng(0).exponential(2.0, 3)    # the round's one draw
+    assert np.all(np.abs(scale - 1.0) > 0.05)
+    want = [7 * scale[c] / [10.0, 20.0, 40.0][c] for c in range(3)]
+    many = clock()
+    many.compute(CLIENT, [0, 1, 2], 7)
+    assert many.client_time([0, 1, 2]).tolist() == want
+    for c in range(3):
+        one, arr, replay = clock(), clock(), clock()
+        one.compute(CLIENT, c, 7)                       # an int id and int MACs
+        arr.compute(CLIENT, np.array([c]), 7)           # one id in an array
+        replay.replay_one(c, [(CLIENT, 7)])             # a settled SL turn
+        for k in (one, arr, replay):
+            assert k.client_time([c]).tolist() == [want[c]], c
+
+
 def test_dropped_slots_renormalise_except_under_bernoulli():
     ref = {"w": torch.zeros(2)}
     new = {"w": torch.tensor([[1.0, 1.0], [3.0, 3.0], [5.0, 5.0]])}
