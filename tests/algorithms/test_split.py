@@ -102,11 +102,12 @@ def test_sl_global_lr_scales_the_round_update():
     close(half, scaled)
 
 
-def _sflv2_reference(cfg, rounds, order, dtype=torch.float32, q=None):
-    """Algorithm 2 of paper 002, one plain module per client, in ``dtype``. With ``q``
-    (bernoulli probabilities per client) the round's cohort is the sampler's draw, the
-    server steps with eta / q_n on client n's activations (line 12) and the client-side
-    model moves by sum_n (a_n / q_n) (x_c,n - x_c) (line 20)."""
+def _sflv2_reference(cfg, rounds, order, dtype=torch.float32, q=None, server_lr=0.1):
+    """Algorithm 2 of paper 002, one plain module per client, in ``dtype``; the clients
+    step with 0.1, the server with ``server_lr``. With ``q`` (bernoulli probabilities per
+    client) the round's cohort is the sampler's draw, the server steps with eta / q_n on
+    client n's activations (line 12) and the client-side model moves by
+    sum_n (a_n / q_n) (x_c,n - x_c) (line 20)."""
     env, client, server, streams, x, y = _setup(cfg, dtype)
     a = env.data_sizes / env.data_sizes.sum()
     q = [1.0] * env.num_clients if q is None else q
@@ -123,7 +124,7 @@ def _sflv2_reference(cfg, rounds, order, dtype=torch.float32, q=None):
             acts = clients[c](x[plans[c][k]])
             h = acts.detach().requires_grad_(True)
             F.cross_entropy(server(h), y[plans[c][k]]).backward()
-            _sgd_step(server, lr=0.1 / q[ids[c]])
+            _sgd_step(server, lr=server_lr / q[ids[c]])
             return acts, h.grad
 
         if order == "iteration":
@@ -167,6 +168,13 @@ def test_sflv2_bernoulli_server_steps_with_eta_over_q():
     cohort = env.sampler.sample(RandomStreams(cfg.seed).numpy("participation"))
     assert 1 < cohort.size < 4 and min(q[c] for c in cohort.ids) < 1   # a real sample
     close(final(cfg), _sflv2_reference, cfg, 1, "per_client", q=q)
+
+
+def test_sflv2_server_steps_with_server_lr_and_clients_with_train_lr():
+    """``algorithm.server_lr`` is the server's eta in line 12 of Algorithm 2 (paper 002);
+    the clients keep ``train.lr`` (sflv2.py module doc)."""
+    cfg = digits_config(algorithm={"name": "sflv2", "server_lr": 0.05}, rounds=1, **SPLIT)
+    close(final(cfg), _sflv2_reference, cfg, 1, "iteration", server_lr=0.05)
 
 
 def _sflv1_period_reference(cfg, period, momentum=0.0, weight_decay=0.0, restart=False,
