@@ -77,6 +77,10 @@ def _reference(cfg, rounds, dtype=torch.float32):
     full = cfg.server_data.full_batch
     names = param_names(model)
     glob = {k: v.clone() for k, v in model.state_dict().items()}
+    # the server's SGD and its momentum buffer live for the run (server_only.py module doc);
+    # the clients here step without momentum
+    assert tr.momentum == 0 or variant == "server_only"
+    server_opt = torch.optim.SGD(model.parameters(), lr=tr.lr, momentum=tr.momentum)
     for t in range(1, rounds + 1):
         cohort = env.sampler.sample(part_rng)
         D = env.server_data.draw(server_rng)
@@ -116,12 +120,12 @@ def _reference(cfg, rounds, dtype=torch.float32):
                                    o.server_epochs)[0]))
         if E:                                               # eq. 5
             plan = np.tile(D, (E, 1)) if full else batch_plan(D, E, B, server_rng)
-            model.load_state_dict(glob)
-            opt = torch.optim.SGD(model.parameters(), lr=gamma)
+            model.load_state_dict(glob)          # in place: server_opt keeps its buffers
+            server_opt.param_groups[0]["lr"] = gamma
             for rows in torch.from_numpy(plan):
-                opt.zero_grad()
+                server_opt.zero_grad()
                 F.cross_entropy(model(x[rows]), y[rows]).backward()
-                opt.step()
+                server_opt.step()
             glob = {n: v.detach().clone() for n, v in model.state_dict().items()}
     return glob
 
@@ -393,6 +397,17 @@ def test_server_steps_and_epochs_are_exclusive():
     cfg = digits_config(algorithm={"name": "clgsgd", "server_steps": 2, "server_epochs": 1})
     with pytest.raises(ConfigError, match="server_steps"):
         build_algorithm(cfg)
+
+
+def test_server_momentum_buffer_carries_into_the_next_round():
+    """With ``train.momentum`` the server's momentum buffer of eq. 5's steps persists
+    across rounds (server_only.py module doc; docs/design.md): round 2's first step is
+    x - gamma (mu b_1 + g), as one torch SGD kept over both rounds computes it."""
+    cfg = digits_config(algorithm={"name": "server_only", "server_steps": 2}, rounds=2,
+                        server_data=SERVER,
+                        train={"batch_size": 8, "local_steps": 1, "local_epochs": None,
+                               "lr": 0.1, "lr_decay": 0.9, "momentum": 0.9})
+    close(run(cfg).state["model"], _reference, cfg, 2)
 
 
 def test_server_momentum_persists_across_rounds():
