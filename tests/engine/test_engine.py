@@ -31,6 +31,21 @@ def test_batch_plan_covers_each_epoch_once():
     assert sorted(flat[10:20]) == list(range(10, 20))    # second epoch: again
 
 
+def test_every_epoch_of_the_stream_is_freshly_shuffled():
+    """batches.py module doc: a client's samples form a stream of FRESHLY shuffled epochs
+    (each pass its own permutation, drawn in turn from the batches stream), not one
+    order repeated; batches then differ from epoch to epoch, as SGD's reshuffling
+    assumes."""
+    idx = np.arange(10, 20)
+    plan = batch_plan(idx, steps=15, batch_size=2, rng=np.random.default_rng(0))
+    g = np.random.default_rng(0)
+    want = idx[np.concatenate([g.permutation(10) for _ in range(3)])]
+    assert plan.reshape(-1).tolist() == want.tolist()
+    epochs = plan.reshape(3, 10)
+    assert all(sorted(e) == list(range(10, 20)) for e in epochs.tolist())
+    assert not np.array_equal(epochs[0], epochs[1]) and not np.array_equal(epochs[1], epochs[2])
+
+
 def _torch_sgd(p0, grads, momentum, wd, dtype):
     """Per-client torch.optim.SGD in ``dtype``: the reference."""
     ref = [p0[c].to(dtype, copy=True).requires_grad_() for c in range(len(p0))]
