@@ -167,3 +167,20 @@ def test_status_dirs_of_launchers_that_are_gone_are_removed(tmp_path, monkeypatc
     finally:
         ranks.close()
     assert not ranks.status_dir.exists()
+
+
+def test_a_launched_run_is_named_as_splitfed_run_names_it(tmp_path):
+    """The run directory a launch makes carries its key=value overrides, as `splitfed
+    run` names it (two launches that differ in an override used to get the same name but
+    for the time)."""
+    from splitfed.experiment import run_dir_name
+
+    overrides = ["rounds=1", "train.lr=0.07", f"out_dir={tmp_path / 'runs'}"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "splitfed", "launch", "quick_digits",
+                           "--nproc", "2", *overrides],
+                          env=env, capture_output=True, text=True, timeout=LIMIT_S)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (made,) = (tmp_path / "runs").iterdir()
+    name = run_dir_name(load_config("quick_digits", overrides), overrides)
+    assert name.endswith("-lr0.07") and made.name.startswith(f"{name}-"), made.name

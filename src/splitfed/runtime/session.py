@@ -172,7 +172,8 @@ def _wire_sum(records: list[dict]) -> dict[str, int]:
 
 
 def serve(links: Links, cfg: RunConfig | None = None, *, options: RuntimeOptions,
-          run_dir: str | Path | None = None, resume: str | Path | None = None) -> RunResult:
+          run_dir: str | Path | None = None, resume: str | Path | None = None,
+          overrides: list[str] | None = None) -> RunResult:
     """Rank 0: run ``cfg`` (or resume the run in ``resume``) with the client ranks.
 
     The run directory is locked (:func:`splitfed.experiment.lock_run_dir`) while rank 0
@@ -181,9 +182,11 @@ def serve(links: Links, cfg: RunConfig | None = None, *, options: RuntimeOptions
     records it counts are all checked (and the checkpoint restored into rank 0's
     environment) before ``metrics.jsonl`` is cut back to the checkpoint. A run without a
     checkpoint starts again from round 0 in its directory (the launcher returned the
-    result of one that ended: :func:`splitfed.runtime.launch.check_config`)."""
+    result of one that ended: :func:`splitfed.runtime.launch.check_config`).
+    ``overrides``: the command line's ``key=value`` list, which names a new run directory
+    as ``splitfed run`` names it (:func:`splitfed.experiment.run_dir_name`)."""
     if resume is None:
-        return _serve(links, cfg, options=options, run_dir=run_dir)
+        return _serve(links, cfg, options=options, run_dir=run_dir, overrides=overrides)
     run_dir = Path(resume)
     saved = run_dir / "config.yaml"
     if not saved.is_file():
@@ -208,7 +211,7 @@ def serve(links: Links, cfg: RunConfig | None = None, *, options: RuntimeOptions
 def _serve(links: Links, cfg: RunConfig, *, options: RuntimeOptions,
            run_dir: str | Path | None, ckpt: dict | None = None,
            records: list[dict] | None = None, locked: bool = False,
-           restart: bool = False) -> RunResult:
+           restart: bool = False, overrides: list[str] | None = None) -> RunResult:
     check_supported(cfg)
     hello = {"config": to_dict(cfg), "delay_scale": options.delay_scale,
              "resume": None if ckpt is None else {k: ckpt[k] for k in (
@@ -242,7 +245,7 @@ def _serve(links: Links, cfg: RunConfig, *, options: RuntimeOptions,
         else:
             state = initial_state(algorithm, env)   # a failing init_state leaves nothing
             if run_dir is None:
-                run_dir = new_run_dir(cfg)
+                run_dir = new_run_dir(cfg, overrides)
             else:
                 run_dir = make_run_dir(Path(run_dir))
             if not locked:

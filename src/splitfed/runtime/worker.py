@@ -250,7 +250,7 @@ def _serve(args, links, serve, options) -> int:
         else:
             result = serve(links, load_config(args.config, args.overrides,
                                               plugins=args.plugin),
-                           options=options, run_dir=args.run_dir)
+                           options=options, run_dir=args.run_dir, overrides=args.overrides)
     except SplitfedError as e:        # reported first: the stop may wait for a hung rank
         print(f"splitfed: error: {e}", file=sys.stderr, flush=True)
         links.stop_all(f"error: {e}")
