@@ -414,3 +414,16 @@ def test_ctrl_c_after_a_run_has_ended_keeps_its_status(tmp_path):
         proc.wait()
     assert proc.returncode == 0, err
     assert "interrupted" not in err and "Traceback" not in err, err
+
+
+def test_config_show_refuses_a_partition_option_its_scheme_does_not_take(capsys):
+    """`config show` prints only a config a run would take: a scheme switched without
+    removing the old scheme's options is refused in the run's line, exit 2."""
+    argv = ["quick_digits", "partition.scheme=pathological", "~partition.alpha",
+            "partition.num_classes_per_partition=2"]
+    assert main(["config", "show", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("splitfed: error: partition.min_partition_size: not an option of scheme "
+                   "'pathological'; options: num_classes_per_partition, "
+                   "class_assignment_mode"), err
+    assert main(["config", "show", *argv, "~partition.min_partition_size"]) == 0

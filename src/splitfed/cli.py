@@ -104,9 +104,10 @@ def _cmd_config(args) -> int:
     from splitfed.configtools import dump_text, to_dict
 
     cfg = load_config(args.config, args.overrides, plugins=args.plugin)
-    from splitfed.experiment import build_algorithm
+    from splitfed.experiment import build_algorithm, check_partition_options
 
     build_algorithm(cfg)                # its name, options and transforms, as a run would
+    check_partition_options(cfg)
     sys.stdout.write(dump_text(to_dict(cfg), sort_keys=False))
     return 0
 

@@ -159,6 +159,25 @@ def data_key(cfg: RunConfig, device: torch.device | str | None = None) -> str:
                       default=str)
 
 
+def check_partition_options(cfg: RunConfig) -> None:
+    """ConfigError naming the first ``partition`` option its scheme does not take (the
+    partitioner's keyword arguments; none for ``natural``), before any data is loaded."""
+    p = cfg.partition
+    if p.scheme == "natural":
+        if p.options:
+            raise ConfigError(f"partition.{next(iter(p.options))}: not an option of scheme "
+                              "'natural', which takes the data set's own split; options: "
+                              "none")
+        return
+    if p.scheme in PARTITIONERS:
+        allowed = [n for n in inspect.signature(PARTITIONERS[p.scheme]).parameters
+                   if n not in ("labels", "num_clients", "rng")]
+        for key in p.options:
+            if key not in allowed:
+                raise ConfigError(f"partition.{key}: not an option of scheme {p.scheme!r}; "
+                                  f"options: {', '.join(allowed) or 'none'}")
+
+
 def make_partition(cfg: RunConfig, bundle, streams: RandomStreams,
                exclude: np.ndarray | None = None) -> list[np.ndarray]:
     """The clients' index arrays; ``exclude`` (the server's pool) is taken out first.
@@ -167,11 +186,8 @@ def make_partition(cfg: RunConfig, bundle, streams: RandomStreams,
     scheme leaves a client without samples (such a client could not train when sampled).
     """
     p = cfg.partition
+    check_partition_options(cfg)
     if p.scheme == "natural":
-        if p.options:
-            raise ConfigError(f"partition.{next(iter(p.options))}: not an option of scheme "
-                              "'natural', which takes the data set's own split; options: "
-                              "none")
         if bundle.natural_partition is None:
             raise ConfigError(f"partition.scheme: 'natural' needs a data set with a natural "
                               f"partition (synthetic); {bundle.name} has none")
@@ -189,13 +205,6 @@ def make_partition(cfg: RunConfig, bundle, streams: RandomStreams,
                               "(data.limit_train or the server's pool took them); raise "
                               "data.limit_train or lower server_data.fraction")
         return parts
-    if p.scheme in PARTITIONERS:
-        allowed = [n for n in inspect.signature(PARTITIONERS[p.scheme]).parameters
-                   if n not in ("labels", "num_clients", "rng")]
-        for key in p.options:
-            if key not in allowed:
-                raise ConfigError(f"partition.{key}: not an option of scheme {p.scheme!r}; "
-                                  f"options: {', '.join(allowed) or 'none'}")
     labels = bundle.train.y.cpu().numpy()
     keep = np.arange(len(labels))
     if exclude is not None:
