@@ -483,7 +483,9 @@ def entry() -> None:
     """The ``splitfed`` command: :func:`main`, then exit with its status. Once ``main``
     has returned, the command's work is done and reported, so Ctrl-C and SIGTERM are
     ignored while the interpreter shuts down (about a second, after a run): a signal
-    then would turn a finished command's status into an interruption."""
+    then would turn a finished command's status into an interruption. (Ignored, not
+    handled: the interpreter resets its own handlers to the default action, which kills
+    the process, before it has finished shutting down.)"""
     code = main()
     import signal
 
