@@ -24,6 +24,8 @@ from splitfed.study import (
     run_study,
     slugify,
     study_from_mapping,
+    summarize,
+    time_to_target,
 )
 
 BASE = {"name": "tiny", "seed": 0, "rounds": 2,
@@ -150,6 +152,36 @@ def test_the_mean_curve_goes_on_with_the_seeds_that_did_not_diverge():
     assert list(x) == [0, 1, 2]
     assert list(y) == pytest.approx([0.1, (0.5 + 0.3 + 0.2) / 3, 0.6])
     assert std[2] == pytest.approx(0.1414213562, rel=1e-6) and std[0] == pytest.approx(0)
+
+
+def test_seed_summaries_are_the_mean_and_the_sample_standard_deviation():
+    """study/analysis.py and the study report's note: mean +- *sample* standard deviation
+    over seeds (divisor n - 1), over the seeds that have a value."""
+    s = summarize([0.5, None, 0.7, 0.9])
+    assert s["n"] == 3 and s["values"] == [0.5, None, 0.7, 0.9]
+    assert s["mean"] == pytest.approx(0.7, rel=1e-15)
+    assert s["std"] == pytest.approx(0.2, rel=1e-15)        # population std: 0.1633
+    assert summarize([0.4]) == {"mean": 0.4, "std": 0.0, "n": 1, "values": [0.4]}
+    assert summarize([None, None])["mean"] is None and summarize([None])["std"] is None
+
+
+def test_a_target_reached_by_the_initial_model_takes_no_simulated_time():
+    """time_to_target: the seconds at the first evaluation reaching the target; round 0
+    (the initial model, whose record carries no sim_time_s) is at time 0."""
+    records = [{"round": 0, "test_acc": 0.5},
+               {"round": 1, "test_acc": 0.7, "sim_round_s": 2.0, "sim_time_s": 2.0}]
+    assert time_to_target(records, 0.4) == 0.0
+    assert time_to_target(records, 0.6) == 2.0
+
+
+def test_the_curve_takes_simulated_time_only_when_every_round_records_it():
+    """curve(): time sums sim_round_s when *every* training round records it, else the
+    measured round_time_s."""
+    records = [{"round": 0, "test_acc": 0.1},
+               {"round": 1, "round_time_s": 1.0, "sim_round_s": 0.25, "test_acc": 0.2},
+               {"round": 2, "round_time_s": 2.0, "test_acc": 0.3}]
+    c = curve(records)
+    assert c["time_kind"] == "wall" and c["time_s"] == [0.0, 1.0, 3.0]
 
 
 def test_the_time_axis_says_which_time_the_curves_hold():
