@@ -12,8 +12,8 @@ import pytest
 
 import splitfed.engine.loop as loop
 from splitfed.experiment import resume_experiment, run_experiment, summary_line
-from splitfed.metrics import (MetricLogger, decode_record, divergence, read_records,
-                              record_summary)
+from splitfed.metrics import (MetricLogger, RunningSummary, decode_record, divergence,
+                              read_records, record_summary)
 from tests.helpers import digits_config
 
 NAN, INF = math.nan, math.inf
@@ -58,6 +58,21 @@ def test_record_summary_of_a_diverged_and_a_completed_run():
     assert record_summary(records[:3], "diverged")["diverged_round"] == 2
     assert record_summary([], None) == {"rounds": None, "diverged_round": None,
                                         "final_test_acc": None, "best_test_acc": None}
+
+
+def test_a_status_of_diverged_keeps_the_last_rounds_accuracy_out_of_the_best():
+    """RunningSummary is record_summary of records given one at a time: with a status of
+    ``diverged`` and finite records the run diverged at its last round, and its best
+    accuracy is the best of the rounds before it (metrics.record_summary)."""
+    records = [{"round": 0, "test_acc": 0.1}, {"round": 1, "test_acc": 0.3},
+               {"round": 2, "test_acc": 0.5}]
+    tally = RunningSummary()
+    for r in records:
+        tally.add(r)
+    for s in (tally.summary("diverged"), record_summary(records, "diverged")):
+        assert s["diverged_round"] == 2 and s["best_test_acc"] == 0.3
+        assert math.isnan(s["final_test_acc"])
+    assert tally.summary("completed")["best_test_acc"] == 0.5
 
 
 def test_nan_is_one_float_in_memory_and_the_json_token_on_disk(tmp_path):
