@@ -136,6 +136,41 @@ def test_a_run_with_no_record_yet_has_a_row_that_says_so(tmp_path):
         "r", "n/a", "unfinished", "n/a"]
 
 
+def _hand_run(tmp_path, records, status=None):
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    if status is not None:
+        (run / "summary.json").write_text(json.dumps({"status": status}))
+    return run
+
+
+def test_the_initial_models_row_is_at_simulated_time_zero(tmp_path):
+    """summary_rows: round 0 (the initial model, whose record has no sim_time_s) is at
+    simulated time 0; later rows give the cumulative sim_time_s."""
+    run = _hand_run(tmp_path, [{"round": 0, "test_acc": 0.1},
+                          {"round": 1, "test_acc": 0.2, "sim_round_s": 1.5,
+                           "sim_time_s": 1.5}])
+    assert [r["sim_time_s"] for r in summary_rows(run, last=False)] == [0.0, 1.5]
+    (tmp_path / "only").mkdir()
+    only = _hand_run(tmp_path / "only", [{"round": 0, "test_acc": 0.1}])
+    assert summary_rows(only)[0]["sim_time_s"] == 0.0
+
+
+def test_a_run_diverged_by_its_status_has_no_best_from_its_last_round(tmp_path):
+    """summary_rows (per round): best_test_acc is the best so far before the divergence;
+    a run whose status says diverged with finite records diverged at its last round
+    (metrics.record_summary), so that round's accuracy is not its best, per round as in
+    the one-row summary."""
+    run = _hand_run(tmp_path, [{"round": 0, "test_acc": 0.1}, {"round": 1, "test_acc": 0.3},
+                          {"round": 2, "test_acc": 0.5}], status="diverged")
+    rows = summary_rows(run, last=False)
+    assert [r["best_test_acc"] for r in rows] == [0.1, 0.3, 0.3]
+    (row,) = summary_rows(run)
+    assert row["diverged_round"] == 2 and row["best_test_acc"] == 0.3
+    assert math.isnan(row["final_test_acc"])
+
+
 @pytest.mark.parametrize("acc,cell", [(1e308, "1e+308"), (-2.5e6, "-2.5e+06"),
                                       (123456.0, "123456.0000"), (5e-7, "0.0000"),
                                       (0.0, "0.0000"), (0.5, "0.5000")])
