@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 from helpers import digits_config
@@ -208,3 +209,19 @@ def test_a_diverged_run_is_drawn_to_its_divergence_and_marked(runs, diverged, tm
     monkeypatch.undo()
     out = plot_runs([diverged.run_dir], tmp_path / "d.png")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_curve_stops_at_the_first_divergence(tmp_path):
+    """plot module doc: a diverged run is drawn up to its last evaluation before it
+    diverged, the marker at the first non-finite round, even if records follow it."""
+    run = tmp_path / "r"
+    run.mkdir()
+    records = [{"round": 0, "test_acc": 0.1},
+               {"round": 1, "test_acc": 0.4, "train_loss": 1.0},
+               {"round": 2, "test_acc": 0.1, "train_loss": math.nan},
+               {"round": 3, "test_acc": 0.6, "train_loss": 1.0},
+               {"round": 4, "test_acc": 0.1, "train_loss": math.inf}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (c,) = load_curves([run])
+    assert c["round"] == [0, 1] and c["test_acc"] == [0.1, 0.4]
+    assert c["diverged_round"] == 2 and c["diverged_at"]["round"] == 2
