@@ -139,6 +139,23 @@ def test_shard_not_enough_shards(labels):
         partition(labels, 20, "shard", rng(), num_shards_per_partition=3, shard_size=100)
 
 
+def test_keep_incomplete_shard_deals_no_empty_shard_when_the_size_divides_n():
+    """partition module doc (shard): an incomplete last shard is used only with
+    keep_incomplete_shard, and when N is a multiple of K * shards every client gets
+    exactly N / K samples; with no incomplete shard there is nothing extra to deal."""
+    labels = np.repeat(np.arange(10), 10)                    # N = 100, shards of 5
+    for seed in range(6):
+        parts = partition(labels, 10, "shard", rng(seed),
+                          num_shards_per_partition=2, shard_size=5,
+                          keep_incomplete_shard=True)
+        assert [len(p) for p in parts] == [10] * 10
+    with pytest.raises(ConfigError, match="need 21 shards of 5 samples, but 100 samples "
+                                          "make only 20"):
+        partition(labels, 21, "shard", rng(0),
+                  num_shards_per_partition=1, shard_size=5, keep_incomplete_shard=True)
+
+
+
 def test_natural_scheme():
     y = np.zeros(10, dtype=np.int64)
     nat = [np.array([3, 1]), np.array([0, 2, 4])]
