@@ -280,3 +280,63 @@ def test_server_storage_and_server_macs():
     assert records[1]["client_macs"] == 3 * 2 * 8 * (client_per_sample + 3 * head)
     # an upload round: the first step backpropagates the server's gradient, not the head's
     assert records[2]["client_macs"] == 3 * 8 * (2 * (client_per_sample + 3 * head) - 2 * head)
+
+
+def test_round_losses_are_means_over_the_uploads_and_over_each_clients_steps():
+    """Rounds (engine/rounds.py): train_loss is the mean over the cohort's slots of each
+    client's mean local loss over its K steps (here the auxiliary loss F_i^c before each
+    step of round 1, which uploads nothing); ``server_loss`` of an upload round is the
+    mean over the uploads of F_i^s(x_S; z_f,i, y_i) as the server meets each one
+    (lines 9-16, mu / m with m = the uploads)."""
+    cfg = cfg_for(steps=2, rounds=2, order="cohort", participation={"mode": "full"})
+    env, algo, state, _ = manual(cfg)
+    results = []
+    for t in (1, 2):
+        env.ledger.round = t
+        cohort = env.sampler.sample(env.streams.numpy("participation"))
+        results.append(algo.round(env, state, t, cohort))
+        state = results[-1].state
+    streams = RandomStreams(cfg.seed)
+    rng = streams.numpy("batches")
+    plans = [[batch_plan(env.client_indices[c], 2, 8, rng) for c in cohort.ids]
+             for _ in range(2)]
+    start = algo.init_state(build_environment(cfg))
+
+    def expected(dtype):
+        client, server = split(copy.deepcopy(env.model).to(dtype), env.cut)
+        client.load_state_dict({k: start["model"][k] for k in client.state_dict()})
+        server.load_state_dict({k: start["model"][k] for k in server.state_dict()})
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(derive_seed(cfg.seed, "aux"))
+            head = build_aux_head(client, env.data.input_shape, env.data.num_classes)
+        head = head.to(dtype)
+        x, y = env.data.train.x.to(dtype), env.data.train.y
+        per_client, clients, heads = [], [], []
+        for s in range(cohort.size):                  # round 1: K auxiliary steps each
+            mine, aux, losses = copy.deepcopy(client), copy.deepcopy(head), []
+            for k in range(2):
+                rows = torch.from_numpy(plans[0][s][k])
+                loss = F.cross_entropy(aux(mine(x[rows])), y[rows])
+                loss.backward()
+                losses.append(loss.detach())
+                sgd_step(mine, 0.1)
+                sgd_step(aux, 0.1)
+            per_client.append(torch.stack(losses).mean())
+            clients.append(mine)
+            heads.append(aux)
+        client.load_state_dict(average(clients, cohort.weights))
+        served = []                                   # round 2: the uploads in cohort order
+        for s in range(cohort.size):
+            rows = torch.from_numpy(plans[1][s][0])
+            loss = F.cross_entropy(server(client(x[rows]).detach()), y[rows])
+            loss.backward()
+            served.append(loss.detach())
+            sgd_step(server, 0.1 / cohort.size)
+        return (torch.stack(per_client).mean().reshape(1),
+                torch.stack(served).mean().reshape(1))
+
+    (train32, served32), (train64, served64) = expected(torch.float32), expected(torch.float64)
+    assert_float_close(torch.tensor([results[0].train_loss]), train32, train64, terms=8,
+                       what="round 1 train_loss")
+    assert_float_close(torch.tensor([results[1].metrics["server_loss"]]), served32,
+                       served64, terms=8, what="round 2 server_loss")
