@@ -102,6 +102,47 @@ def test_sl_global_lr_scales_the_round_update():
     close(half, scaled)
 
 
+def _sl_reference(cfg, rounds, global_lr, dtype=torch.float32):
+    """Paper 003 Algorithm 1 by hand: each round the clients in a random order train the
+    whole model in turn (the server part carries over from client to client), then
+    x^{r+1} = x^r + eta_g (x_last - x^r) on both sides (eq. 4). Returns the final model and
+    each round's training loss: the mean over the clients of their mean step loss."""
+    env, client, server, streams, x, y = _setup(cfg, dtype)
+    full = torch.nn.Sequential(client, server)
+    losses = []
+    for _ in range(rounds):
+        start = {k: v.clone() for k, v in full.state_dict().items()}
+        streams.numpy("participation")          # full participation draws nothing
+        per_client = []
+        for cid in streams.numpy("order").permutation(env.num_clients):
+            plan = batch_plan(env.client_indices[cid], 3, 8, streams.numpy("batches"))
+            steps = []
+            for rows in torch.from_numpy(plan):
+                loss = F.cross_entropy(full(x[rows]), y[rows])
+                loss.backward()
+                steps.append(loss.detach())
+                _sgd_step(full)
+            per_client.append(torch.stack(steps).mean())
+        losses.append(torch.stack(per_client).mean())
+        end = full.state_dict()
+        full.load_state_dict({k: start[k] + global_lr * (end[k] - start[k]) for k in start})
+    return {**client.state_dict(), **server.state_dict()}, torch.stack(losses)
+
+
+def test_sl_global_lr_over_rounds_and_its_training_loss():
+    """Two rounds with eta_g = 0.5: both sides restart each round from the global model
+    x^{r+1} of eq. (4) (not from where the last client left the server), and each round's
+    train_loss is the mean over the clients of their mean step loss."""
+    cfg = digits_config(algorithm={"name": "sl", "global_lr": 0.5}, rounds=2, **SPLIT)
+    result = run_experiment(cfg, write=False)
+    (model32, loss32), (model64, loss64) = (_sl_reference(cfg, 2, 0.5),
+                                            _sl_reference(cfg, 2, 0.5, torch.float64))
+    for k in model64:
+        assert_float_close(result.state["model"][k], model32[k], model64[k], what=k)
+    got = torch.tensor([r["train_loss"] for r in result.records if r["round"] > 0])
+    assert_float_close(got, loss32, loss64, terms=12, what="train_loss")
+
+
 def _sflv2_reference(cfg, rounds, order, dtype=torch.float32, q=None, server_lr=0.1):
     """Algorithm 2 of paper 002, one plain module per client, in ``dtype``; the clients
     step with 0.1, the server with ``server_lr``. With ``q`` (bernoulli probabilities per
