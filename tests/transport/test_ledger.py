@@ -293,3 +293,29 @@ def test_chunks_of_a_cohort_add_up_as_one_record_of_them_all():
     assert ledger.per_client(0, "activations", "up").tolist() == expected.tolist()
     state = ledger.state()["rounds"][0]["activations|up"]
     assert state["ids"].tolist() == np.flatnonzero(expected).tolist()
+
+
+def test_a_chunk_starting_with_the_last_client_recorded_adds_to_it():
+    """A sorted with_replacement cohort cut into chunks can put one client at the end of a
+    chunk and the start of the next: its bytes add up, and the ledger keeps each client
+    once (ids distinct and increasing, the module doc)."""
+    ledger = Ledger(num_clients=5)
+    ledger.record("activations", "up", np.array([0, 1, 2], dtype=np.int64), [10, 20, 30])
+    ledger.record("activations", "up", np.array([2, 3], dtype=np.int64), [5, 7])
+    ledger.record("activations", "up", np.array([2], dtype=np.int64), 1)    # one-client path
+    assert ledger.per_client(0, "activations", "up").tolist() == [10, 20, 36, 7, 0]
+    sent = ledger.state()["rounds"][0]["activations|up"]
+    assert sent["ids"].tolist() == [0, 1, 2, 3] and sent["bytes"].tolist() == [10, 20, 36, 7]
+    assert ledger.total("activations", "up") == 73
+
+
+def test_one_client_after_a_merge_is_added_to_that_client():
+    """The one-client fast path remembers where its client sits; a merge that inserts
+    another client before it (a record naming a client twice) moves it, and the next
+    record of that client still adds to it, not to whatever now sits at the old place."""
+    ledger = Ledger(num_clients=5)
+    one = np.array([3], dtype=np.int64)
+    ledger.record("model", "up", one, 1)
+    ledger.record("model", "up", np.array([1, 1], dtype=np.int64), [2, 2])     # merged
+    ledger.record("model", "up", one, 4)
+    assert ledger.per_client(0, "model", "up").tolist() == [0, 4, 0, 5, 0]
