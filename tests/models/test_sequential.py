@@ -308,3 +308,14 @@ def test_forward_train_runs_the_hooks_added_after_its_first_call():
     finally:
         handle.remove()
     assert nn.Linear in pre
+
+
+def test_the_flat_plan_flattens_the_dimensions_each_flatten_names():
+    # nn.Flatten's start_dim and end_dim are the module's, not the default (1, -1): a
+    # flatten of the sequence dimension and one of the batch with it, as module(x) does
+    model = nn.Sequential(nn.Flatten(2), nn.Linear(12, 5), nn.ReLU(), nn.Flatten(0, 1),
+                          nn.Linear(5, 3))
+    assert sequential._flat_plan(model) is not None
+    x = torch.randn(4, 2, 3, 4)
+    out = sequential.forward_train(model, x)
+    assert out.shape == (8, 3) and torch.equal(out, model(x))
