@@ -7,10 +7,12 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 from helpers import assert_float_close, digits_config
 
 from splitfed.algorithms.csefsl import CSEFSL
 from splitfed.engine.batches import batch_plan
+from splitfed.engine.evaluate import evaluate
 from splitfed.engine.loop import macs_per_sample
 from splitfed.errors import ConfigError
 from splitfed.experiment import build_algorithm, build_environment, run_experiment
@@ -340,3 +342,24 @@ def test_round_losses_are_means_over_the_uploads_and_over_each_clients_steps():
                        what="round 1 train_loss")
     assert_float_close(torch.tensor([results[1].metrics["server_loss"]]), served32,
                        served64, terms=8, what="round 2 server_loss")
+
+
+def test_aux_test_acc_is_the_global_client_part_with_the_global_head():
+    """csefsl module doc: ``aux_test_acc`` is the accuracy of x_C composed with the
+    auxiliary head x_A as the round left them (the averaged head, not its initial
+    draw), on the test set."""
+    cfg = cfg_for(steps=3, rounds=2)
+    result = run_experiment(cfg, write=False)
+    env = build_environment(cfg)
+    algo = build_algorithm(cfg)
+    client, _ = split(copy.deepcopy(env.model), env.cut)
+    client.load_state_dict({k: result.state["model"][k] for k in client.state_dict()})
+    head = algo.head(env, client)
+    initial = evaluate(nn.Sequential(client, copy.deepcopy(head)), env.data.test.x,
+                       env.data.test.y, cfg.engine.eval_batch_size)
+    head.load_state_dict(result.state["aux"])
+    want = evaluate(nn.Sequential(client, head), env.data.test.x, env.data.test.y,
+                    cfg.engine.eval_batch_size)
+    last = result.records[-1]
+    assert last["aux_test_acc"] == want["test_acc"] != initial["test_acc"]
+    assert last["aux_test_loss"] == want["test_loss"]
