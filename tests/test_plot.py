@@ -225,3 +225,17 @@ def test_a_curve_stops_at_the_first_divergence(tmp_path):
     (c,) = load_curves([run])
     assert c["round"] == [0, 1] and c["test_acc"] == [0.1, 0.4]
     assert c["diverged_round"] == 2 and c["diverged_at"]["round"] == 2
+
+
+def test_a_run_with_only_its_initial_evaluation_has_a_wall_time_axis(tmp_path):
+    """load_curves draws study.curve's points: time is simulated only when every round
+    after round 0 records sim_round_s, and a run with no such round has none."""
+    from splitfed.study import curve
+
+    run = tmp_path / "r"
+    run.mkdir()
+    records = [{"round": 0, "test_acc": 0.1}]
+    (run / "metrics.jsonl").write_text(json.dumps(records[0]) + "\n")
+    (c,) = load_curves([run])
+    assert c["time_kind"] == curve(records)["time_kind"] == "wall"
+    assert c["time_s"] == [0.0]
