@@ -271,17 +271,24 @@ def test_fedopt_and_scaffold_leave_batchnorm_buffers_to_fedavg():
 # ----------------------------------------------------------------------------- SCAFFOLD
 
 
-def test_scaffold_matches_unbatched_reference_over_rounds():
-    cfg = digits_config(algorithm={"name": "scaffold"}, rounds=3, **HETERO)
+def _scaffold_matches_its_reference(cfg, rounds: int) -> dict:
+    """Run ``cfg`` (SCAFFOLD) and compare its model, server control and client controls
+    with the unbatched float32 / float64 references; the run's final state."""
     got = run(cfg).state
-    (model32, c32, ci32), (model64, c64, ci64) = _references(cfg, 3, scaffold=True)
+    (model32, c32, ci32), (model64, c64, ci64) = _references(cfg, rounds, scaffold=True)
     close(got["model"], model32, model64, "model")
     close(got["scaffold"]["control"], c32, c64, "control")
     for n in c64:
         close({n: got["scaffold"]["client_controls"][n]},
               {n: torch.stack([row[n] for row in ci32])},
               {n: torch.stack([row[n] for row in ci64])}, "client control")
-    assert any(got["scaffold"]["control"][n].abs().max() > 1e-3 for n in c64)
+    return got
+
+
+def test_scaffold_matches_unbatched_reference_over_rounds():
+    cfg = digits_config(algorithm={"name": "scaffold"}, rounds=3, **HETERO)
+    got = _scaffold_matches_its_reference(cfg, 3)
+    assert any(c.abs().max() > 1e-3 for c in got["scaffold"]["control"].values())
 
 
 def test_scaffold_with_replacement_averages_a_clients_slot_deltas():
@@ -295,14 +302,7 @@ def test_scaffold_with_replacement_averages_a_clients_slot_deltas():
                         participation={"mode": "with_replacement", "clients_per_round": 5},
                         train={"batch_size": 8, "local_steps": 2, "local_epochs": None,
                                "lr": 0.1})
-    got = run(cfg).state
-    (model32, c32, ci32), (model64, c64, ci64) = _references(cfg, 2, scaffold=True)
-    close(got["model"], model32, model64, "model")
-    close(got["scaffold"]["control"], c32, c64, "control")
-    for n in c64:
-        close({n: got["scaffold"]["client_controls"][n]},
-              {n: torch.stack([row[n] for row in ci32])},
-              {n: torch.stack([row[n] for row in ci64])}, "client control")
+    _scaffold_matches_its_reference(cfg, 2)
 
 
 def test_scaffold_doubles_model_communication():
