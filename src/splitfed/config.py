@@ -547,14 +547,21 @@ def check_against_data(cfg: RunConfig, data_sizes, slots: int,
     _check_server_batch_size(cfg, server_rows)
 
 
-def _check_server_batch_size(cfg: RunConfig, server_rows: int) -> None:
-    """A given B_s is at most the samples of D_s^t (:func:`check_against_data`)."""
+def server_batch_sizes(cfg: RunConfig) -> list[tuple[str, Any]]:
+    """The server batch sizes B_s the config gives, as ``(key, value)``: the algorithm's
+    ``server_batch_size`` and that of each ``server_train`` step in
+    ``algorithm.server_transforms`` (None where not given)."""
     given = [("algorithm.server_batch_size", cfg.algorithm.options.get("server_batch_size"))]
     for i, spec in enumerate(cfg.algorithm.server_transforms):
         if isinstance(spec, dict) and spec.get("name") == "server_train":
             given.append((f"algorithm.server_transforms[{i}].server_batch_size",
                           spec.get("server_batch_size")))
-    for key, batch in given:
+    return given
+
+
+def _check_server_batch_size(cfg: RunConfig, server_rows: int) -> None:
+    """A given B_s is at most the samples of D_s^t (:func:`check_against_data`)."""
+    for key, batch in server_batch_sizes(cfg):
         if isinstance(batch, int) and not isinstance(batch, bool) and batch > server_rows:
             raise ConfigError(f"{key}: {batch} exceeds the {server_rows} samples of the "
                               "server's D_s^t (server_data.samples_per_round, or the whole "

@@ -28,7 +28,7 @@ from splitfed.checkpoint import (CHECKPOINT, Checkpointer, check_config,
                                  checkpoint_records, cpu_capability, load_checkpoint,
                                  remove_stale_temp_files, restore, thread_warnings,
                                  truncate_metrics)
-from splitfed.config import RunConfig, build_config
+from splitfed.config import RunConfig, build_config, server_batch_sizes
 from splitfed.exact import ceil_times
 from splitfed.configtools import dump_text, from_dict, load_yaml, to_dict, yaml_round_trip
 from splitfed.data import check_dataset_options, load_dataset
@@ -321,16 +321,11 @@ def single_sample_batches(cfg: RunConfig, data_sizes,
     ``server_train`` step's), a full-batch server pass (``server_data.full_batch``,
     ``server_gradient: full``) on a D_s^t of ``server_rows`` = 1 sample, a full-data
     client pass (``client_gradient: full``) of a client holding 1 of ``data_sizes``."""
-    opts, found = cfg.algorithm.options, []
+    opts = cfg.algorithm.options
     batch = "use a batch of at least 2 samples"
-    if cfg.train.batch_size == 1:
-        found.append(("train.batch_size", batch))
-    if opts.get("server_batch_size") == 1:
-        found.append(("algorithm.server_batch_size", batch))
-    for i, spec in enumerate(cfg.algorithm.server_transforms):
-        if (isinstance(spec, dict) and spec.get("name") == "server_train"
-                and spec.get("server_batch_size") == 1):
-            found.append((f"algorithm.server_transforms[{i}].server_batch_size", batch))
+    found = [(key, batch) for key, size in
+             [("train.batch_size", cfg.train.batch_size), *server_batch_sizes(cfg)]
+             if size == 1]
     if server_rows == 1 and (cfg.server_data.full_batch or opts.get("server_gradient") == "full"):
         found.append(("server_data.samples_per_round" if cfg.server_data.samples_per_round
                       else "server_data.fraction",
