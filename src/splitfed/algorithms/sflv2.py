@@ -52,9 +52,9 @@ from splitfed.engine.algorithm import Algorithm
 from splitfed.engine.batches import gather
 from splitfed.engine.rounds import Round
 from splitfed.engine.split import (SplitModel, participation_probability, return_gradients,
-                                   send_activations, server_opt_template, server_step, sgd,
-                                   starts_with_flatten)
+                                   send_activations, server_opt_template, server_step, sgd)
 from splitfed.errors import ConfigError
+from splitfed.models.sequential import starts_with_flatten
 
 
 @dataclass

@@ -119,16 +119,6 @@ def server_step(env, server: nn.Module, opt: torch.optim.Optimizer, h: torch.Ten
                           opt, h, y, lr)
 
 
-def starts_with_flatten(module: nn.Module) -> bool:
-    """Whether ``module`` (a split part) is plain Sequentials whose first layer is an
-    ``nn.Flatten``: its output is the same contiguous tensor for any memory layout of its
-    input, so the input may be made contiguous beforehand."""
-    while (isinstance(module, nn.Sequential) and type(module).forward is nn.Sequential.forward
-           and len(module) > 0):
-        module = module[0]
-    return type(module) is nn.Flatten
-
-
 def _server_update(server: nn.Module, params: list[torch.Tensor], opt, h: torch.Tensor,
                    y: torch.Tensor, lr: float) -> tuple[torch.Tensor, torch.Tensor]:
     """The arithmetic of :func:`server_step`: the server's forward from ``h`` (a new

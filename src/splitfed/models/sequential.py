@@ -325,11 +325,8 @@ class _FlatPlan:
         self.steps, self.modules = steps, modules
 
     def hooked(self) -> bool:
-        for m in self.modules:
-            if (m._forward_hooks or m._forward_pre_hooks or m._backward_hooks
-                    or m._backward_pre_hooks):
-                return True
-        return False
+        return any(_hooked(m) or m._backward_hooks or m._backward_pre_hooks
+                   for m in self.modules)
 
 
 #: :func:`_flat_plan` per module (None: the walk applies; a module's layers do not change)
@@ -364,10 +361,18 @@ def _flat_plan(module: nn.Module) -> _FlatPlan | None:
     return plan
 
 
-def _module_hooks() -> bool:
+def _global_backward_hooks() -> bool:
     mod = torch.nn.modules.module
-    return bool(mod._global_forward_hooks or mod._global_forward_pre_hooks
-                or mod._global_backward_hooks or mod._global_backward_pre_hooks)
+    return bool(mod._global_backward_hooks or mod._global_backward_pre_hooks)
+
+
+def starts_with_flatten(module: nn.Module) -> bool:
+    """Whether ``module`` (a split part) is plain Sequentials whose first layer is an
+    ``nn.Flatten``: its output is the same contiguous tensor for any memory layout of its
+    input, so the input may be made contiguous beforehand."""
+    while _is_plain_sequential(module) and len(module) > 0:
+        module = module[0]
+    return type(module) is nn.Flatten
 
 
 def forward_train(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -388,7 +393,7 @@ def forward_train(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     if _global_hooks():
         return module(x)
     plan = _flat_plan(module)
-    if plan is not None and not plan.hooked() and not _module_hooks():
+    if plan is not None and not plan.hooked() and not _global_backward_hooks():
         for fn, m in plan.steps:
             x = fn(m, x)
         return x
