@@ -1,9 +1,11 @@
 """Split transformer classifiers, text data, FedLoRA and client-memory measurement."""
 
+import copy
+
 import numpy as np
 import pytest
 import torch
-from helpers import digits_config
+from helpers import assert_float_close, digits_config
 
 pytest.importorskip("transformers")
 
@@ -39,15 +41,23 @@ def hf_tiny(layers=3):
     return transformers.OPTForSequenceClassification(cfg).eval()
 
 
+def hf_logits(hf, ids, mask):
+    """``hf``'s logits in float32 and, from a float64 copy, in float64 (the bound of
+    :func:`helpers.assert_float_close`; the largest reduction is the FFN's 32 inputs)."""
+    hf64 = copy.deepcopy(hf).double()
+    return (hf(input_ids=ids, attention_mask=mask).logits,
+            hf64(input_ids=ids, attention_mask=mask).logits)
+
+
 @pytest.mark.parametrize("cut", [1, 2, 3])
 def test_client_then_server_equals_the_unsplit_model(cut):
     hf = hf_tiny()
     model = from_hf(hf)
     ids, mask = batch()
-    want = hf(input_ids=ids, attention_mask=mask).logits
+    want32, want64 = hf_logits(hf, ids, mask)
     client, server = split(model, cut)
     got = server(client(torch.stack([ids, mask], 1)))
-    assert torch.allclose(got, want, atol=1e-5)
+    assert_float_close(got, want32, want64, terms=32, what=f"cut {cut}")
     assert model.valid_cuts == [1, 2, 3]
     keys = set(client.state_dict()) | set(server.state_dict())
     assert len(keys) == len(model.state_dict())
@@ -67,7 +77,7 @@ def test_pretrained_from_a_local_directory(tmp_path, capfd):
     ids, mask = batch()
     model.eval()
     got = model(torch.stack([ids, mask], 1))
-    assert torch.allclose(got, hf(input_ids=ids, attention_mask=mask).logits, atol=1e-5)
+    assert_float_close(got, *hf_logits(hf, ids, mask), terms=32)
 
 
 def test_a_pretrained_directory_is_sized_before_it_is_built(tmp_path):
@@ -140,9 +150,10 @@ def test_cohort_forward_runs_each_client_with_its_own_parameters():
     out = cohort_forward(model, stack_states([model.state_dict(), other]),
                          torch.stack([x, x]), training=False)
     model.eval()
-    assert torch.allclose(out[0], model(x), atol=1e-6)
-    model.load_state_dict(other)
-    assert torch.allclose(out[1], model(x), atol=1e-6)
+    for c, state in enumerate([model.state_dict(), other]):
+        model.load_state_dict(state)
+        model64 = copy.deepcopy(model).double()     # token ids stay integers
+        assert_float_close(out[c], model(x), model64(x), terms=32, what=f"client {c}")
 
 
 def text_config(algorithm, **over):
