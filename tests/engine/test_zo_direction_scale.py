@@ -54,12 +54,30 @@ def test_gaussian_kind_is_unscaled_normal_noise_and_sphere_its_rescaling():
 def test_one_direction_estimate_is_the_plain_central_difference_times_u(kind):
     """The estimator itself carries no extra factor: g = (f(x + lam u) - f(x - lam u)) /
     (2 lam) u, with u as drawn (MeZO's and DeComFL's formula when u is Gaussian)."""
-    f, x, _ = quadratic(3, 6)
+    f, x, grad = quadratic(3, 6)
     lam, seed = 1e-3, 5
     (u,) = zo.directions(seed, [x], kind)
     want = ((f([x + lam * u]) - f([x - lam * u])) / (2 * lam))[:, None] * u
     (got,) = zo.zo_gradient(f, [x], lam, [seed], kind)
-    assert torch.allclose(got, want, rtol=0, atol=1e-12)
+    # got and want evaluate the same formula with their own roundings (x + lam u fused or
+    # not); the bound is the worst case of both. f = x'A x / 2 + b'x is a sum of n = d^2 + d
+    # products, rounded by at most n eps64 times its absolute form |p|'|A||p| / 2 + |b|'|p|
+    # at p = x +- lam u; each coordinate of p is rounded by eps64 (|x| + lam |u|), moving f
+    # by at most (|A||p| + |b|)' that. Their sum over both points, divided by 2 lam, is the
+    # coefficient's error (plus eps64 of the coefficient for the division and the product).
+    eps, d = torch.finfo(torch.float64).eps, x.shape[1]
+    hess = torch.autograd.functional.hessian(lambda p: f([p]).sum(), x)
+    a = torch.stack([hess[c, :, c, :] for c in range(len(x))])          # A, per client
+    a, b = a.abs(), (grad - torch.einsum("cij,cj->ci", a, x)).abs()      # |A|, |b|
+    err = 0.0
+    for p in (x + lam * u, x - lam * u):
+        p = p.abs()
+        form = 0.5 * torch.einsum("ci,cij,cj->c", p, a, p) + (b * p).sum(1)
+        moved = ((torch.einsum("cij,cj->ci", a, p) + b) * (x.abs() + lam * u.abs())).sum(1)
+        err = err + eps * ((d * d + d) * form + moved)
+    coef = want / u
+    bound = 2 * (err[:, None] / (2 * lam) + 2 * eps * coef.abs()) * u.abs()
+    assert ((got - want).abs() <= bound).all(), ((got - want).abs() / bound).max()
 
 
 @pytest.mark.numerics
