@@ -148,6 +148,28 @@ def sflv2_released(p: Problem, rounds):
     return {**glob, **state(server)}
 
 
+def fedavg_whole(p: Problem, rounds):
+    """FedAvg on the whole model (client side then server side) with a round-long
+    ``torch.optim.SGD(momentum, weight_decay)`` per client: SFL-V1 with the paper's
+    recipe and tau_tilde = tau."""
+    glob = state(p.client, p.server)
+    for t in range(1, rounds + 1):
+        cohort, lr = p.cohort(), p.env.lr(t)
+        plans = [p.plan(cid) for cid in cohort.ids]
+        trained = []
+        for s in range(cohort.size):
+            client, server = module_with(p.client, glob), module_with(p.server, glob)
+            opt = torch.optim.SGD([*client.parameters(), *server.parameters()], lr=lr,
+                                  momentum=MOMENTUM, weight_decay=WD)
+            for rows in torch.from_numpy(plans[s]):
+                opt.zero_grad()
+                F.cross_entropy(server(client(p.x[rows])), p.y[rows]).backward()
+                opt.step()
+            trained.append(state(client, server))
+        glob = average(glob, trained, cohort.weights)
+    return glob
+
+
 def references(cfg, transcribe, rounds):
     env = build_environment(cfg)
     return (transcribe(Problem(env, torch.float32), rounds),
@@ -221,12 +243,15 @@ def test_sflv1_cut_matters_only_with_the_released_recipe():
 
     fedavg = final_state(digits_config(algorithm={"name": "fedavg"}, rounds=3,
                                        **SPLIT))["model"]
+    ref32, ref64 = references(digits_config(algorithm={"name": "fedavg"}, rounds=3, **SPLIT),
+                              fedavg_whole, 3)
+    assert_matches(fedavg, ref32, ref64, "fedavg")
     for cut in (1, 2):
-        paper = at(cut)
-        for k in fedavg:
-            assert torch.allclose(paper[k], fedavg[k], atol=1e-5), (cut, k)
+        assert_matches(at(cut), ref32, ref64, f"sflv1 cut {cut}")
+    # the released recipe's two cuts differ by far more than that rounding bound
     one, two = at(1, recipe=RELEASED), at(2, recipe=RELEASED)
-    assert max((one[k] - two[k]).abs().max().item() for k in one) > 1e-2
+    assert max((one[k].double() - two[k].double()).abs().max().item()
+               / float_tolerance(ref32[k], ref64[k], terms=TERMS) for k in one) > 100
 
 
 @pytest.mark.parametrize("name", ["sflv1", "sflv2"])
