@@ -97,6 +97,15 @@ def assert_float_close(got, ref32, ref64, *, magnitude=None, terms=1, factor=8.0
                           f"(float32 reference error {ref_err:.3g}, dtype {got.dtype})")
 
 
+def bounds_away(other, ref32, ref64, *, terms=1):
+    """How many bounds of :func:`float_tolerance` the dict of tensors ``other`` lies from
+    the float64 reference ``ref64``, at its farthest entry: an alternative a test must
+    tell apart (a missing term, another algorithm) lies many bounds away (say > 100), far
+    beyond rounding."""
+    return max((other[k].detach().double() - ref64[k]).abs().max().item()
+               / float_tolerance(ref32[k], ref64[k], terms=terms) for k in ref64)
+
+
 def _finite_pair(ref32, ref64):
     """Both references in float64, on the entries where ``ref64`` is finite."""
     ref64 = ref64.detach().to(torch.float64)

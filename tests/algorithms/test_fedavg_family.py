@@ -4,7 +4,7 @@
 import numpy as np
 import pytest
 import torch
-from helpers import assert_float_close, assert_same_run, bn_mlp, digits_config
+from helpers import assert_float_close, assert_same_run, bn_mlp, bounds_away, digits_config
 
 from splitfed.algorithms.fedavg import FedAvg
 from splitfed.algorithms.fedopt import AdaptiveStep, FedOpt
@@ -116,8 +116,8 @@ def test_fedprox_first_local_step_is_fedavg_then_proximal():
     got = run(cfg).state["model"]
     (want32, *_), (want64, *_) = _references(cfg, 1, mu=0.5)
     close(got, want32, want64)
-    avg2 = run(digits_config(**two)).state["model"]
-    assert any(not torch.allclose(got[k], avg2[k], atol=1e-6) for k in got)
+    avg2 = run(digits_config(**two)).state["model"]     # no proximal term: far off
+    assert bounds_away(avg2, want32, want64) > 100
 
 
 def test_fedprox_matches_reference_with_partial_participation():

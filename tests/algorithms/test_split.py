@@ -5,7 +5,7 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import assert_float_close, digits_config, float_tolerance
+from helpers import assert_float_close, bounds_away, digits_config
 
 from splitfed.engine.batches import batch_plan
 from splitfed.experiment import build_environment, run_experiment
@@ -32,13 +32,6 @@ def close(got, reference, *args, **kw):
     for k in want64:
         assert_float_close(got[k], want32[k], want64[k], what=k)
     return want32, want64
-
-
-def far_from(other, want32, want64):
-    """How many rounding bounds of :func:`close` ``other`` lies from the float64
-    reference, at its farthest entry."""
-    return max((other[k].double() - want64[k]).abs().max().item()
-               / float_tolerance(want32[k], want64[k]) for k in want64)
 
 
 def same(got, want):
@@ -272,7 +265,7 @@ def test_sflv1_server_period_averages_server_copies_mid_round():
     want32, want64 = close(got, _sflv1_period_reference, cfg, 2)
     # without the mid-round average: far outside the rounding bound used above
     default = final(digits_config(algorithm={"name": "sflv1"}, rounds=1, **over))
-    assert far_from(default, want32, want64) > 100
+    assert bounds_away(default, want32, want64) > 100
 
 
 def test_sflv1_server_copies_keep_their_momentum_across_mid_round_averages():
@@ -290,7 +283,7 @@ def test_sflv1_server_copies_keep_their_momentum_across_mid_round_averages():
     # O(1e-6)), so that comparison tells the two apart
     restarted = _sflv1_period_reference(cfg, 1, momentum=0.9, weight_decay=5e-4,
                                         restart=True)
-    assert far_from(restarted, want32, want64) > 100
+    assert bounds_away(restarted, want32, want64) > 100
 
 
 def test_sflv1_server_copies_step_with_server_lr():
