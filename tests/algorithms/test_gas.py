@@ -4,6 +4,7 @@ which the server serves uploads (simulated arrival times, hand-computed), the ac
 buffer, and the bytes in the ledger."""
 
 import math
+import sys
 
 import numpy as np
 import pytest
@@ -91,7 +92,11 @@ def test_generated_activations_have_the_buffered_mean_and_variance(covariance):
         c = s - s.mean(0)
         cov = c.T @ c / len(s)
         got = cov if covariance == "full" else cov.diagonal()
-        assert torch.allclose(got, var, rtol=0.06, atol=0.06 * float(sd.max()) ** 2)
+        # 5 standard errors of the sample covariance of n Gaussian samples:
+        # Var(S_ij) = (S_ii S_jj + S_ij^2) / n (2 S_ii^2 / n on the diagonal)
+        full = var if covariance == "full" else torch.diag(var)
+        se = ((sd[:, None] ** 2 * sd[None, :] ** 2 + full ** 2) / len(s)).sqrt()
+        assert ((got - var).abs() <= 5 * (se if covariance == "full" else se.diagonal())).all()
 
 
 def test_a_full_run_whose_activations_overflow_ends_diverged():
@@ -163,7 +168,7 @@ def sizes(env):
 
 
 def test_uploads_are_served_in_order_of_their_simulated_arrival():
-    env, _, _, served = run_spied(gas_config())
+    env, records, _, served = run_spied(gas_config())
     z = sizes(env)
     step = [3 * B * z["fc"] / COMP[c] + (3 * z["A"] + z["L"]) / UP[c] for c in range(3)]
     want = []
@@ -172,7 +177,12 @@ def test_uploads_are_served_in_order_of_their_simulated_arrival():
         want += [(first, c), (first + 4 / DOWN[c] + step[c], c)]
     want.sort()
     assert [c for c, _ in served] == [c for _, c in want]
-    assert [t for _, t in served] == pytest.approx([t for t, _ in want], rel=1e-6)
+    # want leaves out the server's time: an upload's arrival can be delayed by at most all
+    # of the server's work in the round (its MACs at 1e15 MAC/s, ~1e-9 s); the float64
+    # sums of a few terms round by a few eps64 of t
+    slack = sum(r.get("server_macs", 0) for r in records) / 1e15
+    eps = sys.float_info.epsilon
+    assert all(abs(t - w) <= slack + 8 * eps * w for (_, t), (w, _) in zip(served, want))
     # asynchronous: the fast clients' second steps come before the straggler's first
     assert [c for c, _ in served][-2:] == [0, 0]
 
