@@ -165,6 +165,9 @@ def test_sampler_property(setup):
         w, ids = c.weights, c.ids
         assert np.all(np.isfinite(w)) and np.all(w >= 0)
         assert np.all((ids >= 0) & (ids < n))
+        # the weights are float64 products and quotients of a_n, q_n and a sum of at most n
+        # (a handful of) terms: a few eps64 (2.2e-16) off the formula; rtol=1e-12 is far
+        # above that and far below a wrong weight
         if mode == "full":
             assert ids.tolist() == list(range(n))
             np.testing.assert_allclose(w, a, rtol=1e-12)

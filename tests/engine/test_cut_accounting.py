@@ -151,6 +151,8 @@ def test_predicted_cut_bytes_are_the_ledgers(case):
         total_up = sum(_recorded(env, t, UP_KINDS) for t in range(1, rounds + 1))
         total_down = sum(_recorded(env, t, DOWN_KINDS) for t in range(1, rounds + 1))
         _, _, up, down, _ = client_work(algorithm, env, steps)
+        # byte counts are integers (exact in float64); the average divides once: the two
+        # sides agree to the rounding of one division, eps64 / 2 ~ 1.1e-16 relative
         np.testing.assert_allclose(up, total_up / rounds, rtol=1e-15)
         np.testing.assert_allclose(down, total_down / rounds, rtol=1e-15)
     _, _, up, down, _ = client_work(algorithm, env, steps)
@@ -198,7 +200,8 @@ def test_predicted_client_macs_are_what_the_clock_charged(case):
                 - feedback * (t > 1 and (t - 1) % period == 0) * B * 2 * fa
                 for t in range(1, rounds + 1)]
     assert [int(c[0]) for _, c in sorted(clients.items())] == want
-    # the average round (the plan's), here over the run's rounds
+    # the average round (the plan's), here over the run's rounds; integer MAC counts,
+    # exact in float64, divided once: equal to the rounding of one division (~1.1e-16)
     np.testing.assert_allclose(np.broadcast_to(client_work(algorithm, env, steps)[0], (N,)),
                                sum(clients.values()) / rounds, rtol=1e-15)
 

@@ -76,6 +76,8 @@ def test_round_time_is_the_kept_clients():
     f = forward_macs(env.model, tuple(env.data.input_shape))
     for kept, rec in zip(trained, records):
         times = [nbytes / 1e5 + K * 3 * B * f / COMPUTE[c] + nbytes / 1e5 for c in kept.ids]
+        # float64 sums of three terms in another order: a few eps64 apart; 1e-12 is far
+        # above that and far below any duration left out
         assert rec["sim_round_s"] == pytest.approx(max(times), rel=1e-12)
 
 

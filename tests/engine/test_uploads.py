@@ -48,6 +48,7 @@ def test_kept_uploads_rebuild_the_aggregate(renormalise):
     assert torch.equal(up.values["w"], x["w"][[0, 3]])
     assert torch.equal(up.values["n"], torch.tensor([5, 2]))
     scale = 1.0 / 0.5 if renormalise else 1.0
+    # float64 weights, renormalised by one division: a few eps64 (2.2e-16) apart
     assert torch.allclose(up.weights, torch.tensor([0.1, 0.4], dtype=torch.float64) * scale,
                           rtol=1e-15, atol=0)
     result = acc.result(1.0)
