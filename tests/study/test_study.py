@@ -151,7 +151,9 @@ def test_the_mean_curve_goes_on_with_the_seeds_that_did_not_diverge():
                              seed([0, 1], [0.1, 0.2])], "round")        # diverged at 2
     assert list(x) == [0, 1, 2]
     assert list(y) == pytest.approx([0.1, (0.5 + 0.3 + 0.2) / 3, 0.6])
-    assert std[2] == pytest.approx(0.1414213562, rel=1e-6) and std[0] == pytest.approx(0)
+    # float64 sample std of 0.7 and 0.5, sqrt(0.02): the differences 0.1 from the mean
+    # 0.6 carry the eps64 rounding of 0.7 (7 times their own), ~1e-15; 1e-12 is far above
+    assert std[2] == pytest.approx(math.sqrt(0.02), rel=1e-12) and std[0] == pytest.approx(0)
 
 
 def test_seed_summaries_are_the_mean_and_the_sample_standard_deviation():
@@ -159,6 +161,7 @@ def test_seed_summaries_are_the_mean_and_the_sample_standard_deviation():
     over seeds (divisor n - 1), over the seeds that have a value."""
     s = summarize([0.5, None, 0.7, 0.9])
     assert s["n"] == 3 and s["values"] == [0.5, None, 0.7, 0.9]
+    # float64 mean and std of three values: a few eps64 (2.2e-16) apart
     assert s["mean"] == pytest.approx(0.7, rel=1e-15)
     assert s["std"] == pytest.approx(0.2, rel=1e-15)        # population std: 0.1633
     assert summarize([0.4]) == {"mean": 0.4, "std": 0.0, "n": 1, "values": [0.4]}
