@@ -4,6 +4,7 @@ Real processes: rank 0 serves, ranks 1.. host the clients. Each test bounds its
 processes with a timeout, so a hung rendezvous fails instead of hanging.
 """
 
+import copy
 import json
 import os
 import re
@@ -18,7 +19,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import digits_config
+from helpers import assert_float_close, digits_config
 from splitfed.configtools import dump_yaml
 from splitfed.engine.stacked import StackedModel
 from splitfed.experiment import build_environment, run_experiment
@@ -62,17 +63,22 @@ def test_partial_stacked_model_trains_exactly_the_hosted_copies():
     env = build_environment(digits_config(partition__num_clients=4))
     full = env.stacked(model, start, 4, ids=ids)          # no placement: all copies here
     assert type(full) is StackedModel and full.n == 4
+    # the full stacked model in float64 too, from the same float32 values (the bound)
+    full64 = env.stacked(copy.deepcopy(model).double(),
+                         {k: v.double() for k, v in start.items()}, 4, ids=ids)
     env.placement = _Hosts([1, 3])
     part = env.stacked(model, start, 4, ids=ids)
     assert type(part).__name__ == "PartialStackedModel" and part.n == 2
     for a in (4, 3, 2):            # copies still working are a prefix, as in the executor
-        for m in (full, part):
-            out = m.forward(x[:a], a)
+        for m, xs in ((full, x), (part, x), (full64, x.double())):
+            out = m.forward(xs[:a], a)
             loss = F.cross_entropy(out.flatten(0, 1), y[:a].flatten(), reduction="none")
             m.step(loss.sum(), lr=0.1)
-    want, got = full.final(), part.final()
+    want, want64, got = full.final(), full64.final(), part.final()
     for k in want:
-        assert torch.allclose(got[k][[1, 3]], want[k][[1, 3]], atol=1e-6)
+        # weight gradients sum over the 5 samples and the 64 inputs
+        assert_float_close(got[k][[1, 3]], want[k][[1, 3]], want64[k][[1, 3]], terms=5 * 64,
+                           what=k)
         assert not got[k][[0, 2]].any()
 
 
