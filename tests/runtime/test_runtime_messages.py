@@ -8,13 +8,15 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 
 import pytest
 import torch
 
 from splitfed.errors import FormatError
 from splitfed.runtime.placement import ROUND_FIELDS, StopRun, control_message
-from splitfed.transport.distributed import _TRAILER, _frame, _nbytes, _unframe
+from splitfed.transport.distributed import (_TAG, _TRAILER, MAX_MESSAGE, Links, _frame,
+                                           _nbytes, _unframe)
 
 LIMIT_S = 240
 
@@ -124,3 +126,17 @@ def test_a_lost_links_reason_is_gloos_text_without_its_source_place(raw, shown):
     from splitfed.transport.distributed import link_error
 
     assert link_error(RuntimeError(raw)) == shown
+
+
+@pytest.mark.parametrize("announced", [MAX_MESSAGE + 1, 1 << 40, 0, -5, _TAG])
+def test_a_control_message_of_an_impossible_length_is_refused_before_it_is_read(announced):
+    """A client rank reads a control message's length first; a length above the limit
+    (or none, or too short to hold the HMAC) is refused before a buffer is made or a byte
+    of the body is waited for."""
+    links = Links(1, 2, 5.0, secret="s3cr3t-0123456789-abcdefghij-KLMNOPQRST")
+    arrived = threading.Event()
+    arrived.set()
+    head = _frame(torch.tensor([announced], dtype=torch.int64))
+    links._head = (0, head, arrived, [])         # the length message has come in
+    with pytest.raises(FormatError, match=f"announces {announced} bytes; refused"):
+        links._receive_control(0)

@@ -5,6 +5,7 @@ Network checks use loopback (127.0.0.0/8) only; a non-loopback ``--listen`` is c
 be refused before anything binds. Real runs are bounded by timeouts.
 """
 
+import argparse
 import json
 import os
 import signal
@@ -12,6 +13,7 @@ import socket
 import struct
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -401,6 +403,22 @@ def test_launch_refuses_bad_options_before_starting_anything(nothing_starts, cap
     _one_line_error(capsys, cli.main(argv), needle)
 
 
+def test_the_run_options_take_their_limits():
+    """--real-delays 0 (sleep for nothing) is a valid scale, as are the longest waits;
+    just past a limit is refused."""
+    def options(**over):
+        return argparse.Namespace(**{"timeout": 60.0, "client_timeout": 1800.0,
+                                     "real_delays": None, **over})
+
+    launch_mod.check_run_options(options(real_delays=0.0))
+    launch_mod.check_run_options(options(timeout=launch_mod.MAX_WAIT_S,
+                                         client_timeout=launch_mod.MAX_WAIT_S,
+                                         real_delays=launch_mod.MAX_WAIT_S))
+    for key in ("timeout", "client_timeout", "real_delays"):
+        with pytest.raises(ConfigError, match="<= 2.592e[+]06"):
+            launch_mod.check_run_options(options(**{key: launch_mod.MAX_WAIT_S * 1.001}))
+
+
 def test_launch_refuses_a_short_or_exposed_secret(nothing_starts, capsys, tmp_path,
                                                   monkeypatch):
     monkeypatch.setenv(secure.SECRET_ENV, "short")
@@ -579,3 +597,108 @@ def test_ranks_started_by_hand_meet_at_rank_0s_store_with_a_secret_file(tmp_path
     assert _finish(procs) == [0, 0], [p.stderr.read() for p in procs]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["status"] == "completed"
+
+
+# --------------------------------------------------------------------- the store's framing
+
+
+def test_the_store_listens_on_loopback_unless_told_otherwise():
+    server = StoreServer(SECRET)
+    try:
+        assert server.address[0] == "127.0.0.1"
+        bound = [addr for addr, port in listening([os.getpid()])
+                 if port == server.address[1]]
+        assert bound and all(_is_loopback(addr) for addr in bound)
+    finally:
+        server.close()
+
+
+_KEY = b"k" * 32
+
+
+def _frame(body: bytes, label: bytes, seq: int, key: bytes = _KEY) -> bytes:
+    """A store message as :class:`secure._Channel` frames it: length, body, HMAC over the
+    direction's label, the sequence number and the body."""
+    tag = secure._mac(key, label, struct.pack(">Q", seq), body)
+    return struct.pack(">I", len(body)) + body + tag
+
+
+def _server_channel():
+    """The server's end of an established connection, and the raw peer socket."""
+    peer, mine = socket.socketpair()
+    mine.settimeout(5)
+    return secure._Channel(mine, _KEY, b"S"), peer
+
+
+def test_a_store_message_must_carry_its_own_hmac():
+    """Each message's HMAC covers the direction, its sequence number and its body: a
+    changed tag, a replayed message, and the server's own message sent back to it are
+    all refused."""
+    chan, peer = _server_channel()
+    try:
+        peer.sendall(_frame(b"first", b"C", 0))
+        assert chan.recv() == b"first"
+        bad = bytearray(_frame(b"second", b"C", 1))
+        bad[-1] ^= 1
+        peer.sendall(bytes(bad))
+        with pytest.raises(AuthError, match="wrong HMAC"):
+            chan.recv()
+        peer.sendall(_frame(b"first", b"C", 0))          # a replay of message 0
+        with pytest.raises(AuthError, match="wrong HMAC"):
+            chan.recv()
+        peer.sendall(_frame(b"second", b"S", 1))         # reflected: the server's label
+        with pytest.raises(AuthError, match="wrong HMAC"):
+            chan.recv()
+        peer.sendall(_frame(b"second", b"C", 1))         # the next one in order passes
+        assert chan.recv() == b"second"
+    finally:
+        chan.sock.close()
+        peer.close()
+
+
+def test_a_store_message_over_the_size_limit_is_refused_before_its_body():
+    chan, peer = _server_channel()
+    try:
+        peer.sendall(struct.pack(">I", secure.MAX_FRAME + 1))
+        with pytest.raises(AuthError, match="over the limit"):
+            chan.recv()                                  # no body is waited for
+    finally:
+        chan.sock.close()
+        peer.close()
+
+
+def test_a_store_that_cannot_prove_the_secret_is_refused():
+    """The client checks the store's answer too: a listener that greets like a store but
+    does not know the secret (it answers 32 random bytes) is refused."""
+    mine, fake = socket.socketpair()
+
+    def impostor():
+        fake.sendall(secure.MAGIC + os.urandom(secure.NONCE))
+        secure._recv_exact(fake, secure.NONCE + secure.TAG)
+        fake.sendall(os.urandom(secure.TAG))
+
+    thread = threading.Thread(target=impostor, daemon=True)
+    thread.start()
+    try:
+        with pytest.raises(AuthError, match="did not prove"):
+            secure.client_handshake(mine, SECRET, timeout_s=5)
+    finally:
+        thread.join(5)
+        mine.close()
+        fake.close()
+
+
+def test_compare_set_of_an_absent_key_sets_it_only_when_nothing_is_expected():
+    """As torch's stores: an absent key is set when the expected value is empty, else
+    left absent (the expected value comes back)."""
+    server = StoreServer(SECRET)
+    host, port = server.address
+    try:
+        store = AuthStore(host, port, SECRET)
+        assert store.compare_set("absent", b"x", b"y") == b"x"
+        assert not store.check(["absent"])
+        assert store.compare_set("new", b"", b"v") == b"v" and store.get("new") == b"v"
+        assert store.compare_set("new", b"other", b"w") == b"v"     # not what was there
+        assert store.get("new") == b"v"
+    finally:
+        server.close()
