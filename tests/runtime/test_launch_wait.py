@@ -56,6 +56,21 @@ def test_a_rank_0_that_outlives_every_failed_client_rank_is_stopped(sigstop):
         _cleanup(ranks)
 
 
+def test_rank_0_has_the_longer_of_the_patience_and_the_grace_period():
+    """``patience_s`` (the client ranks' --client-timeout) longer than the grace period:
+    a rank 0 that logs nothing once every client rank has failed is stopped after the
+    patience, not after the shorter grace period."""
+    ranks = _ranks(SLEEP, "raise SystemExit(1)")
+    try:
+        start = time.monotonic()
+        code = launch.wait_all(ranks, grace_s=0.2, poll_s=0.05, patience_s=1.5)
+        took = time.monotonic() - start
+        assert 1.5 <= took < LIMIT_S / 2, took
+        assert code == -signal.SIGKILL and ranks.failed == [(1, 1)]
+    finally:
+        _cleanup(ranks)
+
+
 def test_a_failed_client_rank_is_dropped_while_another_client_rank_runs():
     # the spawn launcher's promise: a client process that dies is dropped by rank 0
     ranks = _ranks("import time; time.sleep(2)", "import os, signal; "

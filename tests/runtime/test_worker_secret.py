@@ -198,7 +198,8 @@ def test_a_handshake_sent_byte_by_byte_is_cut_at_the_handshake_limit(monkeypatch
         server.close()
 
 
-@pytest.mark.parametrize("rank, world", [("abc", "2"), ("5", "2"), ("-1", "2"), ("0", "x")])
+@pytest.mark.parametrize("rank, world", [("abc", "2"), ("5", "2"), ("2", "2"), ("-1", "2"),
+                                         ("0", "x")])
 def test_a_rank_and_world_size_that_cannot_be_are_refused_in_one_line(nothing_binds, capsys,
                                                                       monkeypatch, rank,
                                                                       world):
@@ -305,3 +306,26 @@ def test_a_store_with_another_secret_is_still_blamed_on_the_secret():
             AuthStore(host, port, SECRET, timeout=timedelta(seconds=5.0))
     finally:
         server.close()
+
+
+def test_a_secret_one_character_short_is_refused():
+    """The length limit is exact: 31 distinct characters are refused, 32 accepted."""
+    alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
+    short, enough = alphabet[:secure.MIN_SECRET - 1], alphabet[:secure.MIN_SECRET]
+    with pytest.raises(ConfigError, match=f"has {secure.MIN_SECRET - 1} characters"):
+        secure.read_secret(None, {secure.SECRET_ENV: short})
+    assert secure.read_secret(None, {secure.SECRET_ENV: enough}) == enough
+
+
+@pytest.mark.parametrize("mode", [0o640, 0o620, 0o610, 0o604, 0o602, 0o601])
+def test_a_secret_file_any_other_user_can_access_is_refused(tmp_path, mode):
+    """Access by the group counts as much as access by everyone."""
+    path = tmp_path / "secret"
+    path.write_text(SECRET + "\n")
+    path.chmod(mode)
+    with pytest.raises(ConfigError, match="other users can access it; chmod 600"):
+        secure.read_secret(str(path), {})
+    path.chmod(0o600)
+    assert secure.read_secret(str(path), {}) == SECRET
+    path.chmod(0o400)
+    assert secure.read_secret(str(path), {}) == SECRET
