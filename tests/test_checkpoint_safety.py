@@ -779,13 +779,21 @@ def test_launch_resume_with_a_tracker_that_cannot_open_changes_no_file(tmp_path,
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"
 
 
-@pytest.mark.parametrize("shape", [[float("inf")], [float("nan")], [10**30], ["x"], 5])
+@pytest.mark.parametrize("shape", [[float("inf")], [float("nan")], [10**30], ["x"], 5, [-1],
+                                   [1, -1]])
 def test_a_stored_array_with_a_shape_that_is_no_list_of_sizes_is_refused(shape):
     from splitfed import safeio
     from splitfed.errors import FormatError
 
     with pytest.raises(FormatError, match=r"^a stored numpy array is malformed"):
         safeio.decode({safeio.TAG: ["<f4", shape, b"\0\0\0\0"]})
+
+
+def test_a_numpy_array_of_python_objects_cannot_be_saved():
+    """Its bytes would be pointers into this process: refused where it sits."""
+    with pytest.raises(TypeError, match=r"^value\['a'\]\[1\]: numpy arrays of Python "
+                                        "objects cannot be saved"):
+        safeio.dumps({"a": [1, np.array([1, "x"], dtype=object)]})
 
 
 def test_a_recorded_key_that_a_resume_may_change_is_not_compared():
