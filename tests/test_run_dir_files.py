@@ -319,6 +319,22 @@ def test_read_regular_bounds(tmp_path):
         safeio.read_regular(tmp_path / "missing", "missing", 10)
 
 
+def test_read_regular_refuses_a_pipe_without_opening_it(tmp_path, monkeypatch):
+    """Opening a device can have side effects, and opening a pipe can block: a file
+    that is not a regular one is refused from its status, before anything opens it."""
+    path = tmp_path / "pipe"
+    os.mkfifo(path)
+    opened, real_open = [], os.open
+
+    def tracking_open(name, *args, **kwargs):
+        opened.append(str(name))
+        return real_open(name, *args, **kwargs)
+    monkeypatch.setattr(os, "open", tracking_open)
+    with pytest.raises(FormatError, match=r"^f: not a regular file"):
+        safeio.read_regular(path, "f", 10)
+    assert str(path) not in opened
+
+
 @pytest.mark.parametrize("kind", list(SPECIAL))
 def test_a_clock_trace_must_be_a_regular_file(tmp_path, kind):
     path = tmp_path / "trace.csv"
@@ -383,3 +399,63 @@ def test_a_lock_that_only_a_holder_probe_has_is_taken(tmp_path, monkeypatch):
         with pytest.raises(ConfigError, match=f"in use by another splitfed process "
                                               f"\\(pid {os.getpid()}\\)"):
             DirLock.acquire(tmp_path, "run directory")
+
+
+def test_a_lock_file_removed_while_it_is_being_locked_is_locked_anew(tmp_path, monkeypatch):
+    """A holder removes the lock file as it releases it. A process that opened the old
+    file just before then locks a file that no longer has a name, which a third process
+    would not see: it must lock the new file at the lock's path instead."""
+    import fcntl
+
+    import splitfed.locking as locking
+
+    real, calls = fcntl.flock, []
+
+    def flock(fd, op):
+        if not calls:                                      # the holder releases meanwhile
+            os.unlink(tmp_path / LOCK_NAME)
+        calls.append(op)
+        return real(fd, op)
+    monkeypatch.setattr(locking.fcntl, "flock", flock)
+    with DirLock.acquire(tmp_path, "run directory") as lock:
+        assert len(calls) == 2                            # the orphan, then the new file
+        assert os.fstat(lock._fd).st_ino == os.stat(tmp_path / LOCK_NAME).st_ino
+        assert holder(tmp_path) == os.getpid()
+
+
+def test_a_lock_held_by_a_process_of_unknown_pid_is_in_use(tmp_path):
+    """A locked lock file that names no pid (its holder has not written it yet) is in
+    use all the same: ``holder()`` says 0, and the check before the work refuses."""
+    import fcntl
+
+    from splitfed.locking import check_free
+
+    fd = os.open(tmp_path / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert holder(tmp_path) == 0
+        with pytest.raises(ConfigError, match=r"^run directory .* is in use by another "
+                                              r"splitfed process; "):
+            check_free(tmp_path, "run directory")
+    finally:
+        os.close(fd)
+    assert holder(tmp_path) is None
+    check_free(tmp_path, "run directory")
+
+
+def test_an_atomic_write_that_may_not_replace_keeps_a_file_that_appeared(tmp_path):
+    """``replace=False``: a file that another process created while the new one was
+    being written is kept, the new one is dropped (no temp file is left)."""
+    from splitfed.files import atomic_write
+
+    path = tmp_path / "figure.png"
+
+    def write(fh):
+        path.write_bytes(b"theirs")                        # appears meanwhile
+        fh.write(b"ours")
+    with pytest.raises(FileExistsError):
+        atomic_write(path, write, replace=False)
+    assert path.read_bytes() == b"theirs"
+    assert [p.name for p in tmp_path.iterdir()] == ["figure.png"]
+    atomic_write(tmp_path / "new.png", lambda fh: fh.write(b"x"), replace=False)
+    assert (tmp_path / "new.png").read_bytes() == b"x"
