@@ -130,8 +130,10 @@ def test_fashion_class_names(tmp_path):
 @pytest.mark.parametrize("data,problem", [
     (b"\x00\x00", "truncated"),
     (b"\x01\x00\x08\x01" + struct.pack(">I", 3) + b"abc", "magic"),
+    (b"\x00\x01\x08\x01" + struct.pack(">I", 3) + b"abc", "magic"),
     (b"\x00\x00\x0d\x01" + struct.pack(">I", 3) + b"abcdefghijkl", "dtype"),
     (b"\x00\x00\x08\x03" + struct.pack(">I", 2), "header"),
+    (b"\x00\x00\x08\x03" + struct.pack(">II", 2, 2), "header"),   # one size short
     (b"\x00\x00\x08\x01" + struct.pack(">I", 5) + b"abc", "need 5 data bytes"),
     (b"\x00\x00\x08\x01" + struct.pack(">I", 2) + b"abc", "need 2 data bytes"),
     # more dims than an array can have (numpy: 64)
@@ -324,6 +326,24 @@ def test_array_dataset_subset():
         ArrayDataset(torch.zeros(3, 2), torch.zeros(2, dtype=torch.int64))
 
 
+def test_a_constant_channel_is_only_centred():
+    """A channel whose train values are all equal has std 0: it is centred on the train
+    mean and not scaled (no 0/0), while the other channels are standardised."""
+    from splitfed.data.datasets import standardise
+
+    train = torch.zeros(2, 2, 2)                                 # [N, C, pixels]
+    train[:, 0] = torch.tensor([[0.0, 2.0], [4.0, 6.0]])
+    train[:, 1] = 0.5
+    test = torch.zeros(1, 2, 2)
+    test[:, 0], test[:, 1] = 3.0, 1.5
+    standardise(train, test)
+    assert torch.equal(train[:, 1], torch.zeros(2, 2))
+    assert torch.equal(test[:, 1], torch.ones(1, 2))           # 1.5 - 0.5, unscaled
+    # channel 0: values 0, 2, 4, 6 have mean 3 and population std sqrt(5)
+    assert torch.allclose(test[:, 0], torch.zeros(1, 2))
+    assert torch.allclose(train[:, 0].flatten(), (torch.tensor([0.0, 2, 4, 6]) - 3) / 5 ** 0.5)
+
+
 def test_digits():
     b = load_dataset("digits")
     assert b.input_shape == (1, 8, 8)
@@ -374,6 +394,33 @@ def test_synthetic_iid_and_limit():
     assert np.array_equal(np.sort(flat), np.arange(100))
     with pytest.raises(ConfigError, match="test_fraction"):
         load_dataset("synthetic", test_fraction=1.5)
+
+
+def test_synthetic_feature_variances_are_the_diagonal_covariance():
+    """x ~ N(v_k, Sigma) with Sigma_jj = j^-1.2 a *variance* (its standard deviation is
+    j^-0.6). With iid=True every v_k is 0, so feature j's variance over all samples is
+    j^-1.2; a sample variance of n draws has a relative standard error of
+    sqrt(2 / (n - 1)), and five of those are allowed."""
+    from splitfed.data.synthetic import generate
+
+    devices = generate(np.random.default_rng(0), num_devices=40, dim=6, iid=True)
+    x = np.concatenate([x for x, _ in devices])
+    want = np.arange(1, 7, dtype=np.float64) ** -1.2
+    tol = 5 * np.sqrt(2 / (len(x) - 1))
+    assert tol < 0.2, len(x)
+    np.testing.assert_allclose(x.var(axis=0) / want, 1.0, atol=tol)
+
+
+def test_the_synthetic_marker_is_in_the_positive_samples_only():
+    """Label 1 iff the marker occurs: once in each positive sample, never in a negative
+    one (a small vocabulary, where a word drawn at random would often be the marker)."""
+    b = load_dataset("synthetic_text", rng=np.random.default_rng(0), num_train=200,
+                     num_test=60, seq_len=12, vocab_size=7, min_len=3, marker=5)
+    for split in (b.train, b.test):
+        ids, mask = split.x[:, 0], split.x[:, 1]
+        assert torch.equal(((ids == 5) & (mask == 1)).sum(1), split.y)
+        assert int(split.y.sum()) == len(split) // 2
+        assert torch.all(ids[:, 0] == 2) and torch.all(ids[mask == 0] == 1)   # BOS, PAD
 
 
 REAL_FASHION = Path("/usr/share/datasets/fashion-mnist")
