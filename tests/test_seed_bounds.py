@@ -94,3 +94,13 @@ def test_every_seed_of_the_range_has_its_own_streams():
         assert derive_seed(seed, "data") == int(
             old.generate_state(1, dtype=np.uint64)[0] & np.uint64(2**63 - 1))
     assert all(0 <= derive_seed(s, "x") <= MAX_SEED for s in (MIN_SEED, -1, 0, MAX_SEED))
+
+
+def test_a_seed_and_its_negation_have_their_own_streams():
+    """A negative master seed enters as its two's complement, not as its magnitude: seeds
+    -s and s (and so the runs of a study over both) draw different streams."""
+    from splitfed.rng import derive_seed
+
+    for s in (1, 5, 12345, MAX_SEED):
+        for name in ("data", "partition", "init"):
+            assert derive_seed(-s, name) != derive_seed(s, name), (s, name)
