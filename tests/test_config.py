@@ -176,3 +176,27 @@ def test_an_algorithm_state_that_does_not_fit_in_memory_is_one_line(tmp_path, ca
         assert ("an allocation of 238.4 GiB failed" if isinstance(failure, RuntimeError)
                 else "MemoryError") in err
         assert "grows with partition.num_clients (8)" in err and not any(tmp_path.iterdir())
+
+
+def test_dotted_keys_overlap_and_cover_by_whole_parts():
+    """Keys are compared part by part: ``train.lr`` and ``train.lr_decay`` are two
+    values (both may be swept at once), ``train`` holds ``train.lr``, and an option is
+    one key flat or under its section's ``options``."""
+    from splitfed.config import key_covers, keys_overlap
+
+    assert not keys_overlap("train.lr", "train.lr_decay")
+    assert not keys_overlap("train.lr_decay", "train.lr")
+    assert keys_overlap("train", "train.lr") and keys_overlap("train.lr", "train")
+    assert keys_overlap("partition.alpha", "partition.options.alpha")
+    assert key_covers("train", "train.lr") and key_covers("train.lr", "train.lr")
+    assert not key_covers("train.lr", "train")
+    assert not key_covers("train.lr", "train.lr_decay")
+    assert key_covers("partition.options", "partition.alpha")
+
+
+def test_a_sweep_over_a_key_and_a_longer_key_of_the_same_prefix_is_kept():
+    from splitfed.grid import parse_axes
+
+    axes, over = parse_axes(["train.lr=0.1,0.2", "train.lr_decay=0.9,0.99",
+                             "train.lr_min=0.001"])
+    assert list(axes) == ["train.lr", "train.lr_decay"] and over == ["train.lr_min=0.001"]

@@ -495,3 +495,15 @@ def test_a_rerun_replaces_links_in_the_sweep_directory_never_their_targets(tmp_p
         assert (tmp_path / f"victim-{name}").read_text() == "keep", name
         assert (sweep / name).is_file() and not (sweep / name).is_symlink(), name
     assert json.loads((sweep / "sweep.json").read_text())["axes"] == ["train.lr"]
+
+
+def test_an_axis_of_sections_sets_only_the_keys_every_value_sets():
+    """``train={lr: .., momentum: ..},...`` sets ``train.lr`` in every run but
+    ``train.momentum`` only where a value gives it: an override of ``train.momentum``
+    still reaches the run whose value leaves it out, so it is kept; one of
+    ``train.lr`` would reach no run, so it is refused."""
+    axis = "train={lr: 0.1, momentum: 0.9},{lr: 0.2, momentum: 0.8},{lr: 0.3}"
+    axes, over = parse_axes([axis, "train.momentum=0.5"])
+    assert len(axes["train"]) == 3 and over == ["train.momentum=0.5"]
+    with pytest.raises(ConfigError, match="'train.lr' is given twice"):
+        parse_axes([axis, "train.lr=0.5"])

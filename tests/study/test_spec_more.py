@@ -59,6 +59,15 @@ def test_seeds_replace_the_base_config_seed():
     assert [r.config.seed for r in study.runs] == [5, 6, 5, 6]
 
 
+@pytest.mark.parametrize("seeds", [[3, 3], [0, 1, 0]])
+def test_a_seed_given_twice_in_seeds_is_refused(seeds):
+    """Two runs of one variant at one seed would share their run directory (and count
+    twice in the mean over seeds)."""
+    with pytest.raises(ConfigError, match="study.seeds: expected a non-empty list of "
+                                          "distinct seeds"):
+        study_from_mapping(_study(grid={"train.lr": [0.1, 0.2]}, seeds=seeds))
+
+
 def test_set_seed_on_the_command_line_with_seeds_in_the_file_is_refused(tmp_path):
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump(_study(grid={"train.lr": [0.1, 0.2]}, seeds=[0, 1])))
@@ -279,3 +288,16 @@ def test_the_kept_copy_of_a_study_without_a_name_names_it(tmp_path, head):
     assert yaml.safe_load(study.text)["grid"] == {"train.lr": [0.1, 0.2]}
     if not head:
         assert "# my comment" in study.text             # the file as written, named
+
+
+def test_a_runs_panel_reads_its_grid_value_as_its_label_does():
+    """``group_by`` a swept key: each run's panel is the value as the grid gives it (and
+    its label reads it), not the value as the config stores it (``1`` is the float 1.0
+    there)."""
+    study = study_from_mapping(_study(grid={"train.lr": [1, 0.5], "rounds": [1, 2]},
+                                      group_by="train.lr"))
+    assert [(v.label, v.group, v.line_label) for v in study.variants] == [
+        ("train.lr=1, rounds=1", "1", "rounds=1"), ("train.lr=1, rounds=2", "1", "rounds=2"),
+        ("train.lr=0.5, rounds=1", "0.5", "rounds=1"),
+        ("train.lr=0.5, rounds=2", "0.5", "rounds=2")]
+    assert study.runs[0].config.train.lr == 1.0
