@@ -74,3 +74,54 @@ def test_records_without_a_finished_summary_are_an_unfinished_run(tmp_path):
     assert run_dir_state(stopped).state == "unfinished"
     no_records = _saved(tmp_path / "c", BASE, BASE, {"status": "completed"})
     assert run_dir_state(no_records).state == "unfinished"
+
+
+def test_a_plugin_whose_files_could_not_be_read_is_never_the_same_code():
+    """A plugin digest ``unknown`` (its files could not be read) proves nothing: the run
+    is made by other code even when it recorded ``unknown`` too; a plugin only one side
+    imported is not compared."""
+    from splitfed.study.reuse import compare_code
+
+    now = {"splitfed": "1.2.0", "commit": "a" * 40, "source": "c" * 64,
+           "plugins": {"p": "unknown", "q": "e" * 64}}
+    same, note = compare_code(dict(now), now)
+    assert not same and note == "the code of plugin p changed since the run was recorded"
+    known = dict(now, plugins={"p": "f" * 64, "q": "e" * 64})
+    assert compare_code(dict(known), known) == (True, None)
+    assert not compare_code(dict(known, plugins={"p": "0" * 64}), known)[0]
+    assert compare_code(dict(known, plugins={}), known) == (True, None)
+
+
+def _records(rounds: int, clients=1, acc=0.5):
+    return [{"round": 0, "test_acc": 0.1}] + [
+        {"round": t, "test_acc": acc, "train_loss": 1.0, "clients_used": clients}
+        for t in range(1, rounds + 1)]
+
+
+def test_records_give_a_finished_status_only_when_they_end_at_the_last_round():
+    """The statuses a finished run's records allow (what a study checks a reused run's
+    summary.json against): records that stop before the last round, or go on past it,
+    belong to no finished run of this config."""
+    from splitfed.experiment import record_statuses
+
+    cfg = build_config(dict(BASE, rounds=3))
+    assert record_statuses(_records(3), cfg)[0] == ("completed",)
+    assert record_statuses(_records(2), cfg)[0] == ()
+    assert record_statuses(_records(4), cfg)[0] == ()
+    diverged = _records(2) + [{"round": 3, "train_loss": float("nan"), "clients_used": 1}]
+    assert record_statuses(diverged, cfg)[0] == ("diverged",)
+    assert record_statuses(diverged[:-1] + [dict(diverged[-1], round=2)]
+                           + [{"round": 3, "train_loss": 1.0}], cfg)[0] == ()
+
+
+def test_no_client_trained_only_when_no_round_used_a_client():
+    from splitfed.experiment import record_statuses
+
+    cfg = build_config(dict(BASE, rounds=3))
+    assert record_statuses(_records(3, clients=0), cfg)[0] == ("no_client_trained",)
+    some = _records(3, clients=0)
+    some[2]["clients_used"] = 2
+    assert record_statuses(some, cfg)[0] == ("completed",)
+    unknown = _records(3, clients=0)
+    del unknown[3]["clients_used"]
+    assert record_statuses(unknown, cfg)[0] == ("completed", "no_client_trained")
