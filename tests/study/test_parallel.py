@@ -489,3 +489,12 @@ def test_ctrl_c_stops_the_workers_and_the_same_command_finishes_the_sweep(lab):
     assert code == 0, err
     data = json.loads((lab / "out" / "slow-sweep" / "sweep.json").read_text())
     assert [r["status"] for r in data["runs"]] == ["completed"] * 2
+
+
+def test_the_runs_at_the_same_time_are_at_most_the_runs_left(monkeypatch):
+    """``--jobs`` (default: the usable cores) is capped at the runs left to do, and is at
+    least one: a study with one run left runs it in this process."""
+    monkeypatch.setattr(parallel, "usable_cores", lambda: 8)
+    assert [parallel.resolve_jobs(None, left) for left in (0, 1, 3, 8, 20)] == [
+        1, 1, 3, 8, 8]
+    assert [parallel.resolve_jobs(4, left) for left in (0, 1, 3, 8)] == [1, 1, 3, 4]
