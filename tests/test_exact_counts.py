@@ -59,3 +59,12 @@ def test_over_selection_samples_the_decimals_ceiling():
                         clock={"profile": "fixed", "over_select": 0.1})
     assert (1 + 0.1) * 50 > 55                       # the float product is above 55
     assert _sampled_per_round(cfg, 60) == 55
+
+
+def test_over_selection_samples_at_most_every_client():
+    """ceil((1 + over_select) M) clients, but never more than the N there are."""
+    cfg = digits_config(partition={"scheme": "iid", "num_clients": 60},
+                        participation={"mode": "uniform", "clients_per_round": 50},
+                        clock={"profile": "fixed", "over_select": 0.5})
+    assert _sampled_per_round(cfg, 60) == 60            # 50 + 25 = 75 capped at 60
+    assert _sampled_per_round(cfg, 80) == 75
