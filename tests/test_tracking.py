@@ -235,3 +235,12 @@ def test_tracking_keys_are_checked():
         build_config({"tracking": {"experiment": " "}})
     with pytest.raises(ConfigError, match="unknown key 'tracking.wandb'"):
         build_config({"tracking": {"wandb": True}})
+
+
+def test_trackers_get_a_records_numbers_only():
+    """What a tracker logs of a record: its ints and floats as floats; not the round (the
+    step), not flags (``True`` is no metric), not text."""
+    from splitfed.tracking import numeric
+
+    record = {"round": 3, "test_acc": 0.5, "bytes_up": 12, "stopped": True, "note": "x"}
+    assert numeric(record) == {"test_acc": 0.5, "bytes_up": 12.0}
