@@ -198,3 +198,120 @@ def test_a_model_given_data_of_another_shape_names_both_fields(name, shape):
         build_model(name, shape, 10)
     assert str(e.value).startswith("model.name: "), e.value
     assert f"data.name gives samples of shape {shape}" in str(e.value)
+
+
+def _block_outputs(model, shape):
+    """Per-sample output shape of every block of ``model`` on one sample of ``shape``."""
+    x, out = torch.zeros(1, *shape), {}
+    with torch.no_grad():
+        for name, block in model.eval().named_children():
+            x = block(x)
+            out[name] = tuple(x.shape[1:])
+    return out
+
+
+def test_resnet18_stages_halve_the_resolution_from_the_second_on():
+    """Module doc: widths w, 2w, 4w, 8w at strides 1, 2, 2, 2 (CIFAR stem, no max-pool),
+    so a 32x32 input leaves the stages at 32, 16, 8 and 4 pixels."""
+    got = _block_outputs(_model("resnet18", (3, 32, 32), {"width": 4}), (3, 32, 32))
+    assert got == {"stage1": (4, 32, 32), "stage2": (8, 16, 16), "stage3": (16, 8, 8),
+                   "stage4": (32, 4, 4), "head": (10,)}
+
+
+def test_alexnet_blocks_pool_after_conv1_conv2_and_conv5():
+    """Module doc: max-pools after conv1, conv2 and conv5 (256x3x3 for 28x28 inputs), then
+    1024 and 512 hidden units, every width scaled by ``width``."""
+    got = _block_outputs(_model("alexnet", (1, 28, 28), {"width": 0.125}), (1, 28, 28))
+    assert got == {"conv1": (8, 14, 14), "conv2": (24, 7, 7), "conv3": (48, 7, 7),
+                   "conv4": (32, 7, 7), "conv5": (32, 3, 3), "fc1": (128,), "fc2": (64,),
+                   "fc3": (10,)}
+
+
+def test_vgg11_every_stage_ends_in_a_max_pool():
+    """Module doc: five stages each ending in a max-pool, so a 32x32 input reaches the
+    classifier as 512 x 1 x 1 (times ``width``)."""
+    got = _block_outputs(_model("vgg11", (3, 32, 32), {"width": 0.125}), (3, 32, 32))
+    assert got == {"stage1": (8, 16, 16), "stage2": (16, 8, 8), "stage3": (32, 4, 4),
+                   "stage4": (64, 2, 2), "stage5": (64, 1, 1), "classifier": (10,)}
+
+
+def test_mobilenetv2_strides_sit_on_the_first_block_of_each_group():
+    """Module doc: stride 1 stem and groups of strides 1, 1, 2, 2, 1, 2, 1 (the stride on
+    each group's first block), so 32x32 ends at 4x4; the last conv has
+    1280 * max(1, width_mult) channels."""
+    model = _model("mobilenetv2", (3, 32, 32), {"width_mult": 0.25})
+    sizes = {}
+    hooks = [m.register_forward_hook(lambda m, i, o, n=n: sizes.__setitem__(n, o.shape[-1]))
+             for n, m in model.named_modules() if type(m).__name__ == "InvertedResidual"]
+    with torch.no_grad():
+        model.eval()(torch.zeros(1, 3, 32, 32))
+    for h in hooks:
+        h.remove()
+    side = {1: 32, 2: 32, 3: 16, 4: 8, 5: 8, 6: 4, 7: 4}
+    assert sizes and all(s == side[int(n.split(".")[0][5:])] for n, s in sizes.items()), sizes
+    head_conv = model.head[0]
+    assert head_conv.out_channels == 1280
+
+
+def test_mobilenetv2_blocks_add_their_input_exactly_when_shapes_match():
+    """An inverted residual adds its input when stride 1 and the channels match (module
+    doc); with its last BatchNorm zeroed, the branch is 0, so the block returns its input
+    then, and 0 otherwise."""
+    from splitfed.models.mobilenet import InvertedResidual
+
+    x = torch.randn(2, 8, 6, 6)
+    for inp, out, stride, adds in [(8, 8, 1, True), (8, 16, 1, False), (8, 8, 2, False)]:
+        block = InvertedResidual(inp, out, stride, 6).eval()
+        with torch.no_grad():
+            block.conv[-1].weight.zero_()
+            block.conv[-1].bias.zero_()
+            y = block(x)
+        if adds:
+            assert torch.equal(y, x)
+        else:
+            assert not y.any()
+
+
+@pytest.mark.parametrize("name,shape,opts", [
+    ("lenet5", (1, 28, 28), {}),
+    ("alexnet", (1, 28, 28), {"width": 0.125}),
+    ("vgg11", (3, 32, 32), {"width": 0.125, "batch_norm": True}),
+    ("mlp", (60,), {"hidden": (16, 8)}),
+])
+def test_every_client_block_ends_in_a_relu(name, shape, opts):
+    """The documented blocks end in ReLU (then possibly a max-pool), so the activation at
+    every cut is non-negative, in training mode (batch statistics) as in eval mode, and
+    not all zero."""
+    model = _model(name, shape, opts)
+    x = torch.randn(8, *shape)
+    for training in (True, False):
+        for cut in model.valid_cuts:
+            client, _ = split(model, cut)
+            with torch.no_grad():
+                acts = client.train(training)(x)
+            assert (acts >= 0).all() and (acts > 0).any(), (cut, training)
+
+
+def test_alexnet_dropout_sits_before_fc1_and_fc2():
+    """Module doc: ``dropout`` inserts Dropout(p) before fc1 and fc2 (and nowhere else)."""
+    model = _model("alexnet", (1, 28, 28), {"width": 0.125, "dropout": 0.25})
+    drops = {n: m.p for n, m in model.named_modules() if isinstance(m, nn.Dropout)}
+    assert drops == {"fc1.1": 0.25, "fc2.0": 0.25}
+    assert isinstance(model.fc1[2], nn.Linear) and isinstance(model.fc2[1], nn.Linear)
+
+
+def test_aux_mlp_head_is_linear_relu_linear():
+    """kind="mlp": Flatten, Linear(flat, hidden), ReLU, Linear(hidden, num_classes)
+    (module doc), computed by hand from the head's own weights."""
+    model = _model("lenet5", (1, 28, 28), {})
+    client, _ = split(model)
+    head = build_aux_head(client, (1, 28, 28), 10, kind="mlp", hidden=16)
+    lin1, lin2 = [m for m in head.modules() if isinstance(m, nn.Linear)]
+    assert (lin1.in_features, lin1.out_features, lin2.out_features) == (400, 16, 10)
+    acts = torch.randn(4, 16, 5, 5)
+    with torch.no_grad():
+        want = torch.relu(acts.flatten(1) @ lin1.weight.T + lin1.bias) @ lin2.weight.T + lin2.bias
+        assert torch.allclose(head(acts), want, atol=1e-5)
+    for hidden in (0, -1, True, 2.0):
+        with pytest.raises(ConfigError, match="hidden must be a positive int"):
+            build_aux_head(client, (1, 28, 28), 10, kind="mlp", hidden=hidden)
