@@ -368,3 +368,52 @@ def test_strided_1x1_convolutions_train_right(clients, cin, stride, padding):
             for i, g in enumerate(got[:-1]):
                 assert_float_close(g[c], ref32[1][c][i], ref[1][c][i], magnitude=scale,
                                    terms=x[c].numel(), what=f"{what} grad {i}")
+
+
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+def test_batchnorm_cumulative_average_and_batch_statistics_only(training):
+    """BatchNorm with momentum=None (running statistics as a cumulative average, 1 /
+    num_batches_tracked) and without running statistics (batch statistics in eval as in
+    training) match the per-client computation, buffers included."""
+    torch.manual_seed(0)
+    module = nn.Sequential(
+        nn.Conv2d(3, 4, 3, padding=1),
+        nn.BatchNorm2d(4, momentum=None),
+        nn.ReLU(),
+        nn.Flatten(),
+        nn.Linear(64, 8),
+        nn.BatchNorm1d(8, track_running_stats=False),
+        nn.Linear(8, 5),
+    )
+    for dtype in DTYPES:
+        _check(module, (3, 4, 4), training, num_classes=5, dtype=dtype)
+
+
+def test_dropout2d_drops_whole_channels_per_client_and_sample():
+    """Dropout2d in a cohort zeroes whole channels of one sample of one client (each kept
+    channel scaled by 1 / (1 - p)), with masks drawn per client and sample."""
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Conv2d(2, 6, 1), nn.Dropout2d(0.5))
+    state = stack_states([{"0.weight": torch.ones(6, 2, 1, 1), "0.bias": torch.zeros(6)}] * C)
+    x = torch.ones(C, B, 2, 5, 5)
+    out = cohort_forward(module, state, x, training=True)      # every kept value is 2 * 2
+    flat = out.reshape(C, B, 6, -1)
+    kept = (flat == 4.0).all(-1)
+    assert ((flat == 0).all(-1) | kept).all()                  # a channel is all or nothing
+    assert kept.any() and not kept.all()
+    assert not torch.equal(kept[0], kept[1]) and not torch.equal(kept[0, 0], kept[0, 1])
+
+
+def test_alpha_dropout_keeps_its_affine_values_in_a_cohort():
+    """AlphaDropout sets a dropped unit to the SELU saturation value and rescales (not to
+    zero): a cohort's outputs on a constant input take the two values a per-client pass
+    takes."""
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Linear(4, 64), nn.AlphaDropout(0.5))
+    sd = {"0.weight": torch.zeros(64, 4), "0.bias": torch.ones(64)}
+    out = cohort_forward(module, stack_states([sd] * C), torch.ones(C, B, 4), training=True)
+    ref = functional_call(module.train(), sd, (torch.ones(256, 4),))
+    values = torch.unique(ref)
+    assert values.numel() == 2 and 0 not in values
+    assert torch.isclose(out.reshape(-1, 1), values).any(1).all()
+    assert all(torch.isclose(out, v).any() for v in values)
