@@ -135,6 +135,96 @@ def test_forward_macs_of_lenet5_by_hand():
     assert forward_macs(model, (1, 28, 28)) == conv1 + conv2 + fc
 
 
+def test_forward_macs_of_grouped_and_rectangular_convolutions_and_token_rows():
+    """Module doc: a convolution costs out_elements * in_channels / groups * kh * kw, a
+    linear layer in_features * out_features per output row (every token of a sequence)."""
+    from torch import nn
+
+    from splitfed.engine.flops import forward_macs
+    depthwise = nn.Conv2d(4, 4, 3, padding=1, groups=4)
+    assert forward_macs(depthwise, (4, 8, 8)) == 4 * 8 * 8 * (1 * 3 * 3)
+    grouped = nn.Conv2d(4, 6, (3, 5), groups=2)            # 6 x 6 x 4 outputs
+    assert forward_macs(grouped, (4, 8, 8)) == 6 * 6 * 4 * (2 * 3 * 5)
+    tokens = nn.Linear(6, 5)
+    assert forward_macs(tokens, (7, 6)) == 7 * 5 * 6
+
+
+class _FreeClock:
+    """A clock that charges nothing (the arithmetic alone is under test)."""
+
+    def charge(self, *args, **kwargs):
+        return 0
+
+
+def _bn_net():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3),
+                               torch.nn.Linear(3, 2))
+
+
+def test_forward_copies_update_batchnorm_statistics_only_when_asked():
+    """ForwardCopies: buffers change only in a pass with ``update_stats`` (the
+    unperturbed client pass), and then as each copy's own training-mode forward would."""
+    from splitfed.engine.stacked import ForwardCopies
+
+    model = _bn_net()
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    copies = ForwardCopies(model, start, 2, clock=_FreeClock(), role="client", ids=[0, 1])
+    x = torch.randn(2, 8, 4)
+    copies.forward(x)
+    assert torch.equal(copies.state["1.running_mean"], start["1.running_mean"].expand(2, 3))
+    assert (copies.state["1.num_batches_tracked"] == 0).all()
+    copies.forward(x, update_stats=True)
+    model.train()
+    for c in range(2):
+        ref = {k: v.clone() for k, v in start.items()}
+        functional_call(model, ref, (x[c],))
+        for k in ("1.running_mean", "1.running_var", "1.num_batches_tracked"):
+            assert torch.allclose(copies.state[k][c], ref[k], atol=1e-6), (c, k)
+
+
+def test_forward_copies_first_order_grads_are_each_copys_own_loss_gradient():
+    """first_order_grads on labels: the gradient of the summed per-copy losses, i.e. for
+    every copy the gradient of its own mean cross-entropy (not divided by the copies)."""
+    import torch.nn.functional as F
+
+    from splitfed.engine.stacked import ForwardCopies
+
+    model = _bn_net()
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    copies = ForwardCopies(model, start, 2, clock=_FreeClock(), role="client", ids=[0, 1])
+    x, y = torch.randn(2, 8, 4), torch.randint(0, 2, (2, 8))
+    grads = copies.first_order_grads(x, y)
+    names = [n for n, _ in model.named_parameters()]
+    model.train()
+    for c in range(2):
+        sd = {k: v.clone().requires_grad_(k in names) for k, v in start.items()}
+        loss = F.cross_entropy(functional_call(model, sd, (x[c],)), y[c])
+        want = torch.autograd.grad(loss, [sd[n] for n in names])
+        for g, w in zip(grads, want):
+            assert torch.allclose(g[c], w, atol=1e-6)
+
+
+@pytest.mark.parametrize("momentum,wd,nesterov", [(0.9, 0.0, False), (0.0, 0.01, False),
+                                                  (0.9, 0.0, True), (0.0, 0.0, False)])
+def test_sgd_step_is_torch_sgds_step(momentum, wd, nesterov):
+    """split.sgd_step: plain SGD takes the fused p - lr g; any optimizer state (momentum
+    alone, weight decay alone, nesterov) is torch.optim.SGD's own step, over three steps."""
+    from splitfed.engine.split import sgd_step
+
+    g = torch.Generator().manual_seed(0)
+    p0 = torch.randn(5, generator=g)
+    grads = [torch.randn(5, generator=g) for _ in range(3)]
+    mine, ref = p0.clone().requires_grad_(), p0.clone().requires_grad_()
+    kw = dict(momentum=momentum, weight_decay=wd, nesterov=nesterov)
+    opt, ref_opt = torch.optim.SGD([mine], lr=0.1, **kw), torch.optim.SGD([ref], lr=0.1, **kw)
+    for gr in grads:
+        sgd_step(opt, [mine], [gr.clone()], 0.1)
+        ref.grad = gr.clone()
+        ref_opt.step()
+    assert torch.allclose(mine, ref, atol=1e-6)
+
+
 def test_learning_rate_schedule_decays_to_the_floor():
     from helpers import digits_config
 
