@@ -156,6 +156,26 @@ def test_cohort_forward_runs_each_client_with_its_own_parameters():
         assert_float_close(out[c], model(x), model64(x), terms=32, what=f"client {c}")
 
 
+
+def test_cohort_forward_of_a_transformer_follows_the_training_flag():
+    """With dropout, a cohort pass with training=False is the eval-mode forward of each
+    client (no dropout, whatever mode the template is in, which is left as it was), and
+    with training=True it draws dropout masks."""
+    model = build_model("opt", (2, 12), 2, dropout=0.5,
+                        **{k: v for k, v in TINY.items() if k != "name"})
+    ids, mask = batch()
+    x = torch.stack([ids, mask], 1)
+    state = stack_states([model.state_dict()] * 2)
+    model.train()
+    out = cohort_forward(model, state, torch.stack([x, x]), training=False)
+    assert model.training
+    with torch.no_grad():
+        want = model.eval()(x)
+    assert torch.allclose(out[0], want, atol=1e-6) and torch.allclose(out[1], want, atol=1e-6)
+    out = cohort_forward(model, state, torch.stack([x, x]), training=True)
+    assert not model.training
+    assert not torch.allclose(out[0], out[1])
+
 def text_config(algorithm, **over):
     raw = {"name": "t", "rounds": 2, "progress": False, "seed": 1,
            "algorithm": algorithm,

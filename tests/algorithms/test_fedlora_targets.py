@@ -137,3 +137,26 @@ def test_fedlora_options_and_add_lora_share_their_bounds():
     fields = {f.name: f for f in __import__("dataclasses").fields(FedLoRAOptions)}
     for key, bounds in BOUNDS.items():
         assert {k: v for k, v in fields[key].metadata.items() if k != "help"} == bounds
+
+
+def test_adapters_add_alpha_over_rank_times_b_a():
+    """LoRA (Hu et al. 2022): an adapted linear layer computes W x + b + (alpha / r) B A x,
+    with the base frozen and A, B trained."""
+    from collections import OrderedDict
+
+    from torch import nn
+
+    from splitfed.models.lora import add_lora
+
+    torch.manual_seed(0)
+    model = nn.Sequential(OrderedDict(body=nn.Linear(6, 5), head=nn.Linear(5, 2)))
+    w, b = model.body.weight.detach().clone(), model.body.bias.detach().clone()
+    add_lora(model, rank=2, alpha=6.0)
+    a_w, b_w = model.body.lora_A["default"].weight, model.body.lora_B["default"].weight
+    with torch.no_grad():
+        b_w.copy_(torch.randn(b_w.shape))
+    x = torch.randn(3, 6)
+    want = x @ w.T + b + (6.0 / 2) * (x @ a_w.T @ b_w.T)
+    assert torch.allclose(model.body(x), want, atol=1e-5)
+    assert a_w.requires_grad and b_w.requires_grad
+    assert not model.body.base_layer.weight.requires_grad
