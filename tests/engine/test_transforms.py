@@ -437,6 +437,24 @@ def test_rate_with_global_lr_one_is_the_plain_algorithm_bit_for_bit(name):
     assert_same_run(plain, rate)
 
 
+
+@pytest.mark.parametrize("name,half", [
+    ("fedavg", {"global_lr": 0.5}),
+    ("sflv1", {"server_transforms": [{"name": "rate", "global_lr": 0.5}]})])
+def test_global_lr_scales_the_round_step(name, half):
+    """Rate (paper 003 Algorithm 1): x_1 = x_0 + eta_g sum_n w_n (x_n - x_0). The clients
+    of round 1 train from x_0 whatever eta_g, so with eta_g = 0.5 the model moves half as
+    far as with eta_g = 1 (one rounding of x_0 + step each: a few float32 ulps)."""
+    over = dict(SPLIT, rounds=1)
+    x0 = build_environment(digits_config(algorithm={"name": name}, **over)).model.state_dict()
+    full = final_state(digits_config(algorithm={"name": name}, **over))["model"]
+    half = final_state(digits_config(algorithm={"name": name, **half}, **over))["model"]
+    for k, v in x0.items():
+        want = v + 0.5 * (full[k] - v)
+        tol = 4 * torch.finfo(torch.float32).eps * (v.abs() + full[k].abs()).max().item()
+        assert (half[k] - want).abs().max().item() <= tol, k
+        assert (full[k] - v).abs().max().item() > 100 * tol, k
+
 def test_momentum_with_beta_zero_and_rate_one_is_fedavg():
     """beta 0, server_lr 1: x_{t+1} = x_t + Delta_t, FedAvg's step, round after round
     (the v of the previous round must not enter). Both algorithms are fed the same x_t
