@@ -315,3 +315,15 @@ def test_aux_mlp_head_is_linear_relu_linear():
     for hidden in (0, -1, True, 2.0):
         with pytest.raises(ConfigError, match="hidden must be a positive int"):
             build_aux_head(client, (1, 28, 28), 10, kind="mlp", hidden=hidden)
+
+
+def test_width_multipliers_round_channels_to_the_nearest_integer_at_least_one():
+    """blocks.scaled: channels * width rounded to the nearest integer, at least 1 (VGG-11
+    at width 0.3: 64 -> 19.2 -> 19, 128 -> 38.4 -> 38, 256 -> 76.8 -> 77, 512 -> 153.6
+    -> 154)."""
+    from splitfed.models.blocks import scaled
+
+    assert [scaled(c, 0.3) for c in (64, 128, 256, 512)] == [19, 38, 77, 154]
+    assert scaled(1, 0.1) == 1
+    got = _block_outputs(_model("vgg11", (3, 32, 32), {"width": 0.3}), (3, 32, 32))
+    assert [got[f"stage{i}"][0] for i in range(1, 6)] == [19, 38, 77, 154, 154]
