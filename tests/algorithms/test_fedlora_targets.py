@@ -5,7 +5,7 @@ after the run directory exists."""
 
 import pytest
 import torch
-from helpers import digits_config
+from helpers import assert_float_close, digits_config
 
 from splitfed.cli import main
 from splitfed.errors import ConfigError
@@ -156,7 +156,11 @@ def test_adapters_add_alpha_over_rank_times_b_a():
     with torch.no_grad():
         b_w.copy_(torch.randn(b_w.shape))
     x = torch.randn(3, 6)
-    want = x @ w.T + b + (6.0 / 2) * (x @ a_w.T @ b_w.T)
-    assert torch.allclose(model.body(x), want, atol=1e-5)
+
+    def want(dt):
+        xd, ad, bd = x.to(dt), a_w.detach().to(dt), b_w.detach().to(dt)
+        return xd @ w.to(dt).T + b.to(dt) + (6.0 / 2) * (xd @ ad.T @ bd.T)
+    with torch.no_grad():
+        assert_float_close(model.body(x), want(torch.float32), want(torch.float64), terms=6)
     assert a_w.requires_grad and b_w.requires_grad
     assert not model.body.base_layer.weight.requires_grad

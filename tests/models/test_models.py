@@ -3,6 +3,7 @@
 import pytest
 import torch
 from torch import nn
+from helpers import assert_float_close
 
 from splitfed.errors import ConfigError
 from splitfed.models import (
@@ -309,9 +310,13 @@ def test_aux_mlp_head_is_linear_relu_linear():
     lin1, lin2 = [m for m in head.modules() if isinstance(m, nn.Linear)]
     assert (lin1.in_features, lin1.out_features, lin2.out_features) == (400, 16, 10)
     acts = torch.randn(4, 16, 5, 5)
+
+    def want(dt):
+        w1, b1, w2, b2 = (p.detach().to(dt) for p in (lin1.weight, lin1.bias, lin2.weight,
+                                                       lin2.bias))
+        return torch.relu(acts.to(dt).flatten(1) @ w1.T + b1) @ w2.T + b2
     with torch.no_grad():
-        want = torch.relu(acts.flatten(1) @ lin1.weight.T + lin1.bias) @ lin2.weight.T + lin2.bias
-        assert torch.allclose(head(acts), want, atol=1e-5)
+        assert_float_close(head(acts), want(torch.float32), want(torch.float64), terms=400)
     for hidden in (0, -1, True, 2.0):
         with pytest.raises(ConfigError, match="hidden must be a positive int"):
             build_aux_head(client, (1, 28, 28), 10, kind="mlp", hidden=hidden)
