@@ -110,9 +110,9 @@ def average(glob, trained, weights):
             for k, x in glob.items()}
 
 
-def sflv1_released(p: Problem, rounds):
-    """SFL-V1 (Algorithm 1, tau_tilde = tau) with the released code's optimizers: each
-    client and its server copy start from the global models; both sides aggregated."""
+def both_sides_averaged(p: Problem, rounds, train):
+    """Rounds in which each client and its server copy start from the global models,
+    ``train(client, server, lr, plan)`` trains them, and both sides are aggregated."""
     glob = state(p.client, p.server)
     for t in range(1, rounds + 1):
         cohort, lr = p.cohort(), p.env.lr(t)
@@ -120,13 +120,21 @@ def sflv1_released(p: Problem, rounds):
         trained = []
         for s in range(cohort.size):
             client, server = module_with(p.client, glob), module_with(p.server, glob)
-            client_opt = torch.optim.SGD(client.parameters(), lr=lr, momentum=MOMENTUM,
-                                         weight_decay=WD)
-            for rows in torch.from_numpy(plans[s]):
-                released_iteration(client, client_opt, server, p.x[rows], p.y[rows], lr)
+            train(client, server, lr, plans[s])
             trained.append(state(client, server))
         glob = average(glob, trained, cohort.weights)
     return glob
+
+
+def sflv1_released(p: Problem, rounds):
+    """SFL-V1 (Algorithm 1, tau_tilde = tau) with the released code's optimizers: each
+    client and its server copy start from the global models; both sides aggregated."""
+    def train(client, server, lr, plan):
+        client_opt = torch.optim.SGD(client.parameters(), lr=lr, momentum=MOMENTUM,
+                                     weight_decay=WD)
+        for rows in torch.from_numpy(plan):
+            released_iteration(client, client_opt, server, p.x[rows], p.y[rows], lr)
+    return both_sides_averaged(p, rounds, train)
 
 
 def sflv2_released(p: Problem, rounds):
@@ -152,22 +160,14 @@ def fedavg_whole(p: Problem, rounds):
     """FedAvg on the whole model (client side then server side) with a round-long
     ``torch.optim.SGD(momentum, weight_decay)`` per client: SFL-V1 with the paper's
     recipe and tau_tilde = tau."""
-    glob = state(p.client, p.server)
-    for t in range(1, rounds + 1):
-        cohort, lr = p.cohort(), p.env.lr(t)
-        plans = [p.plan(cid) for cid in cohort.ids]
-        trained = []
-        for s in range(cohort.size):
-            client, server = module_with(p.client, glob), module_with(p.server, glob)
-            opt = torch.optim.SGD([*client.parameters(), *server.parameters()], lr=lr,
-                                  momentum=MOMENTUM, weight_decay=WD)
-            for rows in torch.from_numpy(plans[s]):
-                opt.zero_grad()
-                F.cross_entropy(server(client(p.x[rows])), p.y[rows]).backward()
-                opt.step()
-            trained.append(state(client, server))
-        glob = average(glob, trained, cohort.weights)
-    return glob
+    def train(client, server, lr, plan):
+        opt = torch.optim.SGD([*client.parameters(), *server.parameters()], lr=lr,
+                              momentum=MOMENTUM, weight_decay=WD)
+        for rows in torch.from_numpy(plan):
+            opt.zero_grad()
+            F.cross_entropy(server(client(p.x[rows])), p.y[rows]).backward()
+            opt.step()
+    return both_sides_averaged(p, rounds, train)
 
 
 def references(cfg, transcribe, rounds):
