@@ -120,6 +120,17 @@ def test_fedprox_first_local_step_is_fedavg_then_proximal():
     assert bounds_away(avg2, want32, want64) > 100
 
 
+def test_fedprox_default_mu_is_a_small_nonzero_pull():
+    """Without options FedProx runs with the documented mu = 0.01: bit for bit the run
+    with mu: 0.01 given, and not FedAvg (the term is on, however small)."""
+    common = dict(rounds=1, partition__num_clients=1, train__local_steps=3)
+    default = run(digits_config(algorithm={"name": "fedprox"}, **common))
+    given = run(digits_config(algorithm={"name": "fedprox", "mu": 0.01}, **common))
+    assert_same_run(default, given)
+    avg = run(digits_config(**common)).state["model"]
+    assert any(not torch.equal(default.state["model"][k], v) for k, v in avg.items())
+
+
 def test_fedprox_matches_reference_with_partial_participation():
     cfg = digits_config(algorithm={"name": "fedprox", "mu": 0.3}, rounds=2, **HETERO)
     (want32, *_), (want64, *_) = _references(cfg, 2, mu=0.3)
@@ -142,26 +153,46 @@ def _expected_fedopt(x0, delta, opt, lr, beta1, beta2, tau, v0):
     return x0 + lr * m / (v.sqrt() + tau), m, v
 
 
-@pytest.mark.parametrize("variant", ["adam", "yogi", "adagrad"])
-def test_fedopt_one_round_follows_algorithm_2(variant):
-    opts = {"server_optimizer": variant, "server_lr": 0.05, "beta1": 0.9, "beta2": 0.99,
-            "tau": 1e-3}
+def _assert_one_fedopt_round(options, variant, lr, beta1, beta2, tau, v0):
+    """One round of fedopt with the algorithm ``options`` gives the model and the state
+    (m, v) of Algorithm 2 with the given settings after FedAvg's round."""
     common = dict(rounds=1, **HETERO)
     cfg = digits_config(**common)
     x0 = build_environment(cfg).model.state_dict()
-    res = run(digits_config(algorithm={"name": "fedopt", **opts}, **common)).state
+    res = run(digits_config(algorithm={"name": "fedopt", **options}, **common)).state
     # Algorithm 2 after FedAvg's round, both computed in float32 and in float64
     want = {}
     for dtype in (torch.float32, torch.float64):
         avg = _reference(cfg, 1, dtype=dtype)[0]
         want[dtype] = {k: _expected_fedopt(x0[k].to(dtype), avg[k] - x0[k].to(dtype),
-                                           variant, 0.05, 0.9, 0.99, 1e-3, 1e-6)
+                                           variant, lr, beta1, beta2, tau, v0)
                        for k in x0}
     for k in x0:
         for i, got in enumerate((res["model"][k], res["fedopt"]["m"][k],
                                  res["fedopt"]["v"][k])):
             assert_float_close(got, want[torch.float32][k][i], want[torch.float64][k][i],
                                what=f"{k} {('model', 'm', 'v')[i]}")
+
+
+@pytest.mark.parametrize("variant", ["adam", "yogi", "adagrad"])
+def test_fedopt_one_round_follows_algorithm_2(variant):
+    opts = {"server_optimizer": variant, "server_lr": 0.05, "beta1": 0.9, "beta2": 0.99,
+            "tau": 1e-3}
+    _assert_one_fedopt_round(opts, variant, 0.05, 0.9, 0.99, 1e-3, 1e-6)
+
+
+@pytest.mark.parametrize("v_init", [0.0, 1e-2])
+def test_fedopt_v_init_is_the_second_moment_the_server_starts_from(v_init):
+    """A given ``v_init`` is v_{-1} of Algorithm 2 in place of tau^2: 0 (below the
+    paper's tau^2) and 1e-2 (far above every Delta^2 here, so the first step is small)."""
+    opts = {"server_optimizer": "adam", "server_lr": 0.05, "tau": 1e-3, "v_init": v_init}
+    _assert_one_fedopt_round(opts, "adam", 0.05, 0.9, 0.99, 1e-3, v_init)
+
+
+def test_fedopt_without_options_is_fedadam_with_the_documented_settings():
+    """The defaults of docs/algorithms/fedopt.md: FedAdam, eta 0.01, beta1 0.9, beta2 0.99,
+    tau 1e-3 and v_{-1} = tau^2."""
+    _assert_one_fedopt_round({}, "adam", 0.01, 0.9, 0.99, 1e-3, 1e-3 ** 2)
 
 
 @pytest.mark.numerics
