@@ -158,6 +158,22 @@ def test_default_server_gradient_is_one_minibatch_of_d_s(spy_g_s):
     assert np.array_equal(batch, batch_plan(rows, 1, B, rng)[0])
 
 
+@pytest.mark.parametrize("name", ["fedclg_c", "fedclg_s"])
+def test_server_batch_size_is_the_size_of_the_server_gradients_minibatch(spy_g_s, name):
+    """``server_batch_size`` B_s = 16 (not train.batch_size = 8) is the minibatch of g_s,
+    drawn from the ``server_data`` stream right after D_s^t, as the server steps' B_s."""
+    cfg = digits_config(algorithm={"name": name, "server_steps": 1,
+                                   "server_batch_size": 16}, rounds=1,
+                        server_data=SERVER, train=TRAIN)
+    run(cfg)
+    env = build_environment(cfg)
+    rng = RandomStreams(cfg.seed).numpy("server_data")
+    rows = env.server_data.draw(rng)
+    (batch, _), = spy_g_s
+    assert len(batch) == 16
+    assert np.array_equal(batch, batch_plan(rows, 1, 16, rng)[0])
+
+
 def _round_by_hand(cfg, env, dtype, global_lr):
     """One round of FedCLG with K = 1, full participation and g_s on all of D_s^t, then
     two minibatch server steps (eq. 5): every client's corrected step is x_t - eta g_s
