@@ -15,7 +15,8 @@ import torch
 import torch.nn.functional as F
 from helpers import assert_float_close, assert_same_run, bounds_away, digits_config
 
-from splitfed.algorithms.fedclg import CLGCorrection
+from splitfed.algorithms import fedclg
+from splitfed.algorithms.fedclg import CLGCorrection, stacked_gradients
 from splitfed.algorithms.server_only import ServerTrain
 from splitfed.engine.batches import batch_plan
 from splitfed.engine.stacked import StackedModel
@@ -229,3 +230,50 @@ def test_bad_server_gradient_names_the_field_and_the_values():
     msg = str(e.value)
     assert "\n" not in msg and "server_gradient" in msg
     assert "batch" in msg and "full" in msg
+
+
+# ----------------------------------------------------------------------------- g_i
+
+
+def test_fresh_batch_client_gradient_draws_its_own_minibatch(monkeypatch):
+    """``client_gradient: fresh_batch``: g^i_t is computed on one B-minibatch of each
+    client per cohort slot, drawn in slot order from the ``client_gradients`` stream, not
+    the first local batch (which comes from ``batches``)."""
+    calls = []
+
+    def spy(module, start, x, y, rows, chunk_size):
+        calls.append([np.array(r) for r in rows])
+        return stacked_gradients(module, start, x, y, rows, chunk_size)
+
+    monkeypatch.setattr(fedclg, "stacked_gradients", spy)
+    cfg = digits_config(algorithm={"name": "fedclg_c", "client_gradient": "fresh_batch",
+                                   "server_steps": 1}, rounds=1, server_data=SERVER,
+                        train=TRAIN)
+    run(cfg)
+    env = build_environment(cfg)
+    streams = RandomStreams(cfg.seed)
+    ids = env.sampler.sample(streams.numpy("participation")).ids
+    assert len(ids) == 3
+    _, client_rows = calls                        # g^s_t first (Algorithm 1 line 4), then g^i_t
+    fresh, first = streams.numpy("client_gradients"), streams.numpy("batches")
+    for c, got in zip(ids, client_rows, strict=True):
+        assert np.array_equal(got, batch_plan(env.client_indices[c], 1, B, fresh)[0])
+        assert not np.array_equal(got, batch_plan(env.client_indices[c], 1, B, first)[0])
+
+
+def test_gradients_of_row_sets_of_unequal_length_are_each_sets_own():
+    """:func:`stacked_gradients` on row sets of 5, 11 and 8 samples in one batched pass
+    (padded by cycling, the padding weighted 0) gives each set's own mean-loss gradient,
+    as a direct autograd pass in float32 and float64 (``client_gradient: full`` with
+    unequal client data, several clients per chunk)."""
+    cfg = digits_config(rounds=1)
+    env = build_environment(cfg)
+    x, y = env.data.train.x, env.data.train.y
+    state = {k: v.clone() for k, v in env.model.state_dict().items()}
+    rows = [np.arange(0, 5), np.arange(20, 31), np.arange(40, 48)]
+    got = stacked_gradients(env.model, state, x, y, rows, chunk_size=3)
+    for s, r in enumerate(rows):
+        ref32 = gradient(env.model, state, x, y, torch.from_numpy(r), torch.float32)
+        ref64 = gradient(env.model, state, x, y, torch.from_numpy(r), torch.float64)
+        for n in ref64:
+            assert_float_close(got[n][s], ref32[n], ref64[n], terms=len(r), what=f"{s} {n}")
