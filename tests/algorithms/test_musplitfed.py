@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import assert_float_close, digits_config
+from helpers import assert_float_close, bn_mlp, digits_config
 from torch.func import functional_call
 
 from splitfed.engine import zo
@@ -134,12 +134,14 @@ SETUP = dict(model={"name": "mlp", "hidden": [16, 8], "cut": 1},
 def _reference(cfg, rounds, dtype=torch.float32, losses=None):
     """Paper 001 Algorithm 1 written as a plain per-client loop (same seeds and batches),
     computed in ``dtype`` (the random directions are the float32 ones the engine draws).
-    ``directions`` q > 1 averages q estimates; ``client_order: first`` replaces the
+    ``directions`` q > 1 averages q estimates, each along a direction of
+    ``direction_kind``; ``client_order: first`` replaces the
     client's estimate by its gradient through the updated server. ``losses``, when given,
     receives each round's train loss: the cohort's mean of the first server step's 2q
     evaluations."""
     o = cfg.algorithm.options
     tau, lam, q = o.get("tau", 2), 0.005, o.get("directions", 1)
+    kind = o.get("direction_kind", "sphere")
     eta_s, eta_g = o.get("server_lr", 0.01), o.get("global_lr", 0.3)
     first_order = o.get("client_order", "zeroth") == "first"
     env = build_environment(cfg)
@@ -157,7 +159,7 @@ def _reference(cfg, rounds, dtype=torch.float32, losses=None):
         stacked_c = [v.expand(n, *v.shape) for v in cp.values()]
         stacked_s = [v.expand(n, *v.shape) for v in sp.values()]
         def directions(name, stacked):
-            u = zo.directions(derive_seed(base, name), [v.float() for v in stacked])
+            u = zo.directions(derive_seed(base, name), [v.float() for v in stacked], kind)
             return [v.to(dtype) for v in u]
         u_c = [directions(f"client/0/{j}", stacked_c) for j in range(q)]
         new_c, new_s, first_losses = [], [], []
@@ -216,6 +218,20 @@ def test_musplitfed_matches_the_algorithm_box(tau):
         assert_float_close(got[k], want32[k], want64[k], what=k)
 
 
+@pytest.mark.numerics
+@pytest.mark.parametrize("directions", [1, 2])
+def test_gaussian_directions_are_used_on_both_sides(directions):
+    """``direction_kind: gaussian``: the client's estimate (eqs. 4, 6) and the server
+    copies' steps (eq. 5) both move along N(0, I) directions, as the per-client loop
+    with the same seeds (the sphere's directions would give another model)."""
+    cfg = digits_config(algorithm={"name": "musplitfed", "tau": 2, "directions": directions,
+                                   "direction_kind": "gaussian"}, rounds=2, **SETUP)
+    got = run_experiment(cfg, write=False).state["model"]
+    want32, want64 = _reference(cfg, 2), _reference(cfg, 2, torch.float64)
+    for k in want64:
+        assert_float_close(got[k], want32[k], want64[k], what=k)
+
+
 def test_ledger_three_activations_up_one_scalar_down_per_client():
     cfg = digits_config(algorithm={"name": "musplitfed"}, rounds=1, **SETUP)
     res = run_experiment(cfg, write=False)
@@ -266,6 +282,41 @@ def test_zeroth_order_round_uses_no_autograd_graph():
     assert all(not v.requires_grad for v in new["model"].values())
     assert not np.allclose(new["model"]["fc1.1.weight"].numpy(),
                            state["model"]["fc1.1.weight"].numpy())
+
+
+@pytest.mark.parametrize("directions", [1, 3])
+def test_only_the_unperturbed_client_pass_updates_batchnorm_statistics(directions):
+    """The client's running statistics move by exactly one pass a round, the unperturbed
+    h (module doc): after a round the counter is 1, not 2 q + 1, and the running mean is
+    the momentum update with each participant's batch, averaged over the cohort."""
+    cfg = digits_config(algorithm={"name": "musplitfed", "directions": directions,
+                                   "global_lr": 1.0},
+                        rounds=1, **{**SETUP, "participation": {"mode": "full"}})
+    env = build_environment(cfg)
+    env.model = bn_mlp()
+    from splitfed.experiment import build_algorithm
+    algo = build_algorithm(cfg)
+    state = algo.init_state(env)
+    env.ledger.round = 1
+    cohort = env.sampler.sample(env.streams.numpy("participation"))
+    streams = RandomStreams(cfg.seed)
+    streams.numpy("participation")
+    rows = [batch_plan(env.client_indices[c], 1, 8, streams.numpy("batches"))[0]
+            for c in cohort.ids]
+    new = algo.round(env, state, 1, cohort).state["model"]
+    assert int(new["fc1.2.num_batches_tracked"]) == 1
+    # by hand, in float64: the pre-BatchNorm activations of each participant's batch
+    lin = {k: state["model"][f"fc1.1.{k}"].double() for k in ("weight", "bias")}
+    w = torch.tensor(cohort.weights, dtype=torch.float64)
+    start = state["model"]["fc1.2.running_mean"].double()
+    want = sum(wm * (0.9 * start + 0.1 * (env.data.train.x[r].flatten(1).double()
+                                          @ lin["weight"].T + lin["bias"]).mean(0))
+               for wm, r in zip(w, rows))
+    got = new["fc1.2.running_mean"].double()
+    assert not torch.allclose(got, start)
+    # float32 sums of 64 products per activation against float64
+    bound = 64 * torch.finfo(torch.float32).eps * (1 + float(want.abs().max()))
+    assert float((got - want).abs().max()) <= bound
 
 
 # ------------------------------------------------------------------ adaptive tau (eq. 12)
