@@ -360,6 +360,43 @@ def test_generators_are_deterministic_for_a_seed():
         build_profiles("fixed", {"uplink": [1, 2]}, 3, np.random.default_rng(0))
 
 
+def test_exponential_once_per_client_divides_each_speed_by_its_draw():
+    """``per_round: false``: a client's computation time is multiplied by one Exp(mean)
+    draw for the whole run (module doc), i.e. its speed is divided by it; the links keep
+    their rates and no per-round multiplier is left."""
+    p = build_profiles("exponential", {"per_round": False, "mean": 2.0,
+                                       "client_compute": [1e9, 2e9, 4e9]}, 3,
+                       np.random.default_rng(7))
+    draws = np.random.default_rng(7).exponential(2.0, 3)
+    np.testing.assert_allclose(p.compute, np.array([1e9, 2e9, 4e9]) / draws, rtol=1e-15)
+    assert p.slowdown_mean is None
+    scale, _ = p.draw(np.random.default_rng(0))
+    assert scale.tolist() == [1.0, 1.0, 1.0]
+
+
+def test_fedscale_draws_compute_then_uplink_then_downlink_with_their_own_sigmas():
+    """Log-normal speeds around the medians: compute with ``compute_sigma``, both links
+    with ``bandwidth_sigma``, one standard normal draw per client each, in that order."""
+    opts = {"compute_median": 1e9, "compute_sigma": 0.3, "uplink_median": 1e6,
+            "downlink_median": 4e6, "bandwidth_sigma": 1.1}
+    p = build_profiles("fedscale", opts, 4, np.random.default_rng(5))
+    z = np.random.default_rng(5).standard_normal((3, 4))
+    np.testing.assert_allclose(p.compute, 1e9 * np.exp(0.3 * z[0]), rtol=1e-15)
+    np.testing.assert_allclose(p.uplink, 1e6 * np.exp(1.1 * z[1]), rtol=1e-15)
+    np.testing.assert_allclose(p.downlink, 4e6 * np.exp(1.1 * z[2]), rtol=1e-15)
+
+
+def test_an_availability_window_includes_its_start_and_excludes_its_end():
+    """``available_from <= start < available_until`` (module doc)."""
+    p = Profiles(np.ones(2), np.ones(2), np.ones(2), 1.0,
+                 available_from=np.array([1.0, 0.0]), available_until=np.array([3.0, 1.0]))
+    ids = np.arange(2)
+    assert p.available(ids, 0.0).tolist() == [False, True]
+    assert p.available(ids, 1.0).tolist() == [True, False]
+    assert p.available(ids, 2.5).tolist() == [True, False]
+    assert p.available(ids, 3.0).tolist() == [False, False]
+
+
 @pytest.mark.parametrize("name, options, says", [
     ("fixed", {"client_compute": [1e6, True, 1e6]}, "clock.client_compute: expected one "
      "positive number or a list of 3 (one per client), got [1000000.0, True, 1000000.0]"),
@@ -418,6 +455,7 @@ def test_trace_profile_speeds_and_availability(tmp_path):
     rows = load_trace(path, 3)
     assert rows["compute_macs_per_s"].tolist() == COMP
     assert rows["available_from"][1] == 1e9 and rows["available_until"][0] == np.inf
+    assert rows["available_from"][0] == -np.inf         # an empty cell is unbounded
     env, rec, *_ = run(config("fedavg", profile="trace",
                               speeds={"path": str(path), "server_compute": SERVER}))
     assert [r["dropped"] for r in rec[1:]] == [1] and rec[1]["participants"] == 2
@@ -512,6 +550,7 @@ def test_a_trace_is_checked_row_by_row_in_memory_near_its_size(tmp_path):
     (TRACE.replace("\n2,4e5,5e3,2e4,0,\n", "\n"), "client_id"),
     (TRACE.replace("available_until", "until"), "until"),
     (TRACE.replace(",1e9,", ",x,"), "available_from"),
+    (TRACE.replace("0,1e5,1e4,4e4,,", "0,1e5,1e4,4e4,5,5"), "available_until"),  # empty
     (TRACE.replace("2e5", "2_0e4"), "compute_macs_per_s"),      # float() takes these
     (TRACE.replace("2e5", "nan"), "compute_macs_per_s"),
     (TRACE.replace("2e5", "\u0662e5"), "compute_macs_per_s"),   # an Arabic-Indic digit
