@@ -111,6 +111,41 @@ def test_executor_matches_per_client_loop(name, shape, dtype):
     assert_clients_match_loop(got, model, x, y, plans, 0.05, name)
 
 
+def _mean_step_losses(model, x, y, plan, lr, dtype):
+    """The mean over ``plan``'s steps of the minibatch loss before each plain SGD step,
+    computed in ``dtype``."""
+    import copy
+
+    model, x = copy.deepcopy(model).to(dtype), x.to(dtype)
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    losses = []
+    for rows in torch.from_numpy(plan):
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x[rows]), y[rows])
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach())
+    return torch.stack(losses).mean()
+
+
+def test_executor_loss_is_each_clients_mean_over_its_own_steps():
+    """With unequal K in one chunk, a slot's training loss is the mean of its own K
+    minibatch losses, not a sum over the chunk's longest run of steps."""
+    torch.manual_seed(0)
+    model = build_model("mlp", (1, 8, 8), 10)
+    x, y = torch.randn(60, 1, 8, 8), torch.randint(0, 10, (60,))
+    parts = [np.arange(0, 20), np.arange(20, 35), np.arange(35, 60)]
+    ex = ClientExecutor(model, x, y, parts, batch_size=4, chunk_size=3)
+    ids, steps = np.array([2, 0, 1]), np.array([3, 5, 2])
+    plans = ex.plans(ids, steps, np.random.default_rng(1))
+    (chunk,) = ex.train(model.state_dict(), ids, steps, lr=0.05,
+                        rng=np.random.default_rng(1))
+    for j, s in enumerate(chunk.slots):
+        want = [_mean_step_losses(model, x, y, plans[s], 0.05, dt)
+                for dt in (torch.float32, torch.float64)]
+        assert_float_close(chunk.loss[j], *want, terms=4 * 64, what=f"slot {s}")
+
+
 def test_executor_functional_call_forward_unchanged():
     # the executor never touches the template's own parameters
     torch.manual_seed(0)
