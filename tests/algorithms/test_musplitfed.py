@@ -323,7 +323,8 @@ def test_only_the_unperturbed_client_pass_updates_batchnorm_statistics(direction
 
 def _adaptive_config(ratio_target, **algo):
     """Two clients at fixed, distinct speeds; the server speed is chosen so that
-    t_straggler / t_server is ``ratio_target`` (t_server: one ZO step of one copy)."""
+    t_straggler / t_server is ``ratio_target`` (t_server: one ZO step of one copy, 2 q
+    forward passes of its batch)."""
     setup = dict(SETUP, partition={"scheme": "iid", "num_clients": 2},
                  participation={"mode": "full"})
     env = build_environment(digits_config(**setup))
@@ -333,11 +334,12 @@ def _adaptive_config(ratio_target, **algo):
     fc, fs = forward_macs(client, shape), forward_macs(server, cut)
     mc = sum(v.numel() * v.element_size() for v in client.state_dict().values())
     b, acts, labels = 8, 8 * 16 * 4, 8 * 8
+    passes = 2 * algo.get("directions", 1) + 1  # h and h+- per direction (eq. 4)
     comp, up, down = [1e5, 4e4], [2e4, 1e4], [5e4, 5e4]
-    arrival = [mc / down[c] + 3 * b * fc / comp[c] + (3 * acts + labels) / up[c]
+    arrival = [mc / down[c] + passes * b * fc / comp[c] + (passes * acts + labels) / up[c]
                for c in range(2)]
     t_straggler = max(arrival)                  # client 1, by hand
-    server_compute = ratio_target * 2 * b * fs / t_straggler
+    server_compute = ratio_target * (passes - 1) * b * fs / t_straggler
     clock = {"profile": "fixed", "client_compute": comp, "uplink": up, "downlink": down,
              "server_compute": server_compute}
     return digits_config(algorithm={"name": "musplitfed", "adaptive_tau": True, **algo},
@@ -354,6 +356,14 @@ def test_adaptive_tau_is_straggler_time_over_server_step_time(ratio, cap, want):
                                          rounds=2, **setup), write=False)
     for k, v in fixed.state["model"].items():
         assert torch.equal(res.state["model"][k], v), k
+
+
+def test_adaptive_tau_counts_every_directions_server_passes():
+    """With q = 2 directions one server step is 4 forward passes (2 q), the client sends
+    5 activation tensors: eq. (12) with those times gives tau = floor(2.5) = 2."""
+    cfg, _ = _adaptive_config(2.5, directions=2)
+    res = run_experiment(cfg, write=False)
+    assert [r["tau"] for r in res.records[1:]] == [2, 2]
 
 
 @pytest.mark.parametrize("client_order", ["zeroth", "first"])
