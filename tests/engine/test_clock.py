@@ -368,6 +368,7 @@ def test_exponential_once_per_client_divides_each_speed_by_its_draw():
                                        "client_compute": [1e9, 2e9, 4e9]}, 3,
                        np.random.default_rng(7))
     draws = np.random.default_rng(7).exponential(2.0, 3)
+    # one float64 division (or exp of one product) per value: a few eps64 at most
     np.testing.assert_allclose(p.compute, np.array([1e9, 2e9, 4e9]) / draws, rtol=1e-15)
     assert p.slowdown_mean is None
     scale, _ = p.draw(np.random.default_rng(0))
@@ -381,6 +382,7 @@ def test_fedscale_draws_compute_then_uplink_then_downlink_with_their_own_sigmas(
             "downlink_median": 4e6, "bandwidth_sigma": 1.1}
     p = build_profiles("fedscale", opts, 4, np.random.default_rng(5))
     z = np.random.default_rng(5).standard_normal((3, 4))
+    # float64 exp of one product times the median: a few eps64 at most
     np.testing.assert_allclose(p.compute, 1e9 * np.exp(0.3 * z[0]), rtol=1e-15)
     np.testing.assert_allclose(p.uplink, 1e6 * np.exp(1.1 * z[1]), rtol=1e-15)
     np.testing.assert_allclose(p.downlink, 4e6 * np.exp(1.1 * z[2]), rtol=1e-15)
