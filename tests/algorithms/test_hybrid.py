@@ -159,7 +159,8 @@ def test_fedclg_c_slots_across_chunks_and_repeated_clients_match_reference():
 
 def test_fedclg_c_full_gradients_match_reference():
     """Option full batch: g_s on all of D_s^t (and full-batch server steps), g_i on all of
-    the client's data (unequal client sizes: padded batched pass)."""
+    the client's data (unequal client sizes; here each call holds one client, so the
+    padding of several clients' rows in one pass is checked in test_hybrid_options)."""
     cfg = digits_config(algorithm={"name": "fedclg_c", "client_gradient": "full"},
                         server_data={**SERVER, "full_batch": True}, rounds=2, **HETERO)
     close(run(cfg).state["model"], _reference, cfg, 2)
