@@ -183,6 +183,10 @@ def runtime_equals_simulator(cfgs, tmp_path):
             assert wire == ledger, cfg.name
             assert r_got["train_loss"] == pytest.approx(r_ref["train_loss"], rel=1e-5)
             assert r_got["sim_round_s"] == pytest.approx(r_ref["sim_round_s"])
+            # the work counted: rank 0 charges the copies hosted elsewhere as the
+            # simulator charges them
+            for key in ("client_macs", "server_macs"):
+                assert r_got.get(key) == r_ref.get(key), (cfg.name, key)
         assert got["records"][-1]["test_acc"] == ref.records[-1]["test_acc"]
 
 
