@@ -25,6 +25,8 @@ from splitfed.runtime.placement import RankPlacement, host_ranks
 from splitfed.runtime.session import _clients_status, adapt
 from splitfed.transport.distributed import Links
 
+pytestmark = pytest.mark.usefixtures("links_without_threads")
+
 HOSTS = host_ranks(6, 3)            # [1, 1, 1, 2, 2, 2]
 
 

@@ -4,10 +4,14 @@ resumed run goes on from the records before the resume, without processes here."
 
 from __future__ import annotations
 
+import pytest
+
 from splitfed.runtime.placement import host_ranks
 from splitfed.runtime.session import _WireLogger
 from splitfed.transport.distributed import DistributedTransport, Links
 from splitfed.transport.ledger import Ledger
+
+pytestmark = pytest.mark.usefixtures("links_without_threads")
 
 
 def _round(t: int, up: int, down: int, overhead: int) -> dict:
