@@ -232,6 +232,139 @@ def _hollow_plugin_is_warned_about_once(capsys):
     assert registry.origin("model", "zz_hollow") == "zz_hollow_lab.models"
 
 
+
+@pytest.mark.parametrize("name", ["zz bad", "zz/evil", "zz:x", "zz\n", "-zz", ".zz", "+zz"])
+def test_a_name_outside_the_allowed_characters_is_refused(scratch, name):
+    """A name is letters, digits, '_', '.', '+', '-', not starting with '.', '+', '-'
+    (a config names it; a dash first would read as a command-line option)."""
+    def builder(input_shape, num_classes): ...
+
+    with pytest.raises(PluginError, match="register_model: the name must be a non-empty "
+                                          "string of letters, digits"):
+        splitfed.register_model(name, builder)
+    assert name not in registry.registry("model")
+
+
+def test_the_leading_parameters_must_be_positional_and_the_options_named(scratch):
+    """splitfed passes the leading parameters by position and checks the options by
+    name: keyword-only leading parameters or a ``*args`` are refused when registered."""
+    def builder(*, input_shape, num_classes): ...
+
+    def profile(num_clients, *, rng): ...
+
+    with pytest.raises(PluginError, match=r"must take \(input_shape, num_classes, \.\.\.\) "
+                                          r"as its first positional parameters"):
+        splitfed.register_model("zz_kw", builder)
+    with pytest.raises(PluginError, match=r"must take \(num_clients, rng, \.\.\.\)"):
+        splitfed.register_clock_profile("zz_kw", profile)
+    with pytest.raises(PluginError, match=r"must name its options \(no \*args or \*\*kwargs\)"):
+        splitfed.register_partitioner("zz_kw", lambda labels, num_clients, rng, *sizes: None)
+    assert not any("zz_kw" in registry.registry(k) for k in registry._REGISTRIES)
+
+
+def test_a_component_a_plugins_own_module_registers_comes_from_the_plugin(scratch,
+                                                                         plugin_files):
+    """A plugin package whose submodule registers: the component is the plugin's (as the
+    config names it); a package the plugin imports that registers its own components
+    is named itself."""
+    from splitfed.origins import LOADED_PLUGINS
+
+    plugin_files({"zz_pkg_lab/__init__.py": "import zz_other_lib\nfrom zz_pkg_lab import models\n",
+                  "zz_pkg_lab/models.py": "from splitfed import register_model\n"
+                                          "@register_model('zz_pkg')\n"
+                                          "def f(input_shape, num_classes): ...\n",
+                  "zz_other_lib.py": "from splitfed import register_model\n"
+                                     "@register_model('zz_other')\n"
+                                     "def g(input_shape, num_classes): ...\n"})
+    saved = list(LOADED_PLUGINS)
+    try:
+        registry.load_plugins(["zz_pkg_lab"])
+        assert registry.origin("model", "zz_pkg") == "zz_pkg_lab"
+        assert registry.origin("model", "zz_other") == "zz_other_lib"
+    finally:
+        LOADED_PLUGINS[:] = saved
+
+
+def test_a_plugin_given_twice_is_imported_once_and_recorded_each_time(scratch, plugin_files,
+                                                                      capsys):
+    """load_plugins returns every plugin given (the config's ``plugins``, which a resumed
+    run imports again), also one this process has imported; the process records it
+    once. A plugin that another plugin imported before is not warned about."""
+    from splitfed.origins import LOADED_PLUGINS
+
+    plugin_files({"zz_base_lab.py": "from splitfed import register_model\n"
+                                    "@register_model('zz_base')\n"
+                                    "def f(input_shape, num_classes): ...\n",
+                  "zz_top_lab.py": "import zz_base_lab\n"
+                                   "from splitfed import register_model\n"
+                                   "@register_model('zz_top')\n"
+                                   "def g(input_shape, num_classes): ...\n"})
+    saved = list(LOADED_PLUGINS)
+    try:
+        assert registry.load_plugins(["zz_top_lab", "zz_top_lab", " zz_base_lab"]) == [
+            "zz_top_lab", "zz_top_lab", "zz_base_lab"]
+        assert registry.load_plugins(["zz_top_lab"]) == ["zz_top_lab"]
+        loaded = registry.loaded_plugins()
+        assert loaded.count("zz_top_lab") == 1 and loaded.count("zz_base_lab") == 1
+        assert capsys.readouterr().err == ""
+    finally:
+        LOADED_PLUGINS[:] = saved
+
+
+def test_an_entry_point_naming_a_function_is_called_once(scratch, plugin_files, tmp_path,
+                                                         monkeypatch):
+    """An entry point ``module:function`` imports the module and calls the function
+    (which registers), once per process; the module counts as a loaded plugin."""
+    from splitfed.origins import LOADED_PLUGINS
+
+    plugin_files({"zz_ep_lab.py": "from splitfed import register_model\n"
+                                  "def f(input_shape, num_classes): ...\n"
+                                  "def register():\n"
+                                  "    register_model('zz_ep', f)\n"})
+    dist = tmp_path / "zz_ep_lab-0.1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: zz-ep-lab\nVersion: 0.1.0\n")
+    (dist / "entry_points.txt").write_text("[splitfed.plugins]\nzz = zz_ep_lab:register\n")
+    monkeypatch.setattr(registry, "_ENTRY_POINTS_LOADED", False)
+    saved = list(LOADED_PLUGINS)
+    try:
+        assert registry.load_entry_points() == ["zz"]
+        assert registry.origin("model", "zz_ep") == "zz_ep_lab:register"
+        assert registry.loaded_plugins()[-1] == "zz_ep_lab"
+        assert registry.load_entry_points() == []             # once per process
+    finally:
+        LOADED_PLUGINS[:] = saved
+
+
+
+def test_a_module_in_the_working_directory_is_a_plugin_only_if_pythonpath_names_it(
+        scratch, tmp_path, monkeypatch):
+    """``python -m splitfed`` puts the working directory on sys.path (as its absolute
+    path, or ''): a plugin named by a shared config is not taken from there, unless
+    PYTHONPATH names that directory."""
+    from splitfed.origins import LOADED_PLUGINS
+
+    (tmp_path / "zz_beside_lab.py").write_text("from splitfed import register_model\n"
+                                               "@register_model('zz_beside')\n"
+                                               "def f(input_shape, num_classes): ...\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", "")
+    monkeypatch.delitem(sys.modules, "zz_beside_lab", raising=False)
+    saved = list(LOADED_PLUGINS)
+    try:
+        with pytest.raises(PluginError, match="plugin 'zz_beside_lab' cannot be imported: "
+                                              "ModuleNotFoundError"):
+            registry.load_plugins(["zz_beside_lab"])
+        assert str(tmp_path) in sys.path                     # put back afterwards
+        monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+        registry.load_plugins(["zz_beside_lab"])
+        assert registry.origin("model", "zz_beside") == "zz_beside_lab"
+    finally:
+        LOADED_PLUGINS[:] = saved
+        sys.modules.pop("zz_beside_lab", None)
+
+
 # ------------------------------------------------------------------- the command line
 
 
@@ -854,6 +987,37 @@ def test_options_that_are_an_instance_are_refused_when_registered(scratch):
     with pytest.raises(PluginError, match="Options must be a dataclass .* the class itself, "
                                           "not an instance of it"):
         splitfed.register_transform("zz_inst", TransformWithInstance)
+
+
+def test_a_transforms_name_and_options_are_checked_when_registered(scratch):
+    """A transform's ``name`` attribute keys its state and must be the name it is
+    registered under; an option called ``name`` would be taken by the key that names
+    the transform in a transform list."""
+    class Misnamed(GradientTransform):
+        name = "zz_other"
+
+        def start(self, env, state, t, cohort, round_):
+            return None
+
+    @dataclasses.dataclass
+    class NameOption:
+        name: str = "x"
+
+    class NamedOption(GradientTransform):
+        name = "zz_named"
+        Options = NameOption
+
+        def start(self, env, state, t, cohort, round_):
+            return None
+
+    with pytest.raises(PluginError, match=r"register_transform\('zz_misnamed'\): the class's "
+                                          r"name attribute is 'zz_other'; set name = "
+                                          r"'zz_misnamed'"):
+        splitfed.register_transform("zz_misnamed", Misnamed)
+    with pytest.raises(PluginError, match=r"register_transform\('zz_named'\): the option "
+                                          r"'name' is the key that names the transform"):
+        splitfed.register_transform("zz_named", NamedOption)
+    assert not {"zz_misnamed", "zz_named"} & set(registry.registry("transform"))
 
 
 def test_the_plugin_frame_skips_generated_code():
