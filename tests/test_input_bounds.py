@@ -289,6 +289,20 @@ def test_deadline_no_client_meets_reports_no_client_trained(tmp_path, capsys):
     assert [r["clients_used"] for r in records[1:]] == [0, 0]
 
 
+@pytest.mark.parametrize("deadline, code", [("1e-9", 3), ("null", 0)])
+def test_a_study_with_a_run_where_no_client_trained_exits_3(tmp_path, capsys, deadline,
+                                                             code):
+    """The command line's status says whether every run of a study completed: 3 when
+    one ended no_client_trained (no client met the deadline), 0 otherwise."""
+    study = tmp_path / "study.yaml"
+    study.write_text("name: late\nbase: quick_digits\n"
+                     f"overrides: [rounds=1, clock.deadline={deadline}]\n"
+                     "grid: {train.lr: [0.1]}\n")
+    assert main(["study", str(study), "--out-dir", str(tmp_path / "out"),
+                 "--jobs", "1"]) == code
+    capsys.readouterr()
+
+
 @pytest.mark.parametrize("algorithm", ["sflv2", "sl", "fedprox"])
 def test_no_client_trained_for_split_and_sequential_algorithms(tmp_path, algorithm):
     cfg = build_config({"name": "d", "rounds": 2, "progress": False,
