@@ -235,3 +235,17 @@ def test_a_transform_whose_client_samples_are_not_counts_is_named(returned):
     with pytest.raises(PluginError, match=r"algorithm.client_transforms: transform .mine.: "
                                           r"client_samples must return"):
         transform_samples(SimpleNamespace(gradient_transforms=[step]), None, np.arange(3))
+
+
+def test_the_samples_of_several_gradient_transforms_add_up():
+    """Each gradient transform's ``client_samples`` is its own extra pass: the round's
+    extra samples per client are their sum, client by client."""
+    from types import SimpleNamespace
+
+    from splitfed.engine.loop import transform_samples
+
+    steps = [SimpleNamespace(name="a", client_samples=lambda env, ids: 2),
+             SimpleNamespace(name="b", client_samples=lambda env, ids: np.arange(len(ids))),
+             SimpleNamespace(name="c", client_samples=lambda env, ids: 0)]
+    got = transform_samples(SimpleNamespace(gradient_transforms=steps), None, np.arange(3))
+    assert got.dtype == np.int64 and got.tolist() == [2, 3, 4]

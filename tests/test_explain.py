@@ -202,3 +202,18 @@ def test_a_plugin_functions_option_help_is_explained(scratch, capsys):
     assert "not an option" not in out and "clock.nothing" not in out
     shown = explain.markdown("zz_two_speed")
     assert "| `clock.slow` | `float` | `0.5` |  | the share of slow clients (0 to 1) |" in shown
+
+
+def test_a_plugins_alias_of_a_built_in_function_stays_out_of_the_doc(scratch):
+    """A plugin may register splitfed's own function under a new name: it is the
+    plugin's component (defined in a splitfed module or not), so docs/config.md and
+    catalog.json, which hold the built-in components, leave it out."""
+    import splitfed
+    from splitfed import catalog, explain
+    from splitfed.models import MODELS
+
+    splitfed.register_model("zz_alias", MODELS["mlp"])
+    assert MODELS["zz_alias"].__module__.startswith("splitfed.")
+    assert "zz_alias" in explain.component_names("model")
+    assert "zz_alias" not in explain.component_names("model", builtin_only=True)
+    assert "zz_alias" not in catalog.live(builtin_only=True)["models"]
