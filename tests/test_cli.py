@@ -154,7 +154,10 @@ def test_keyboard_interrupt_exits_130_with_how_to_continue(files, monkeypatch, c
 
 # ------------------------------------------------------------ Ctrl-C on a real process
 
-SLOW = ("name: s\nseed: 0\nrounds: 30\nprogress: false\ncheckpoint_every: 10\n"
+# a run that goes on for a few seconds after its first checkpoint (at round 10), so that
+# a signal sent when that checkpoint appears reaches it while it runs, on a loaded
+# machine too (with 30 rounds the last 20 took 0.2 s, and the signal sometimes came late)
+SLOW = ("name: s\nseed: 0\nrounds: 300\nprogress: false\ncheckpoint_every: 10\n"
         "eval_every: 1000\ndata: {name: synthetic}\nmodel: {name: mlp}\n"
         "partition: {scheme: natural, num_clients: 30}\n"
         "participation: {mode: uniform, clients_per_round: 3}\n"
@@ -199,7 +202,7 @@ def test_ctrl_c_during_a_run_then_resume(tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["resumed_from"]
     rounds = [json.loads(x)["round"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert rounds == list(range(31))
+    assert rounds == list(range(301))
 
 
 def test_sigterm_stops_a_run_as_ctrl_c_does(tmp_path):

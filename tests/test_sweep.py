@@ -312,7 +312,9 @@ def _rounds(run_dir):
 
 
 def test_ctrl_c_during_a_sweep_then_the_same_command_finishes_it(tmp_path, monkeypatch):
-    (tmp_path / "slow.yaml").write_text(SLOW)
+    # 200 rounds: the sweep goes on for seconds after the first checkpoint (round 10), so
+    # that Ctrl-C sent when it appears reaches a running sweep on a loaded machine too
+    (tmp_path / "slow.yaml").write_text(SLOW.replace("rounds: 20", "rounds: 200"))
     argv = ["sweep", "slow.yaml", "train.lr=0.05,0.1", "--out-dir", "out"]
     runs = tmp_path / "out" / "slow-sweep" / "runs"
     proc = _splitfed(argv, tmp_path)
@@ -335,7 +337,7 @@ def test_ctrl_c_during_a_sweep_then_the_same_command_finishes_it(tmp_path, monke
     data = json.loads((tmp_path / "out" / "slow-sweep" / "sweep.json").read_text())
     assert [r["status"] for r in data["runs"]] == ["completed", "completed"]
     for row in data["runs"]:
-        assert _rounds(tmp_path / "out" / "slow-sweep" / row["run_dir"]) == list(range(21))
+        assert _rounds(tmp_path / "out" / "slow-sweep" / row["run_dir"]) == list(range(201))
 
 
 def test_two_sweeps_on_one_directory_one_is_refused(tmp_path):

@@ -461,7 +461,9 @@ SLOW = ("name: s\nseed: 0\nrounds: 20\nprogress: false\ncheckpoint_every: 5\n"
 
 
 def test_ctrl_c_stops_the_workers_and_the_same_command_finishes_the_sweep(lab):
-    (lab / "slow.yaml").write_text(SLOW)
+    # 200 rounds: the workers go on for seconds after the first checkpoint (round 5), so
+    # that Ctrl-C sent when it appears reaches running workers on a loaded machine too
+    (lab / "slow.yaml").write_text(SLOW.replace("rounds: 20", "rounds: 200"))
     argv = ["sweep", "slow.yaml", "train.lr=0.05,0.1", "--out-dir", "out", "--jobs", "2"]
     runs = lab / "out" / "slow-sweep" / "runs"
     proc = _splitfed(argv, lab)
