@@ -148,31 +148,23 @@ def test_full_server_gradient_is_the_gradient_on_all_of_d_s(spy_g_s, name):
     assert bounds_away(part, ref32, ref64, terms=M_S) > 100
 
 
-def test_default_server_gradient_is_one_minibatch_of_d_s(spy_g_s):
-    cfg = digits_config(algorithm={"name": "fedclg_c", "server_steps": 1}, rounds=1,
+@pytest.mark.parametrize("name, size", [("fedclg_c", None), ("fedclg_c", 16),
+                                        ("fedclg_s", 16)])
+def test_the_server_gradient_is_one_minibatch_of_d_s_of_server_batch_size(spy_g_s, name,
+                                                                         size):
+    """g_s is one minibatch of D_s^t, drawn from the ``server_data`` stream right after
+    D_s^t, of ``server_batch_size`` B_s = 16 (not train.batch_size = 8) where given, as
+    the server steps' B_s, else of train.batch_size."""
+    given = {} if size is None else {"server_batch_size": size}
+    cfg = digits_config(algorithm={"name": name, "server_steps": 1, **given}, rounds=1,
                         server_data=SERVER, train=TRAIN)
     run(cfg)
     env = build_environment(cfg)
     rng = RandomStreams(cfg.seed).numpy("server_data")
     rows = env.server_data.draw(rng)
     (batch, _), = spy_g_s
-    assert np.array_equal(batch, batch_plan(rows, 1, B, rng)[0])
-
-
-@pytest.mark.parametrize("name", ["fedclg_c", "fedclg_s"])
-def test_server_batch_size_is_the_size_of_the_server_gradients_minibatch(spy_g_s, name):
-    """``server_batch_size`` B_s = 16 (not train.batch_size = 8) is the minibatch of g_s,
-    drawn from the ``server_data`` stream right after D_s^t, as the server steps' B_s."""
-    cfg = digits_config(algorithm={"name": name, "server_steps": 1,
-                                   "server_batch_size": 16}, rounds=1,
-                        server_data=SERVER, train=TRAIN)
-    run(cfg)
-    env = build_environment(cfg)
-    rng = RandomStreams(cfg.seed).numpy("server_data")
-    rows = env.server_data.draw(rng)
-    (batch, _), = spy_g_s
-    assert len(batch) == 16
-    assert np.array_equal(batch, batch_plan(rows, 1, 16, rng)[0])
+    assert len(batch) == (size or B)
+    assert np.array_equal(batch, batch_plan(rows, 1, size or B, rng)[0])
 
 
 def _round_by_hand(cfg, env, dtype, global_lr):
