@@ -375,6 +375,20 @@ def test_exponential_once_per_client_divides_each_speed_by_its_draw():
     assert scale.tolist() == [1.0, 1.0, 1.0]
 
 
+def test_an_exponential_rounds_draw_is_the_slowdowns_then_the_start_delays():
+    """``mean`` and ``delay_mean``: each round draws one Exp(mean) compute-time multiplier
+    per client, then one Exp(delay_mean) start delay (seconds) per client."""
+    p = build_profiles("exponential", {"mean": 2.0, "delay_mean": 0.5}, 4,
+                       np.random.default_rng(7))
+    scale, delay = p.draw(np.random.default_rng(3))
+    rng = np.random.default_rng(3)
+    assert np.array_equal(scale, rng.exponential(2.0, 4))
+    assert np.array_equal(delay, rng.exponential(0.5, 4))
+    assert (delay > 0).all()
+    no_delay = build_profiles("exponential", {"mean": 2.0}, 4, np.random.default_rng(7))
+    assert np.array_equal(no_delay.draw(np.random.default_rng(3))[1], np.zeros(4))
+
+
 def test_fedscale_draws_compute_then_uplink_then_downlink_with_their_own_sigmas():
     """Log-normal speeds around the medians: compute with ``compute_sigma``, both links
     with ``bandwidth_sigma``, one standard normal draw per client each, in that order."""

@@ -108,3 +108,17 @@ def test_update_size_is_about_d_times_the_gradient_for_both_kinds(kind, d):
     want = d if kind == "sphere" else d + 2
     tol = 5 * ratio.std(0) / math.sqrt(ratio.shape[0])
     assert torch.all((ratio.mean(0) - want).abs() <= tol), (ratio.mean(0), want, tol)
+
+
+
+def test_in_place_gaussian_directions_are_the_unscaled_noise():
+    """The in-place path (direction_scale times the seed's chunked noise, as zo_step_
+    shifts the parameters) leaves ``gaussian`` noise as drawn: a shift of zeros by 1 x u
+    is the noise itself, of a norm that is not sqrt(d) (``sphere`` rescales it to that,
+    tests/algorithms/test_musplitfed.py)."""
+    params = [torch.zeros(3, 4, 2, dtype=torch.float64), torch.zeros(3, 5, dtype=torch.float64)]
+    noise = torch.cat([z for _, z in zo.noise_chunks(77, params)], 1)
+    zo.shift_(params, 77, 1.0, zo.direction_scale(77, params, "gaussian"))
+    u = torch.cat([p.flatten(1) for p in params], 1)
+    assert torch.equal(u, noise)
+    assert not torch.allclose(u.norm(dim=1), torch.full((3,), math.sqrt(13), dtype=u.dtype))
