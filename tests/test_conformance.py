@@ -7,6 +7,7 @@ call on their own algorithms; the settings some algorithms need to learn the sma
 are kept here (LEARN_OVERRIDES), not on the algorithms' classes.
 """
 
+import dataclasses
 import re
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import torch
 
 from splitfed import testing, transport
 from splitfed.algorithms import ALGORITHMS, TRANSFORMS
+from splitfed.algorithms.fedavg import FedAvg
 from splitfed.engine.transforms import GradientTransform
 from splitfed.errors import ConfigError
 from splitfed.registry import load_entry_points
@@ -59,8 +61,6 @@ def test_round_leaves_the_state_it_is_given(name):
 
 
 def test_a_round_that_changes_its_state_in_place_fails():
-    from splitfed.algorithms.fedavg import FedAvg
-
     class Halving(FedAvg):                     # scales the global model in place
         name = "zz_halving"
 
@@ -202,9 +202,6 @@ def _failure(cls, check, **kwargs):
 def test_learns_fails_a_training_loss_that_does_not_fall():
     """The model learns as FedAvg's does, but the reported training loss grows every
     round: the accuracy alone does not make the check pass."""
-    import dataclasses
-
-    from splitfed.algorithms.fedavg import FedAvg
 
     class RisingLoss(FedAvg):
         name = "zz_rising_loss"
@@ -239,9 +236,6 @@ def test_learns_wants_a_rise_of_more_than_the_margin():
     """The evaluated model answers 20% of the test set right at round 0 and
     LEARN_MARGIN - 5% more afterwards (the clients train as FedAvg's, so the training
     loss falls): a rise, but not of more than LEARN_MARGIN, fails the check."""
-    import dataclasses
-
-    from splitfed.algorithms.fedavg import FedAvg
 
     class SlowLearner(FedAvg):
         name = "zz_slow_learner"
@@ -268,10 +262,7 @@ def test_learns_wants_a_rise_of_more_than_the_margin():
 def test_deterministic_fails_metrics_that_differ_between_two_runs():
     """Same seed, same learned state, but a metric drawn from a source the seed does not
     govern (a counter shared by the runs): the records differ, so the check fails."""
-    import dataclasses
     import itertools
-
-    from splitfed.algorithms.fedavg import FedAvg
 
     draws = itertools.count()
 
@@ -295,10 +286,7 @@ def test_deterministic_compares_every_kind_of_state_entry(entry, where):
     whether it is a plain number, a tensor (compared exactly, however small the
     difference) or a module (compared by its state dict); the metrics of both runs are
     the same, so only the state can tell."""
-    import dataclasses
     import itertools
-
-    from splitfed.algorithms.fedavg import FedAvg
 
     calls = itertools.count()
 
@@ -337,7 +325,6 @@ def test_non_sampled_clients_send_nothing_of_any_kind_either_way(kind, direction
     """An algorithm that moves one tensor of ``kind`` (every kind the transport knows)
     between the server and the clients outside the cohort fails the check, whatever the
     kind and the direction."""
-    from splitfed.algorithms.fedavg import FedAvg
 
     class Leaky(FedAvg):
         name = "zz_leaky"
@@ -365,7 +352,6 @@ def test_a_cohort_that_sends_nothing_fails():
     """The cohort's uploads must go through the transport: a round that moves nothing
     leaks nothing, and still fails non_sampled_clients_send_nothing and
     participation_modes."""
-    from splitfed.algorithms.fedavg import FedAvg
 
     Silent = type("Silent", (_Silent, FedAvg), {"name": "zz_silent"})
     message = _failure(Silent, "non_sampled_clients_send_nothing")
@@ -375,9 +361,6 @@ def test_a_cohort_that_sends_nothing_fails():
 
 
 def test_participation_modes_fails_a_round_without_a_training_loss():
-    import dataclasses
-
-    from splitfed.algorithms.fedavg import FedAvg
 
     class NoLoss(FedAvg):
         name = "zz_no_loss"
@@ -393,7 +376,6 @@ def test_participation_modes_fails_a_round_without_a_training_loss():
 def test_ledger_matches_transport_fails_bytes_charged_but_never_sent():
     """Bytes written into the ledger for tensors that never went through the transport:
     the metrics and the ledger agree, the transport delivered fewer bytes."""
-    from splitfed.algorithms.fedavg import FedAvg
 
     class Unsent(FedAvg):
         name = "zz_unsent"
@@ -413,7 +395,6 @@ def test_ledger_matches_transport_fails_bytes_charged_but_never_sent():
 def test_ledger_matches_transport_fails_bytes_the_records_do_not_count():
     """A transfer made while the model is evaluated (after the round's record took the
     ledger's totals) is delivered and in the ledger, but in no record's bytes."""
-    from splitfed.algorithms.fedavg import FedAvg
 
     class SendsWhenEvaluated(FedAvg):
         name = "zz_sends_when_evaluated"
